@@ -1,0 +1,243 @@
+"""The routing profile: what the planners and runtime policies know about a model's routing.
+
+Pure numpy. A profile is saved as a folder holding `arrays.safetensors` (numpy arrays, no pickle) and
+`meta.json` (model, weights hash, data, token count, versions), written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edgemoe.errors import EdgeMoEError
+from edgemoe.io import atomic_write_dir
+
+from . import stats
+
+SCHEMA = "edgemoe.profile/1"
+
+
+@dataclass(frozen=True)
+class ProfileMeta:
+    """Facts that identify what a profile was measured on."""
+
+    model: str  # hub id or folder the model was loaded from
+    family: str  # adapter family name, e.g. "mixtral"
+    weights_hash: str  # sha256 over the model's state dict (see edgemoe.models.base.weights_hash)
+    num_layers: int  # L: MoE layers only
+    num_experts: int  # E: routed experts per MoE layer
+    top_k: int  # K
+    hidden_size: int
+    hidden_bytes: int  # one token's hidden state on the wire, one direction
+    wire_dtype: str  # activation dtype assumed on the wire (sets hidden_bytes)
+    moe_layer_ids: list[int]  # index of each MoE layer among the model's blocks
+    domains: list[str]  # names of domain ids used in `domain`
+    data: str = ""  # description of the calibration data
+    num_tokens: int = 0
+    versions: dict = field(default_factory=dict)
+    schema: str = SCHEMA
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Routing statistics of one model on calibration text. Shapes as in ARCHITECTURE.md."""
+
+    meta: ProfileMeta
+    router_logits: np.ndarray  # [T, L, E] float16
+    topk: np.ndarray  # [T, L, K] int16 expert ids
+    gates: np.ndarray  # [T, L, K] float32 gate weights as the model applies them
+    domain: np.ndarray  # [T] int16 domain id of each token
+    freq: np.ndarray  # [L, E] mean activations per token (rows sum to K)
+    freq_by_domain: np.ndarray  # [U, L, E]
+    coact: np.ndarray  # [L, E, E] co-activation counts
+    trans: np.ndarray  # [L-1, E, E] P(e' at l+1 | e at l)
+    sim: np.ndarray  # [L, E, E] router-logit cosine similarity
+    subst_err: np.ndarray  # [L, E, E] relative output error of running e' in place of e
+    expert_bytes: np.ndarray  # [L, E] int64 storage of each expert
+    expert_flops: np.ndarray  # [L, E] int64 FLOPs of one expert call for one token
+
+    @property
+    def L(self) -> int:
+        return self.meta.num_layers
+
+    @property
+    def E(self) -> int:
+        return self.meta.num_experts
+
+    @property
+    def K(self) -> int:
+        return self.meta.top_k
+
+    @property
+    def hidden_bytes(self) -> int:
+        return self.meta.hidden_bytes
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.topk.shape[0])
+
+    def save(self, path: str | Path) -> Path:
+        """Write the profile folder atomically (arrays.safetensors + meta.json)."""
+        from safetensors.numpy import save_file
+
+        arrays = {name: np.ascontiguousarray(getattr(self, name)) for name in ARRAY_FIELDS}
+
+        def write(tmp: Path) -> None:
+            save_file(arrays, str(tmp / "arrays.safetensors"))
+            (tmp / "meta.json").write_text(json.dumps(asdict(self.meta), indent=2) + "\n")
+
+        return atomic_write_dir(path, write)
+
+    def check_matches(self, num_layers: int, num_experts: int, top_k: int, weights_hash: str | None = None) -> None:
+        """Raise EdgeMoEError unless this profile was measured on a model of this shape (and weights)."""
+        want = (num_layers, num_experts, top_k)
+        have = (self.L, self.E, self.K)
+        if want != have:
+            raise EdgeMoEError(
+                f"profile of {self.meta.model!r} has (L, E, K) = {have}, but the model has {want}; "
+                "re-run `edgemoe profile` on this model"
+            )
+        if weights_hash is not None and weights_hash != self.meta.weights_hash:
+            raise EdgeMoEError(
+                f"profile weights_hash {self.meta.weights_hash[:12]}... does not match the model's "
+                f"{weights_hash[:12]}...; re-run `edgemoe profile` on this model"
+            )
+
+
+ARRAY_FIELDS = (
+    "router_logits", "topk", "gates", "domain", "freq", "freq_by_domain", "coact", "trans", "sim",
+    "subst_err", "expert_bytes", "expert_flops",
+)
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read a profile folder written by `Profile.save`, checking schema and shapes."""
+    from safetensors.numpy import load_file
+
+    path = Path(path)
+    meta_path, arr_path = path / "meta.json", path / "arrays.safetensors"
+    if not meta_path.is_file() or not arr_path.is_file():
+        raise EdgeMoEError(f"{path}: not a profile folder (expected meta.json and arrays.safetensors)")
+    try:
+        meta_dict = json.loads(meta_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise EdgeMoEError(f"{meta_path}: invalid JSON ({exc})") from exc
+    if meta_dict.get("schema") != SCHEMA:
+        raise EdgeMoEError(f"{meta_path}: schema is {meta_dict.get('schema')!r}, expected {SCHEMA!r}")
+    try:
+        meta = ProfileMeta(**meta_dict)
+    except TypeError as exc:
+        raise EdgeMoEError(f"{meta_path}: unexpected fields ({exc})") from exc
+    arrays = load_file(str(arr_path))
+    missing = [n for n in ARRAY_FIELDS if n not in arrays]
+    if missing:
+        raise EdgeMoEError(f"{arr_path}: missing arrays {missing}")
+    profile = Profile(meta=meta, **{n: arrays[n] for n in ARRAY_FIELDS})
+    validate_shapes(profile)
+    return profile
+
+
+def validate_shapes(p: Profile) -> None:
+    """Raise EdgeMoEError if any array disagrees with (T, L, E, K, U) of the profile."""
+    T, L, E, K, U = p.topk.shape[0], p.L, p.E, p.K, len(p.meta.domains)
+    expected = {
+        "router_logits": (T, L, E), "topk": (T, L, K), "gates": (T, L, K), "domain": (T,),
+        "freq": (L, E), "freq_by_domain": (U, L, E), "coact": (L, E, E), "trans": (max(L - 1, 0), E, E),
+        "sim": (L, E, E), "subst_err": (L, E, E), "expert_bytes": (L, E), "expert_flops": (L, E),
+    }
+    for name, shape in expected.items():
+        got = tuple(getattr(p, name).shape)
+        if got != shape:
+            raise EdgeMoEError(f"profile array {name!r} has shape {got}, expected {shape}")
+
+
+def build_profile(
+    meta: ProfileMeta,
+    router_logits: np.ndarray,
+    topk: np.ndarray,
+    gates: np.ndarray,
+    domain: np.ndarray,
+    subst_err: np.ndarray,
+    expert_bytes: np.ndarray,
+    expert_flops: np.ndarray,
+) -> Profile:
+    """Derive freq, coact, trans and sim from a router sample and assemble a Profile.
+
+    router_logits: [T, L, E]; topk, gates: [T, L, K]; domain: [T]; subst_err: [L, E, E];
+    expert_bytes, expert_flops: [L, E].
+    """
+    E, U = meta.num_experts, len(meta.domains)
+    topk = np.asarray(topk).astype(np.int16)
+    domain = np.asarray(domain).astype(np.int16)
+    profile = Profile(
+        meta=meta,
+        router_logits=np.asarray(router_logits).astype(np.float16),
+        topk=topk,
+        gates=np.asarray(gates).astype(np.float32),
+        domain=domain,
+        freq=stats.activation_frequency(topk, E),
+        freq_by_domain=stats.frequency_by_domain(topk, domain, U, E),
+        coact=stats.coactivation(topk, E),
+        trans=stats.transitions(topk, E),
+        sim=stats.router_similarity(router_logits),
+        subst_err=np.asarray(subst_err, dtype=np.float64),
+        expert_bytes=np.asarray(expert_bytes, dtype=np.int64),
+        expert_flops=np.asarray(expert_flops, dtype=np.int64),
+    )
+    validate_shapes(profile)
+    return profile
+
+
+def synthetic_profile(
+    num_layers: int = 4,
+    num_experts: int = 8,
+    top_k: int = 2,
+    num_tokens: int = 2000,
+    num_domains: int = 3,
+    expert_bytes: int = 1_000_000,
+    hidden_size: int = 512,
+    seed: int = 0,
+) -> Profile:
+    """A random but structured profile for tests and planner benchmarks (no model needed).
+
+    Router logits come from a low-rank model (experts share latent directions, so similarity structure
+    exists, stronger with depth), domains shift the logits (per-domain preferences), and each layer's
+    logits depend on the previous layer's (so transitions are informative). `subst_err` grows as
+    similarity falls. Every expert costs `expert_bytes`, FLOPs are expert_bytes (2 x params at 2 bytes).
+    """
+    rng = np.random.default_rng(seed)
+    L, E, K, T, U = num_layers, num_experts, top_k, num_tokens, num_domains
+    rank = max(2, E // 4)
+    domain = rng.integers(0, U, size=T)
+    domain_shift = rng.normal(0, 1.5, size=(U, L, E))
+    token_latent = rng.normal(size=(T, rank))
+    logits = np.empty((T, L, E))
+    for layer in range(L):
+        # Deeper layers: experts' columns are closer to shared directions -> higher similarity.
+        mix = 0.3 + 0.6 * layer / max(L - 1, 1)
+        basis = rng.normal(size=(rank, E))
+        shared = basis[:, rng.integers(0, rank, size=E) % E] if E > 0 else basis
+        cols = (1 - mix) * basis + mix * shared
+        logits[:, layer] = token_latent @ cols + domain_shift[domain, layer] + rng.normal(0, 0.5, size=(T, E))
+        token_latent = 0.8 * token_latent + 0.2 * rng.normal(size=(T, rank))
+    order = np.argsort(-logits, axis=2)[:, :, :K]
+    sel = np.take_along_axis(logits, order, axis=2)
+    gates = np.exp(sel - sel.max(axis=2, keepdims=True))
+    gates /= gates.sum(axis=2, keepdims=True)
+    sim = stats.router_similarity(logits)
+    subst_err = np.clip(1.0 - sim, 0.0, 2.0) + rng.uniform(0, 0.05, size=sim.shape)
+    subst_err[:, np.arange(E), np.arange(E)] = 0.0
+    meta = ProfileMeta(
+        model=f"synthetic(L={L},E={E},K={K},seed={seed})", family="synthetic", weights_hash=f"synthetic-{seed}",
+        num_layers=L, num_experts=E, top_k=K, hidden_size=hidden_size, hidden_bytes=2 * hidden_size,
+        wire_dtype="bfloat16", moe_layer_ids=list(range(L)), domains=[f"domain{u}" for u in range(U)],
+        data="synthetic", num_tokens=T, versions={"python": platform.python_version(), "numpy": np.__version__},
+    )
+    return build_profile(
+        meta, logits, order, gates, domain, subst_err,
+        np.full((L, E), expert_bytes, dtype=np.int64), np.full((L, E), expert_bytes, dtype=np.int64),
+    )
