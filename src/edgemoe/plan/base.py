@@ -1,0 +1,201 @@
+"""The planner interface: a planning problem of arrays in, a placement out (pure numpy).
+
+`PlanProblem` is what every planner sees: the routing profile plus the cost tables that the cluster's
+cost model derived (see `edgemoe.cluster.cost.plan_problem`). `Placement` is what every planner returns.
+Planners register by name with `@register("name")` and are called through `plan(...)`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edgemoe.errors import EdgeMoEError
+from edgemoe.io import atomic_write_json
+from edgemoe.profile import Profile
+
+PLACEMENT_SCHEMA = "edgemoe.placement/1"
+
+
+@dataclass(frozen=True)
+class PlanProblem:
+    """Everything a planner needs, as arrays. N nodes, U users, L MoE layers, E experts per layer.
+
+    Nodes include every place that can hold experts: user devices, edge servers and the cloud (a cloud
+    node has `is_cloud` True and holds every expert by definition; planners never fill it).
+    """
+
+    profile: Profile  # routing statistics (freq_by_domain, topk, domain, coact, trans, sim, subst_err, ...)
+    node_names: tuple[str, ...]  # [N]
+    node_kind: tuple[str, ...]  # [N] "device" | "edge" | "cloud"
+    capacity_bytes: np.ndarray  # [N] int64 bytes available for experts (cloud: ignored)
+    user_names: tuple[str, ...]  # [U]
+    user_home: np.ndarray  # [U] int node index where the user's dense part runs (device or edge server)
+    user_weight: np.ndarray  # [U] float, sums to 1: share of tokens from each user
+    user_domain: np.ndarray  # [U] int index into profile.meta.domains: whose routing the user follows
+    comm_s: np.ndarray  # [U, N] seconds to ship one token's hidden state from the user's home to node n and back
+    compute_s: np.ndarray  # [N, L, E] seconds for node n to run expert (l, e) on one token
+    expert_bytes: np.ndarray  # [L, E] int64
+    params: dict = field(default_factory=dict)  # free-form facts about how the tables were made
+
+    @property
+    def is_cloud(self) -> np.ndarray:
+        """[N] bool."""
+        return np.array([k == "cloud" for k in self.node_kind])
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.node_names)
+
+    def call_s(self) -> np.ndarray:
+        """[U, N, L, E] seconds for user u to have expert (l, e) run on node n (transfer + compute)."""
+        return self.comm_s[:, :, None, None] + self.compute_s[None]
+
+    def user_freq(self) -> np.ndarray:
+        """[U, L, E] expected activations per token of each expert for each user."""
+        return self.profile.freq_by_domain[self.user_domain]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which node holds a copy of which expert. `hosts` is [N, L, E] bool."""
+
+    method: str
+    params: dict
+    node_names: tuple[str, ...]
+    capacity_bytes: np.ndarray  # [N] int64
+    hosts: np.ndarray  # [N, L, E] bool
+    expert_bytes: np.ndarray  # [L, E] int64
+    node_kind: tuple[str, ...] = ()
+
+    def bytes_used(self) -> np.ndarray:
+        """[N] int64 bytes of experts held by each node."""
+        return (self.hosts * self.expert_bytes[None]).sum(axis=(1, 2)).astype(np.int64)
+
+    def check_capacity(self) -> None:
+        """Raise EdgeMoEError if any non-cloud node holds more bytes than its capacity."""
+        used = self.bytes_used()
+        for n, name in enumerate(self.node_names):
+            kind = self.node_kind[n] if self.node_kind else "edge"
+            if kind != "cloud" and used[n] > self.capacity_bytes[n]:
+                raise EdgeMoEError(
+                    f"placement {self.method!r}: node {name!r} holds {used[n]} bytes > capacity {self.capacity_bytes[n]}"
+                )
+
+    def replicas(self) -> np.ndarray:
+        """[L, E] number of non-cloud copies of each expert."""
+        keep = np.array([k != "cloud" for k in self.node_kind]) if self.node_kind else np.ones(len(self.node_names), bool)
+        return self.hosts[keep].sum(axis=0)
+
+    def to_json(self) -> dict:
+        used = self.bytes_used()
+        return {
+            "schema": PLACEMENT_SCHEMA,
+            "method": self.method,
+            "params": self.params,
+            "nodes": list(self.node_names),
+            "node_kind": {n: k for n, k in zip(self.node_names, self.node_kind, strict=False)},
+            "capacity_bytes": {n: int(c) for n, c in zip(self.node_names, self.capacity_bytes, strict=True)},
+            "bytes_used": {n: int(u) for n, u in zip(self.node_names, used, strict=True)},
+            "expert_bytes": self.expert_bytes.tolist(),
+            "hosts": {
+                n: [np.flatnonzero(self.hosts[i, layer]).tolist() for layer in range(self.hosts.shape[1])]
+                for i, n in enumerate(self.node_names)
+            },
+        }
+
+    def save(self, path: str | Path) -> Path:
+        return atomic_write_json(path, self.to_json())
+
+    def expert_map(self) -> list[dict[str, list[str]]]:
+        """vLLM/SGLang-style per-layer map: for each layer, expert id -> node names holding it."""
+        N, L, E = self.hosts.shape
+        return [
+            {str(e): [self.node_names[n] for n in range(N) if self.hosts[n, layer, e]] for e in range(E)}
+            for layer in range(L)
+        ]
+
+
+def load_placement(path: str | Path) -> Placement:
+    """Read a placement JSON written by `Placement.save`, checking its schema."""
+    path = Path(path)
+    try:
+        d = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise EdgeMoEError(f"{path}: placement file not found") from exc
+    except json.JSONDecodeError as exc:
+        raise EdgeMoEError(f"{path}: invalid JSON ({exc})") from exc
+    if d.get("schema") != PLACEMENT_SCHEMA:
+        raise EdgeMoEError(f"{path}: schema is {d.get('schema')!r}, expected {PLACEMENT_SCHEMA!r}")
+    nodes = tuple(d["nodes"])
+    expert_bytes = np.asarray(d["expert_bytes"], dtype=np.int64)
+    L, E = expert_bytes.shape
+    hosts = np.zeros((len(nodes), L, E), dtype=bool)
+    for i, n in enumerate(nodes):
+        layers = d["hosts"].get(n)
+        if layers is None or len(layers) != L:
+            raise EdgeMoEError(f"{path}: hosts[{n!r}] must list {L} layers of expert ids")
+        for layer, ids in enumerate(layers):
+            if any(not 0 <= e < E for e in ids):
+                raise EdgeMoEError(f"{path}: hosts[{n!r}][{layer}] has an expert id outside [0, {E})")
+            hosts[i, layer, ids] = True
+    kinds = d.get("node_kind", {})
+    return Placement(
+        method=d["method"], params=d.get("params", {}), node_names=nodes,
+        capacity_bytes=np.array([d["capacity_bytes"][n] for n in nodes], dtype=np.int64),
+        hosts=hosts, expert_bytes=expert_bytes, node_kind=tuple(kinds.get(n, "edge") for n in nodes),
+    )
+
+
+Planner = Callable[..., Placement]
+_REGISTRY: dict[str, Planner] = {}
+
+
+def register(name: str) -> Callable[[Planner], Planner]:
+    """Decorator: make `fn(problem: PlanProblem, **params) -> Placement` available as `name`."""
+
+    def deco(fn: Planner) -> Planner:
+        if name in _REGISTRY:
+            raise ValueError(f"planner {name!r} registered twice")
+        _REGISTRY[name] = fn
+        return fn
+
+    return deco
+
+
+def planners() -> dict[str, Planner]:
+    """Name -> planner function, for every registered planner."""
+    from edgemoe.plan import _load_all  # noqa: F401  (imports every planner module once)
+
+    return dict(_REGISTRY)
+
+
+def plan(problem: PlanProblem, method: str, **params) -> Placement:
+    """Run the planner called `method` and check the result fits every node's capacity."""
+    table = planners()
+    if method not in table:
+        raise EdgeMoEError(f"unknown planner method {method!r}; expected one of {sorted(table)}")
+    placement = table[method](problem, **params)
+    placement.check_capacity()
+    return placement
+
+
+def empty_hosts(problem: PlanProblem) -> np.ndarray:
+    """[N, L, E] all-False host mask, with cloud nodes holding everything."""
+    N, (L, E) = problem.num_nodes, problem.expert_bytes.shape
+    hosts = np.zeros((N, L, E), dtype=bool)
+    hosts[problem.is_cloud] = True
+    return hosts
+
+
+def make_placement(problem: PlanProblem, method: str, hosts: np.ndarray, **params) -> Placement:
+    """Wrap a host mask [N, L, E] into a Placement for `problem`."""
+    return Placement(
+        method=method, params=params, node_names=problem.node_names,
+        capacity_bytes=np.asarray(problem.capacity_bytes, dtype=np.int64), hosts=hosts.astype(bool),
+        expert_bytes=problem.expert_bytes, node_kind=problem.node_kind,
+    )
