@@ -348,6 +348,8 @@ def _loc(loc: tuple) -> str:
 def _pydantic_error(exc: ValidationError, source: str) -> EdgeMoEError:
     lines = []
     for err in exc.errors():
+        if err["type"] == "string_type" and err["loc"][-1] == "str":
+            continue  # the mapping branch of a `str | mapping` field reports the real problem
         # Drop pydantic's union-branch tags (e.g. "str", "ComputeIn") so the path reads like the file.
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and (p[:1].isupper() or p in {"str", "float", "int"})))
         msg = err["msg"].removeprefix("Value error, ")
