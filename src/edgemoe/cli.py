@@ -1,0 +1,118 @@
+"""The `edgemoe` command line: thin typer commands over the library; every command writes files."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from edgemoe.errors import EdgeMoEError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Mixture-of-Experts inference across heterogeneous edge servers.")
+
+SHARED_DATA = Path("../shared/data")
+
+
+def _fail(exc: Exception) -> None:
+    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code=2)
+
+
+@app.command()
+def train(
+    data: Annotated[Path, typer.Option(help="the shared data folder (wikitext-2/, gutenberg/, tinyshakespeare/)")] = SHARED_DATA,
+    out: Annotated[Path, typer.Option(help="output model folder")] = Path("src/edgemoe/assets/default_model"),
+    steps: Annotated[int, typer.Option(help="optimizer steps")] = 3000,
+    max_minutes: Annotated[float, typer.Option(help="wall-clock budget; training stops early when spent")] = 30.0,
+    seed: int = 0,
+):
+    """Train the default model (Mixtral format) on the multi-domain corpus and save it with its recipe."""
+    from edgemoe.models.train import TrainConfig, train_default_model
+
+    try:
+        recipe = train_default_model(data, out, TrainConfig(steps=steps, max_minutes=max_minutes, seed=seed))
+    except EdgeMoEError as exc:
+        _fail(exc)
+    typer.echo(f"saved {out} after {recipe['steps_done']} steps, {recipe['train_minutes']} min; "
+               f"held-out perplexity {recipe['heldout_perplexity']}")
+
+
+def default_data_spec() -> str:
+    """The shared corpus' held-out split when ../shared/data is present, else the offline stdlib corpus."""
+    return f"shared:{SHARED_DATA}" if SHARED_DATA.is_dir() else "offline"
+
+
+@app.command()
+def profile(
+    out: Annotated[Path, typer.Option(help="output profile folder")],
+    model: Annotated[str, typer.Option(help="'default', an HF folder, or a hub id")] = "default",
+    data: Annotated[str | None, typer.Option(help="'offline', 'shared:PATH', 'wikitext-test:PATH', 'hf:ID[:SPLIT]' or a file/folder "
+                                                  "(default: shared:../shared/data when present, else offline)")] = None,
+    tokens: Annotated[int, typer.Option(help="calibration tokens (split evenly across the data's domains)")] = 50_000,
+    block_len: Annotated[int, typer.Option(help="tokens per sequence")] = 256,
+    subst_tokens: Annotated[int, typer.Option(help="tokens per layer whose hidden states measure substitution error")] = 1024,
+    report: Annotated[Path | None, typer.Option(help="also write the specialisation report (JSON + PNG) here")] = None,
+):
+    """Record router logits, Top-K and gates on calibration text and derive the routing statistics."""
+    from edgemoe.data import resolve
+    from edgemoe.models import load_moe, load_tokenizer
+    from edgemoe.profile.collect import collect_profile, profile_blocks_for
+
+    try:
+        spec = data or default_data_spec()
+        adapter = load_moe(model)
+        tokenizer = load_tokenizer(model)
+        sources = resolve(spec)
+        blocks = profile_blocks_for(adapter, sources, tokenizer, tokens, block_len)
+        prof = collect_profile(adapter, blocks, model, spec, subst_tokens=subst_tokens)
+        prof.save(out)
+    except EdgeMoEError as exc:
+        _fail(exc)
+    typer.echo(_profile_summary(prof))
+    typer.echo(f"wrote {out}")
+    if report is not None:
+        from edgemoe.profile.report import specialisation_report
+
+        specialisation_report(prof, report)
+        typer.echo(f"wrote {report}/specialisation.json, usage_heatmaps.png, similarity.png")
+
+
+def _profile_summary(prof) -> str:
+    import numpy as np
+
+    m = prof.meta
+    lines = [
+        f"model {m.model} ({m.family}): L={m.num_layers} MoE layers, E={m.num_experts}, K={m.top_k}, hidden {m.hidden_size}",
+        f"expert bytes {int(prof.expert_bytes[0, 0]):,} each, {int(prof.expert_bytes.sum()):,} in all; hidden state {m.hidden_bytes} B on the wire ({m.wire_dtype})",
+        f"tokens {prof.num_tokens:,} from {m.data} (domains: {', '.join(m.domains)})",
+    ]
+    off = ~np.eye(prof.E, dtype=bool)
+    for layer in range(prof.L):
+        f = prof.freq[layer]
+        lines.append(
+            f"  layer {layer}: busiest expert {int(f.argmax())} ({f.max():.3f}/tok), idlest {int(f.argmin())} ({f.min():.3f}/tok), "
+            f"mean off-diag cosine {prof.sim[layer][off].mean():.3f}, mean subst. error {prof.subst_err[layer][off].mean():.3f}"
+        )
+    return "\n".join(lines)
+
+
+@app.command()
+def demo(
+    out: Annotated[Path, typer.Option(help="output folder")] = Path("runs/demo"),
+    tokens: Annotated[int, typer.Option(help="calibration tokens")] = 20_000,
+):
+    """The main job on the embedded defaults. Until the runtime lands: profile the default model and
+    print a summary, with the specialisation report."""
+    profile(out=out / "profile", model="default", data=None, tokens=tokens, block_len=256, subst_tokens=1024,
+            report=out / "report")
+
+
+def main() -> None:  # pragma: no cover - console entry
+    try:
+        app()
+    except EdgeMoEError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

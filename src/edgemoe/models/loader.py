@@ -1,0 +1,91 @@
+"""Load an HF MoE checkpoint (hub id, local folder, or 'default') into its family adapter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from edgemoe.errors import EdgeMoEError
+
+from .base import MoEAdapter
+from .deepseek import DeepseekV3Adapter
+from .mixtral import MixtralAdapter
+from .qwen_moe import OlmoeAdapter, Qwen2MoeAdapter, Qwen3MoeAdapter
+from .switch import SwitchAdapter
+
+ADAPTERS: dict[str, type[MoEAdapter]] = {
+    t: cls
+    for cls in (MixtralAdapter, Qwen2MoeAdapter, Qwen3MoeAdapter, OlmoeAdapter, DeepseekV3Adapter, SwitchAdapter)
+    for t in cls.model_types
+}
+DEFAULT_MODEL = "default"
+
+
+def default_model_path() -> Path:
+    """The small MoE trained by `edgemoe train` and shipped inside the package."""
+    return Path(__file__).resolve().parent.parent / "assets" / "default_model"
+
+
+def resolve_model_path(spec: str) -> str:
+    """'default' -> the packaged model; an existing folder -> itself; anything else is a hub id."""
+    if spec == DEFAULT_MODEL:
+        path = default_model_path()
+        if not (path / "config.json").is_file():
+            raise EdgeMoEError(f"the default model is missing at {path} (run `edgemoe train` to rebuild it)")
+        return str(path)
+    path = Path(spec)
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise EdgeMoEError(f"model folder {spec!r} has no config.json (expected an HF save_pretrained folder)")
+        return str(path)
+    if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        raise EdgeMoEError(f"model path {spec!r} does not exist (expected an HF model folder or a hub id 'org/name')")
+    return spec
+
+
+def adapter_for(model: torch.nn.Module, source: str = "") -> MoEAdapter:
+    """Wrap an already-built HF model in its family adapter."""
+    model_type = getattr(model.config, "model_type", None)
+    cls = ADAPTERS.get(model_type)
+    if cls is None:
+        raise EdgeMoEError(
+            f"{source or 'model'}: model_type {model_type!r} is not a supported MoE family; "
+            f"expected one of {sorted(ADAPTERS)}"
+        )
+    adapter = cls(model, source=source)
+    if isinstance(adapter, SwitchAdapter):
+        adapter.disable_capacity()
+    return adapter
+
+
+def load_moe(spec: str = DEFAULT_MODEL, dtype: torch.dtype = torch.float32) -> MoEAdapter:
+    """Load model `spec` (hub id, folder or 'default') in `dtype` and wrap it in its family adapter.
+
+    Raises EdgeMoEError for a missing path, an unknown or non-MoE architecture, or an unreachable hub id.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    path = resolve_model_path(spec)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except OSError as exc:
+        raise EdgeMoEError(f"model {spec!r}: cannot read its config ({exc}); expected an HF folder or reachable hub id") from exc
+    except ValueError as exc:
+        raise EdgeMoEError(f"model {spec!r}: unrecognised config ({exc})") from exc
+    if config.model_type not in ADAPTERS:
+        raise EdgeMoEError(
+            f"model {spec!r}: model_type {config.model_type!r} is not a supported MoE family; "
+            f"expected one of {sorted(ADAPTERS)}"
+        )
+    auto = AutoModelForSeq2SeqLM if config.model_type == "switch_transformers" else AutoModelForCausalLM
+    model = auto.from_pretrained(path, dtype=dtype)
+    model.eval()
+    return adapter_for(model, source=spec)
+
+
+def load_tokenizer(spec: str = DEFAULT_MODEL):
+    """The tokenizer saved with model `spec`."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_model_path(spec))

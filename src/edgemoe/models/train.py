@@ -1,0 +1,175 @@
+"""Train the embedded default model: a small Mixtral-format MoE causal LM on a multi-domain corpus.
+
+The result is a plain HF folder (config.json, model.safetensors, tokenizer.json, ...) that
+`AutoModelForCausalLM.from_pretrained` loads without edgemoe, plus `recipe.json` saying how it was made.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from edgemoe.data import TextSource, shared_corpus, tokenize_blocks, wikitext_test
+from edgemoe.io import atomic_write_dir
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Shape and schedule of the default model. Sizes keep the bf16 checkpoint under 25 MB."""
+
+    vocab_size: int = 4096  # byte-level BPE: big enough for four domains, small enough for the size cap
+    hidden_size: int = 128
+    intermediate_size: int = 256  # per expert
+    num_layers: int = 4  # every layer is an MoE layer (Mixtral format)
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    num_experts: int = 16  # enough experts per layer that placement is a real problem
+    top_k: int = 2
+    block_len: int = 256
+    batch_size: int = 16
+    steps: int = 3000
+    max_minutes: float = 30.0  # stop early when the wall-clock budget is spent
+    lr: float = 3e-3
+    warmup: int = 100
+    weight_decay: float = 0.05
+    router_aux_loss_coef: float = 0.02  # Mixtral's load-balancing loss: keeps every expert in use
+    tokenizer_chars_per_domain: int = 2_000_000  # BPE is trained on a balanced sample
+    eval_tokens_per_domain: int = 40_000
+    seed: int = 0
+    save_dtype: str = "bfloat16"  # halves the checkpoint; evaluation loads it back in float32
+
+
+def train_tokenizer(sources: list[TextSource], vocab_size: int, chars_per_domain: int):
+    """A byte-level BPE tokenizer trained on an equal share of each source's text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+
+    def texts():
+        for src in sources:
+            for _, text in src.truncated(chars_per_domain).docs:
+                yield text
+
+    tok.train_from_iterator(texts(), trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                                   bos_token="<|endoftext|>", unk_token="<|endoftext|>")
+
+
+def build_model(cfg: TrainConfig):
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        num_local_experts=cfg.num_experts, num_experts_per_tok=cfg.top_k, max_position_embeddings=cfg.block_len * 4,
+        router_aux_loss_coef=cfg.router_aux_loss_coef, output_router_logits=False, tie_word_embeddings=True,
+        bos_token_id=0, eos_token_id=0, pad_token_id=0, rope_theta=10000.0,
+    )
+    torch.manual_seed(cfg.seed)
+    return MixtralForCausalLM(config)
+
+
+@torch.no_grad()
+def perplexity(model, ids: np.ndarray, batch_size: int = 16) -> float:
+    """Token-level perplexity of `model` on blocks ids [B, S] (each block scored on its own)."""
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, len(ids), batch_size):
+        x = torch.from_numpy(ids[i:i + batch_size])
+        logits = model(input_ids=x).logits.float()
+        nll = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1),
+                                                reduction="sum")
+        total += float(nll)
+        count += x[:, 1:].numel()
+    return math.exp(total / max(count, 1))
+
+
+def train_default_model(data_root: str | Path, out: str | Path, cfg: TrainConfig = TrainConfig(), log=print) -> dict:
+    """Train tokenizer and model on the shared corpus at `data_root`, save to `out`, return the recipe."""
+    from transformers import get_cosine_schedule_with_warmup
+
+    t_start = time.time()
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    train_src = shared_corpus(data_root, "train")
+    heldout_src = shared_corpus(data_root, "heldout")
+    domains = tuple(s.domain for s in train_src)
+    tokenizer = train_tokenizer(train_src, cfg.vocab_size, cfg.tokenizer_chars_per_domain)
+    train = tokenize_blocks(train_src, tokenizer, cfg.block_len, domains=domains)
+    heldout = tokenize_blocks(heldout_src, tokenizer, cfg.block_len, domains=domains,
+                              max_tokens_per_source=cfg.eval_tokens_per_domain)
+    wiki_test = tokenize_blocks([wikitext_test(data_root)], tokenizer, cfg.block_len, domains=domains,
+                                max_tokens_per_source=cfg.eval_tokens_per_domain)
+    log(f"tokens: train {train.num_tokens:,} ({', '.join(f'{d}={int((train.domain == i).sum()) * cfg.block_len:,}' for i, d in enumerate(domains))})")
+
+    model = build_model(cfg)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"model: {n_params / 1e6:.2f}M parameters")
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    sched = get_cosine_schedule_with_warmup(opt, cfg.warmup, cfg.steps)
+    by_domain = [np.flatnonzero(train.domain == i) for i in range(len(domains))]
+    model.train()
+    step, losses = 0, []
+    deadline = t_start + 60 * cfg.max_minutes
+    for step in range(1, cfg.steps + 1):
+        # Equal share of every domain in each batch, so the router sees all of them all the time.
+        pick = np.concatenate([rng.choice(ix, cfg.batch_size // len(domains)) for ix in by_domain])
+        x = torch.from_numpy(train.ids[pick])
+        out_ = model(input_ids=x, labels=x, output_router_logits=True)
+        opt.zero_grad(set_to_none=True)
+        out_.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(out_.loss))
+        if step % 50 == 0:
+            log(f"step {step}/{cfg.steps} loss {np.mean(losses[-50:]):.3f} ({(time.time() - t_start) / 60:.1f} min)")
+        if time.time() > deadline:
+            log(f"wall-clock budget of {cfg.max_minutes} min reached at step {step}")
+            break
+    train_minutes = (time.time() - t_start) / 60
+
+    ppl = {d: perplexity(model, heldout.ids[heldout.domain == i]) for i, d in enumerate(domains)}
+    ppl["wikitext2_test"] = perplexity(model, wiki_test.ids)
+    log("held-out perplexity: " + ", ".join(f"{k}={v:.1f}" for k, v in ppl.items()))
+    recipe = {
+        "what": "edgemoe default model: Mixtral-format MoE causal LM trained from scratch on four domains",
+        "command": f"edgemoe train --data {data_root} --out {out}",
+        "config": asdict(cfg),
+        "parameters": n_params,
+        "data": {
+            "train": {s.domain: {"source": s.name, "documents": len(s.docs), "chars": s.num_chars} for s in train_src},
+            "train_tokens": train.num_tokens,
+            "heldout": "10% of documents per domain by a hash of the document id (edgemoe.data.sources)",
+            "never_trained_on": "WikiText-2 test",
+        },
+        "steps_done": step,
+        "tokens_seen": step * (cfg.batch_size // len(domains)) * len(domains) * cfg.block_len,
+        "train_minutes": round(train_minutes, 2),
+        "final_train_loss": round(float(np.mean(losses[-50:])), 4),
+        "heldout_perplexity": {k: round(v, 3) for k, v in ppl.items()},
+        "environment": {"python": platform.python_version(), "torch": torch.__version__,
+                        "transformers": __import__("transformers").__version__, "threads": torch.get_num_threads(),
+                        "machine": platform.machine()},
+    }
+
+    def write(tmp: Path) -> None:
+        model.to(getattr(torch, cfg.save_dtype)).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "recipe.json").write_text(json.dumps(recipe, indent=2) + "\n")
+
+    atomic_write_dir(out, write)
+    return recipe
