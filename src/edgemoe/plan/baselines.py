@@ -1,0 +1,479 @@
+"""Baseline planners: uniform, random, lfu, activation-aware, eplb, affinity (pure numpy).
+
+All of them fill only the node kinds named by `fill` (default "edge": edge servers; "edge,device" adds
+user devices; the cloud is never filled, it holds everything). `coverage` says whether every expert must
+get at least one non-cloud copy; its default (None) means "yes exactly when the problem has no cloud node".
+With coverage on and enough total memory, every planner here leaves every expert reachable; a planner whose
+own rule would not do that (lfu, eplb, affinity, activation-aware with skewed budgets) is repaired by
+`ensure_coverage`, which evicts the least valuable duplicate copies. See docs/planners-ordermoe.md.
+
+The shared helpers at the top (`fillable_nodes`, `access_nodes`, `node_demand`, `ensure_coverage`, ...)
+are also used by the ordermoe planner.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from edgemoe.errors import EdgeMoEError
+
+from .base import Placement, PlanProblem, empty_hosts, make_placement, register
+
+# ------------------------------------------------------------------------------------------ shared helpers
+
+
+def fillable_nodes(problem: PlanProblem, fill: str = "edge") -> np.ndarray:
+    """[N] bool: nodes a planner may put experts on. fill: comma-separated kinds from {"edge", "device"}."""
+    kinds = {k.strip() for k in str(fill).split(",") if k.strip()}
+    if not kinds or not kinds <= {"edge", "device"}:
+        raise EdgeMoEError(f"fill={fill!r}; expected 'edge', 'device' or 'edge,device' (the cloud is never filled)")
+    mask = np.array([k in kinds for k in problem.node_kind], dtype=bool)
+    if not mask.any():
+        raise EdgeMoEError(f"fill={fill!r}: the cluster has no node of that kind ({sorted(set(problem.node_kind))})")
+    return mask
+
+
+def has_cloud(problem: PlanProblem) -> bool:
+    return bool(problem.is_cloud.any())
+
+
+def resolve_coverage(problem: PlanProblem, coverage: bool | None) -> bool:
+    """Default coverage: required exactly when there is no cloud to fall back on."""
+    return (not has_cloud(problem)) if coverage is None else bool(coverage)
+
+
+def access_nodes(problem: PlanProblem, fillable: np.ndarray) -> np.ndarray:
+    """[U] node each user's load counts against: its home if fillable, else its nearest fillable node.
+
+    Nearest = least `comm_s[u, n]` (ties: lower index). This is how devices' users are attributed to edge
+    servers in the device-edge-cloud setting.
+    """
+    home = np.asarray(problem.user_home, dtype=np.int64)
+    comm = np.where(fillable[None, :], problem.comm_s, np.inf)
+    nearest = np.argmin(comm, axis=1)
+    return np.where(fillable[home], home, nearest)
+
+
+def node_load(problem: PlanProblem, fillable: np.ndarray) -> np.ndarray:
+    """[N] share of tokens whose access node is n (OrderMoE's lambda_s); zero on non-fillable nodes."""
+    load = np.zeros(problem.num_nodes)
+    np.add.at(load, access_nodes(problem, fillable), problem.user_weight)
+    return load
+
+
+def node_demand(problem: PlanProblem, fillable: np.ndarray) -> np.ndarray:
+    """[N, L, E] expected activations per token of (l, e) among the users whose access node is n."""
+    weighted = problem.user_weight[:, None, None] * problem.user_freq()  # [U, L, E]
+    demand = np.zeros((problem.num_nodes, *problem.expert_bytes.shape))
+    np.add.at(demand, access_nodes(problem, fillable), weighted)
+    return demand
+
+
+def global_demand(problem: PlanProblem) -> np.ndarray:
+    """[L, E] user-weighted activations per token (the load each expert receives)."""
+    return np.einsum("u,ule->le", problem.user_weight, problem.user_freq())
+
+
+def free_bytes(problem: PlanProblem, hosts: np.ndarray) -> np.ndarray:
+    """[N] capacity minus bytes held (cloud: meaningless, never used)."""
+    used = (hosts * problem.expert_bytes[None]).sum(axis=(1, 2))
+    return np.asarray(problem.capacity_bytes, dtype=np.int64) - used.astype(np.int64)
+
+
+def replica_counts(hosts: np.ndarray, fillable: np.ndarray) -> np.ndarray:
+    """[L, E] copies of each expert on fillable nodes."""
+    return hosts[fillable].sum(axis=0)
+
+
+def fill_by_order(problem: PlanProblem, hosts: np.ndarray, node: int, order: np.ndarray) -> None:
+    """Add experts to `node` in `order` ([M] flat (l, e) indices), skipping held or non-fitting ones. In place."""
+    E = problem.expert_bytes.shape[1]
+    bytes_flat = problem.expert_bytes.ravel()
+    free = int(free_bytes(problem, hosts)[node])
+    held = hosts[node].ravel().copy()
+    for flat in order:
+        if not held[flat] and bytes_flat[flat] <= free:
+            held[flat] = True
+            free -= int(bytes_flat[flat])
+            hosts[node, flat // E, flat % E] = True
+
+
+def ensure_coverage(problem: PlanProblem, hosts: np.ndarray, fillable: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """Give every uncovered expert a copy, evicting the least valuable duplicates when memory is full.
+
+    hosts: [N, L, E] (modified in place and returned); value: [L, E] how much a copy is worth (evict low,
+    cover high first). An expert is placed on the fitting fillable node with the largest free fraction;
+    with none fitting, the duplicate copy (an expert held on >= 2 fillable nodes) of least value whose
+    removal makes room is evicted. Experts that still do not fit stay uncovered (memory too small).
+    """
+    capacity = np.maximum(np.asarray(problem.capacity_bytes, dtype=np.float64), 1.0)
+    sizes = problem.expert_bytes
+    uncovered = np.argwhere(~hosts[fillable].any(axis=0))
+    order = np.argsort(-value[uncovered[:, 0], uncovered[:, 1]], kind="stable")
+    for layer, expert in uncovered[order]:
+        need = sizes[layer, expert]
+        free = free_bytes(problem, hosts)
+        fits = fillable & (free >= need)
+        if fits.any():
+            node = int(np.argmax(np.where(fits, free / capacity, -np.inf)))
+        else:
+            duplicate = replica_counts(hosts, fillable) >= 2  # [L, E]
+            room = (free[:, None, None] + sizes[None]) >= need  # [N, L, E]
+            evictable = hosts & fillable[:, None, None] & duplicate[None] & room
+            if not evictable.any():
+                continue
+            cost = np.where(evictable, value[None], np.inf)
+            node, l2, e2 = np.unravel_index(int(np.argmin(cost)), cost.shape)
+            hosts[node, l2, e2] = False
+        hosts[node, layer, expert] = True
+    return hosts
+
+
+def proportional_slots(problem: PlanProblem, fillable: np.ndarray) -> np.ndarray:
+    """[N, L] per-layer expert slots of each fillable node, its memory spread evenly over the layers.
+
+    A slot of layer l is sized for its largest expert, so any expert of the layer fits one. Slots are
+    handed out one at a time to the layer with the fewest slots on that node (at most E per layer); ties
+    rotate with the node index so the remainders land on different layers on different nodes.
+    """
+    L, E = problem.expert_bytes.shape
+    slot_bytes = problem.expert_bytes.max(axis=1)  # [L]
+    slots = np.zeros((problem.num_nodes, L), dtype=np.int64)
+    for node in np.flatnonzero(fillable):
+        remaining = int(problem.capacity_bytes[node])
+        rotation = (np.arange(L) - node) % L
+        while True:
+            open_layers = (slots[node] < E) & (slot_bytes <= remaining)
+            if not open_layers.any():
+                break
+            key = np.where(open_layers, slots[node] * L + rotation, np.iinfo(np.int64).max)
+            layer = int(np.argmin(key))
+            slots[node, layer] += 1
+            remaining -= int(slot_bytes[layer])
+    return slots
+
+
+def argmax_lex(primary: np.ndarray, secondary: np.ndarray, allowed: np.ndarray) -> int:
+    """Index with the largest `primary` among `allowed` ([N] bool), ties by largest `secondary`, then lowest index."""
+    p = np.where(allowed, primary, -np.inf)
+    best = allowed & np.isclose(p, p.max(), rtol=1e-12, atol=0.0)
+    return int(np.argmax(np.where(best, secondary, -np.inf)))
+
+
+def _finish(problem: PlanProblem, method: str, hosts: np.ndarray, **params) -> Placement:
+    placement = make_placement(problem, method, hosts, **params)
+    placement.check_capacity()
+    return placement
+
+
+def _check_common(problem: PlanProblem, fill: str, coverage: bool | None) -> tuple[np.ndarray, bool]:
+    return fillable_nodes(problem, fill), resolve_coverage(problem, coverage)
+
+
+# ---------------------------------------------------------------------------------------------- uniform
+
+
+@register("uniform")
+def plan_uniform(problem: PlanProblem, fill: str = "edge") -> Placement:
+    """Expert-parallel sharding: every expert exactly once, round-robin weighted by capacity.
+
+    Experts are visited layer by layer, id by id; each goes to the fitting fillable node with the largest
+    free fraction of its memory (ties: lower index), which is plain round-robin for equal memories and
+    proportional to memory otherwise. Leftover memory stays empty.
+    """
+    fillable = fillable_nodes(problem, fill)
+    hosts = empty_hosts(problem)
+    capacity = np.maximum(np.asarray(problem.capacity_bytes, dtype=np.float64), 1.0)
+    free = free_bytes(problem, hosts).astype(np.float64)
+    L, E = problem.expert_bytes.shape
+    for layer in range(L):
+        for expert in range(E):
+            need = problem.expert_bytes[layer, expert]
+            fits = fillable & (free >= need)
+            if not fits.any():
+                continue
+            node = int(np.argmax(np.where(fits, free / capacity, -np.inf)))
+            hosts[node, layer, expert] = True
+            free[node] -= need
+    return _finish(problem, "uniform", hosts, fill=fill)
+
+
+# ----------------------------------------------------------------------------------------------- random
+
+
+@register("random")
+def plan_random(problem: PlanProblem, seed: int = 0, fill: str = "edge", coverage: bool | None = None) -> Placement:
+    """Seeded random caching: (coverage first) then each node caches random experts until full.
+
+    Coverage phase (when required): experts in random order, each on a random fillable node that fits.
+    Fill phase: each fillable node walks its own random permutation of all experts and keeps each one that
+    is not held yet and still fits.
+    """
+    fillable, cover = _check_common(problem, fill, coverage)
+    rng = np.random.default_rng(seed)
+    hosts = empty_hosts(problem)
+    L, E = problem.expert_bytes.shape
+    if cover:
+        free = free_bytes(problem, hosts)
+        for flat in rng.permutation(L * E):
+            layer, expert = divmod(int(flat), E)
+            fits = np.flatnonzero(fillable & (free >= problem.expert_bytes[layer, expert]))
+            if fits.size:
+                node = int(rng.choice(fits))
+                hosts[node, layer, expert] = True
+                free[node] -= problem.expert_bytes[layer, expert]
+    for node in np.flatnonzero(fillable):
+        fill_by_order(problem, hosts, int(node), rng.permutation(L * E))
+    return _finish(problem, "random", hosts, seed=seed, fill=fill, coverage=cover)
+
+
+# -------------------------------------------------------------------------------------------------- lfu
+
+
+@register("lfu")
+def plan_lfu(problem: PlanProblem, fill: str = "edge", coverage: bool | None = None) -> Placement:
+    """Each node caches the experts its own users activate most, until full; then coverage repair.
+
+    A node's users are those whose access node it is (`access_nodes`); its value of (l, e) is their
+    token-weighted activation frequency, ties (e.g. a node without users) broken by the global
+    user-weighted frequency. Nodes decide independently, so popular experts are duplicated. With coverage
+    required, `ensure_coverage` then evicts the least globally frequent duplicates to cover the rest.
+    """
+    fillable, cover = _check_common(problem, fill, coverage)
+    demand = node_demand(problem, fillable)
+    overall = global_demand(problem)
+    hosts = empty_hosts(problem)
+    for node in np.flatnonzero(fillable):
+        # Value per byte, so that with unequal sizes a node keeps the most activations per byte.
+        own = (demand[node] / problem.expert_bytes).ravel()
+        order = np.lexsort((-(overall / problem.expert_bytes).ravel(), -own))
+        fill_by_order(problem, hosts, int(node), order)
+    if cover:
+        ensure_coverage(problem, hosts, fillable, overall)
+    return _finish(problem, "lfu", hosts, fill=fill, coverage=cover)
+
+
+# ------------------------------------------------------------------------------------- activation-aware
+
+
+def entropy_layer_budget(freq: np.ndarray, expert_bytes: np.ndarray, total_bytes: float, floor_bytes: np.ndarray) -> np.ndarray:
+    """[L] bytes each layer may use: `floor_bytes` [L] first, the rest in proportion to routing entropy.
+
+    freq: [L, E]. H_l = -sum_e p log p with p = freq[l] / sum(freq[l]) (DanceMoE/Prism's "activation
+    diversity"): layers whose routing is spread out get more copies.
+    """
+    totals = freq.sum(axis=1, keepdims=True)
+    p = np.divide(freq, totals, out=np.zeros_like(freq, dtype=np.float64), where=totals > 0)
+    entropy = -(p * np.log(np.where(p > 0, p, 1.0))).sum(axis=1)
+    extra = max(float(total_bytes) - float(floor_bytes.sum()), 0.0)
+    share = entropy / entropy.sum() if entropy.sum() > 0 else np.full(len(entropy), 1.0 / len(entropy))
+    return floor_bytes + extra * share
+
+
+@register("activation-aware")
+def plan_activation_aware(problem: PlanProblem, fill: str = "edge", coverage: bool | None = None) -> Placement:
+    """DanceMoE/Prism-style placement: entropy-guided per-layer budgets, coverage-guaranteeing greedy.
+
+    1. Budget: layer l may use its coverage bytes (one copy of each expert, when coverage is on) plus a
+       share of the remaining memory proportional to its routing entropy H_l.
+    2. Coverage: every expert, most frequent first, goes once to the fitting node whose users activate
+       it most (ties: most free memory).
+    3. Greedy: all (node, l, e) in descending local frequency f_n^l(e) (the node's users' activations),
+       placed while the node has room and layer l is within its budget.
+    4. Memory the layer budgets left unused (rounding) is filled by the same order without budgets.
+    """
+    fillable, cover = _check_common(problem, fill, coverage)
+    L, E = problem.expert_bytes.shape
+    demand = node_demand(problem, fillable)  # [N, L, E]
+    overall = global_demand(problem)
+    sizes = problem.expert_bytes
+    total = float(np.asarray(problem.capacity_bytes)[fillable].sum())
+    floor = sizes.sum(axis=1).astype(np.float64) if cover else np.zeros(L)
+    budget = entropy_layer_budget(overall, sizes, total, np.minimum(floor, total * floor / max(floor.sum(), 1.0)))
+    hosts = empty_hosts(problem)
+    layer_used = np.zeros(L)
+    free = free_bytes(problem, hosts).astype(np.float64)
+    if cover:
+        for flat in np.argsort(-overall.ravel(), kind="stable"):
+            layer, expert = divmod(int(flat), E)
+            fits = fillable & (free >= sizes[layer, expert])
+            if fits.any():
+                node = argmax_lex(demand[:, layer, expert], free, fits)  # users' demand first, then room
+                hosts[node, layer, expert] = True
+                free[node] -= sizes[layer, expert]
+                layer_used[layer] += sizes[layer, expert]
+    # Local-frequency order over all (node, l, e) on fillable nodes; global frequency breaks ties.
+    nodes = np.flatnonzero(fillable)
+    local = (demand[nodes] / sizes[None]).ravel()
+    tie = np.broadcast_to(overall / sizes, (len(nodes), L, E)).ravel()
+    order = np.lexsort((-tie, -local))
+    for respect_budget in (True, False):
+        for flat in order:
+            i, rest = divmod(int(flat), L * E)
+            layer, expert = divmod(rest, E)
+            node, need = nodes[i], sizes[layer, expert]
+            if hosts[node, layer, expert] or free[node] < need:
+                continue
+            if respect_budget and layer_used[layer] + need > budget[layer]:
+                continue
+            hosts[node, layer, expert] = True
+            free[node] -= need
+            layer_used[layer] += need
+    if cover:
+        ensure_coverage(problem, hosts, fillable, overall)
+    return _finish(problem, "activation-aware", hosts, fill=fill, coverage=cover)
+
+
+# ------------------------------------------------------------------------------------------------- eplb
+
+
+def replicate_by_load(weight: np.ndarray, num_slots: int, max_copies: int) -> np.ndarray:
+    """[E] copies of each expert: one each, then extra copies to the largest load per copy (EPLB step 1).
+
+    weight: [E] load estimate of each expert of one layer. With fewer slots than experts, the heaviest
+    `num_slots` experts get one copy each. No expert gets more than `max_copies` (one per node).
+    Ties go to the lower expert id.
+    """
+    E = weight.shape[0]
+    counts = np.zeros(E, dtype=np.int64)
+    if num_slots <= 0 or max_copies <= 0:
+        return counts
+    if num_slots < E:
+        counts[np.argsort(-weight, kind="stable")[:num_slots]] = 1
+        return counts
+    counts[:] = 1
+    heap = [(-float(weight[e]), e) for e in range(E)]
+    heapq.heapify(heap)
+    for _ in range(num_slots - E):
+        while heap and counts[heap[0][1]] >= max_copies:
+            heapq.heappop(heap)
+        if not heap:
+            break
+        _, e = heapq.heappop(heap)
+        counts[e] += 1
+        heapq.heappush(heap, (-float(weight[e]) / counts[e], e))
+    return counts
+
+
+def pack_balanced(item_expert: np.ndarray, item_weight: np.ndarray, slots: np.ndarray, speed_s: np.ndarray) -> np.ndarray:
+    """[M] node of each copy (-1 if none could take it): heaviest copy first into the lightest node (EPLB step 2).
+
+    item_expert, item_weight: [M] expert id and load of each copy; slots: [N] free slots per node;
+    speed_s: [N] seconds per unit of load on each node (busy time = load x speed_s, so a faster node
+    takes more load). A node never takes two copies of the same expert. Ties: lower node index.
+    """
+    busy = np.zeros(len(slots))
+    room = slots.astype(np.int64).copy()
+    held: list[set[int]] = [set() for _ in range(len(slots))]
+    node_of = np.full(len(item_expert), -1, dtype=np.int64)
+    for i in np.argsort(-item_weight, kind="stable"):
+        ok = np.array([room[n] > 0 and int(item_expert[i]) not in held[n] for n in range(len(slots))])
+        if not ok.any():
+            continue
+        node = int(np.argmin(np.where(ok, busy, np.inf)))
+        node_of[i] = node
+        room[node] -= 1
+        busy[node] += item_weight[i] * speed_s[node]
+        held[node].add(int(item_expert[i]))
+    return node_of
+
+
+@register("eplb")
+def plan_eplb(problem: PlanProblem, fill: str = "edge", coverage: bool | None = None) -> Placement:
+    """DeepSeek-EPLB-style: per layer, replicate heavy experts, then pack copies onto nodes by load.
+
+    Re-implemented from the description in ALGORITHMS.md §4.7 (global policy; a node is one pack):
+    1. Slots: each node's memory is split evenly over layers (`proportional_slots`).
+    2. Replicate: the layer's slots become copies, one per expert, extra ones to the expert with the
+       largest user-weighted load per copy (at most one copy per node).
+    3. Pack: copies, heaviest per-copy load first, go to the node with the least busy time (load x mean
+       compute seconds of the node for the layer) among nodes with a free slot of that layer and no copy
+       of that expert yet.
+    4. Slots left empty by step 3 take the expert with the largest load per copy that the node lacks.
+    """
+    fillable, cover = _check_common(problem, fill, coverage)
+    L, E = problem.expert_bytes.shape
+    load = global_demand(problem)
+    slots = proportional_slots(problem, fillable)  # [N, L]
+    hosts = empty_hosts(problem)
+    for layer in range(L):
+        counts = replicate_by_load(load[layer], int(slots[:, layer].sum()), int((slots[:, layer] > 0).sum()))
+        item_expert = np.repeat(np.arange(E), counts)
+        item_weight = (load[layer] / np.maximum(counts, 1))[item_expert]
+        speed = problem.compute_s[:, layer].mean(axis=1)
+        node_of = pack_balanced(item_expert, item_weight, slots[:, layer], speed)
+        placed = node_of >= 0
+        hosts[node_of[placed], layer, item_expert[placed]] = True
+        _fill_empty_slots(hosts, slots, layer, load[layer], fillable)
+    if cover:
+        ensure_coverage(problem, hosts, fillable, load)
+    return _finish(problem, "eplb", hosts, fill=fill, coverage=cover)
+
+
+def _fill_empty_slots(hosts: np.ndarray, slots: np.ndarray, layer: int, load: np.ndarray, fillable: np.ndarray) -> None:
+    """Put the expert with the largest load per copy that a node lacks into each unused slot of `layer`."""
+    for node in np.flatnonzero(fillable):
+        while hosts[node, layer].sum() < slots[node, layer]:
+            copies = hosts[fillable, layer].sum(axis=0)
+            score = np.where(hosts[node, layer], -np.inf, load / (copies + 1))
+            hosts[node, layer, int(np.argmax(score))] = True
+
+
+# --------------------------------------------------------------------------------------------- affinity
+
+
+@register("affinity")
+def plan_affinity(problem: PlanProblem, fill: str = "edge", replicate: bool = True) -> Placement:
+    """ExFlow-style placement: experts that follow each other across layers share a node.
+
+    Affinity of (l, e) -> (l+1, e') is the expected transitions per token f_l(e) * trans[l, e, e'].
+    1. Layer 0: like `uniform` (largest free fraction), most frequent expert first.
+    2. Layer l+1: experts, most frequent first, each to the node with room and under its quota (the node's
+       memory share of the layer's E experts, rounded up) that maximises the affinity to the layer-l
+       experts it holds (ties: largest free fraction). Every expert is placed once (as in ExFlow's expert
+       parallelism), when memory allows.
+    3. With `replicate`, each node fills its leftover memory with the copies of largest affinity to its
+       neighbours in the adjacent layers (per byte), computed once per node after step 2.
+    """
+    fillable = fillable_nodes(problem, fill)
+    L, E = problem.expert_bytes.shape
+    freq = global_demand(problem)
+    joint = freq[:-1, :, None] * problem.profile.trans  # [L-1, E, E] expected e -> e' transitions per token
+    capacity = np.asarray(problem.capacity_bytes, dtype=np.float64)
+    share = np.where(fillable, capacity, 0.0) / max(capacity[fillable].sum(), 1.0)
+    quota = np.ceil(share * E).astype(np.int64)  # [N] experts of each layer a node should hold at most
+    hosts = empty_hosts(problem)
+    free = free_bytes(problem, hosts).astype(np.float64)
+    safe_cap = np.maximum(capacity, 1.0)
+    for layer in range(L):
+        held_prev = hosts[:, layer - 1].astype(np.float64) if layer > 0 else None  # [N, E]
+        for expert in np.argsort(-freq[layer], kind="stable"):
+            need = problem.expert_bytes[layer, expert]
+            fits = fillable & (free >= need)
+            if not fits.any():
+                continue
+            under = fits & (hosts[:, layer].sum(axis=1) < quota)
+            pool = under if under.any() else fits
+            gain = held_prev @ joint[layer - 1][:, expert] if held_prev is not None else np.zeros(len(free))
+            node = argmax_lex(gain, free / safe_cap, pool)
+            hosts[node, layer, expert] = True
+            free[node] -= need
+    if replicate:
+        for node in np.flatnonzero(fillable):
+            score = _neighbour_affinity(hosts[node], joint) / problem.expert_bytes
+            order = np.lexsort((-(freq / problem.expert_bytes).ravel(), -score.ravel()))
+            fill_by_order(problem, hosts, int(node), order)
+    return _finish(problem, "affinity", hosts, fill=fill, replicate=replicate)
+
+
+def _neighbour_affinity(held: np.ndarray, joint: np.ndarray) -> np.ndarray:
+    """[L, E] expected transitions per token between (l, e) and the experts held ([L, E] bool) in layers l+-1."""
+    L, E = held.shape
+    score = np.zeros((L, E))
+    h = held.astype(np.float64)
+    if L > 1:
+        score[1:] += np.einsum("le,lef->lf", h[:-1], joint)  # from held predecessors into (l, e)
+        score[:-1] += np.einsum("lef,lf->le", joint, h[1:])  # from (l, e) into held successors
+    return score

@@ -1,0 +1,271 @@
+"""OrderMoE placement: representative coverage, then redundant deployment (pure numpy).
+
+Reconstructed from ALGORITHMS.md §3.4.3 (structure [B], details [R]; every choice is listed in
+docs/planners-ordermoe.md):
+
+Stage 1, representative coverage. Every expert is placed once (when memory allows), in rank-major order:
+all groups' dominants first, then every group's second member, and so on; within a rank, the more
+important expert first. Each goes to the fitting node with the largest
+    score(n) = load[n] * 1[m_n = 0] + eta * (free[n] / capacity[n]) / (1 + m_n),
+m_n being how many members of the expert's group node n holds already. So one group's members land on
+different nodes (each node then holds a stand-in for many groups), busy nodes collect representatives
+first, a group larger than the node count is spread evenly, and ties go to the emptier node.
+
+Stage 2, redundant deployment. Nodes are visited busiest first; each fills its leftover memory by a
+lazy greedy on gain per byte, where the gain of a copy of (l, e) on node n is
+    (1 + rep_weight * rep[l, e]) * sum_u w_u f_u(l, e) * max(0, best_u(l, e) - call_s[u, n, l, e])
+                                 * (1 - gamma * 1[u's access node holds a substitute of e]),
+best_u being the cheapest current copy for user u (cloud included). Once no copy gains anything, the rest
+of the memory takes experts by importance / (1 + copies) so it is not left idle.
+
+importance[l, e] = f_l(e) * (1 + rep[l, e]), with representativeness
+    rep[l, e] = sum_{e' in G(e), e' != e} f_l(e') * max(0, sim_l(e, e')) / sum_{e' in G(e)} f_l(e')  in [0, 1):
+the share of its group's traffic the expert can stand in for, weighted by similarity.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from edgemoe.errors import EdgeMoEError
+
+from .base import Placement, PlanProblem, empty_hosts, make_placement, register
+from .baselines import access_nodes, fillable_nodes, free_bytes, node_load, replica_counts
+from .groups import THETA_HI, THETA_LO, SimilarityGroups, groups_for
+
+# Tie-break weight of the free-memory fraction in stage 1: below any load difference that matters
+# (loads sum to 1, so 8 equal servers have 0.125 each) but enough to spread when loads tie.
+ETA = 0.1
+# Gain discount for a copy whose user already has a local substitute (it would mostly substitute):
+# 0 = ignore substitutes, 1 = such a copy is worthless. Middle value; no number in the sources.
+GAMMA = 0.5
+
+
+def representativeness(groups: SimilarityGroups, freq: np.ndarray, sim: np.ndarray) -> np.ndarray:
+    """[L, E] share of the rest of its group's activations an expert can stand in for, similarity-weighted.
+
+    freq: [L, E]; sim: [L, E, E] raw cosine. Singletons get 0.
+    """
+    same = groups.group_of[:, :, None] == groups.group_of[:, None, :]  # [L, E, E]
+    E = freq.shape[1]
+    others = same.copy()
+    others[:, np.arange(E), np.arange(E)] = False
+    covered = np.einsum("lef,lf->le", others * np.clip(sim, 0.0, None), freq)
+    group_mass = np.einsum("lef,lf->le", same, freq)
+    return np.divide(covered, group_mass, out=np.zeros_like(covered), where=group_mass > 0)
+
+
+def importance(groups: SimilarityGroups, freq: np.ndarray, sim: np.ndarray) -> np.ndarray:
+    """[L, E] activation frequency x (1 + representativeness)."""
+    return freq * (1.0 + representativeness(groups, freq, sim))
+
+
+def coverage_order(groups: SimilarityGroups, weight: np.ndarray) -> np.ndarray:
+    """[L*E, 2] (layer, expert) pairs in rank-major order: rank within group, then weight desc, then (l, e).
+
+    weight: [L, E]. Rank 0 is the dominant, then the other members by weight desc.
+    """
+    L, E = weight.shape
+    rank = np.zeros((L, E), dtype=np.int64)
+    for layer in range(L):
+        order = np.lexsort((np.arange(E), -weight[layer]))
+        dominants = groups.is_dominant()[layer]
+        order = np.concatenate([order[dominants[order]], order[~dominants[order]]])
+        seen = np.zeros(groups.num_groups[layer], dtype=np.int64)
+        for e in order:
+            g = groups.group_of[layer, e]
+            rank[layer, e] = seen[g]
+            seen[g] += 1
+    flat = np.lexsort((np.arange(L * E), -weight.ravel(), rank.ravel()))
+    return np.stack(np.divmod(flat, E), axis=1)
+
+
+def representative_coverage(
+    problem: PlanProblem, groups: SimilarityGroups, weight: np.ndarray, fillable: np.ndarray, load: np.ndarray,
+    eta: float = ETA,
+) -> np.ndarray:
+    """Stage 1: [N, L, E] hosts with every expert once (memory permitting), group members spread out.
+
+    weight: [L, E] importance (order within a rank); load: [N] token share per node.
+    """
+    hosts = empty_hosts(problem)
+    capacity = np.maximum(np.asarray(problem.capacity_bytes, dtype=np.float64), 1.0)
+    free = free_bytes(problem, hosts).astype(np.float64)
+    members_on = np.zeros((problem.num_nodes, groups.num_layers, int(groups.num_groups.max())), dtype=np.int64)
+    for layer, expert in coverage_order(groups, weight):
+        need = problem.expert_bytes[layer, expert]
+        fits = fillable & (free >= need)
+        if not fits.any():
+            continue  # memory is too small for every expert once; the cloud (if any) serves it
+        group = groups.group_of[layer, expert]
+        held = members_on[:, layer, group]
+        score = load * (held == 0) + eta * (free / capacity) / (1 + held)
+        node = int(np.argmax(np.where(fits, score, -np.inf)))
+        hosts[node, layer, expert] = True
+        members_on[node, layer, group] += 1
+        free[node] -= need
+    return hosts
+
+
+class _GainModel:
+    """Latency-saving gain of one more copy, kept up to date as copies are added (stage 2)."""
+
+    def __init__(self, problem: PlanProblem, groups: SimilarityGroups, hosts: np.ndarray, fillable: np.ndarray,
+                 rep_factor: np.ndarray, gamma: float):
+        self.problem, self.groups, self.hosts, self.gamma = problem, groups, hosts, gamma
+        self.access = access_nodes(problem, fillable)  # [U]
+        self.demand = problem.user_weight[:, None, None] * problem.user_freq()  # [U, L, E]
+        self.rep_factor = rep_factor  # [L, E]
+        self.best = self._initial_best()  # [U, L, E]
+        self.same = groups.group_of[:, :, None] == groups.group_of[:, None, :]  # [L, E, E]
+        E = self.same.shape[1]
+        self.same[:, np.arange(E), np.arange(E)] = False  # a substitute is another member
+
+    def call_s(self, node: int) -> np.ndarray:
+        """[U, L, E] seconds for each user to run each expert on `node`."""
+        return self.problem.comm_s[:, node, None, None] + self.problem.compute_s[node][None]
+
+    def _initial_best(self) -> np.ndarray:
+        U, (L, E) = len(self.problem.user_weight), self.problem.expert_bytes.shape
+        best = np.full((U, L, E), np.inf)
+        for node in np.flatnonzero(self.hosts.any(axis=(1, 2))):
+            best = np.where(self.hosts[node][None], np.minimum(best, self.call_s(int(node))), best)
+        finite = best[np.isfinite(best)]
+        # An expert nobody holds (no cloud, memory too small) costs a penalty well above any real call.
+        penalty = 10.0 * (finite.max() if finite.size else 1.0)
+        return np.where(np.isfinite(best), best, penalty)
+
+    def local_substitute(self) -> np.ndarray:
+        """[U, L, E] bool: the user's access node holds another member of e's group."""
+        held = self.hosts[self.access].astype(np.float64)  # [U, L, E]
+        return np.einsum("lef,ulf->ule", self.same, held) > 0
+
+    def gains(self, node: int) -> np.ndarray:
+        """[L, E] gain of adding each expert to `node` (0 where held)."""
+        saved = np.maximum(self.best - self.call_s(node), 0.0)
+        discount = 1.0 - self.gamma * self.local_substitute()
+        gain = self.rep_factor * (self.demand * saved * discount).sum(axis=0)
+        return np.where(self.hosts[node], 0.0, gain)
+
+    def gain_of(self, node: int, layer: int, expert: int) -> float:
+        call = self.problem.comm_s[:, node] + self.problem.compute_s[node, layer, expert]
+        saved = np.maximum(self.best[:, layer, expert] - call, 0.0)
+        mates = self.same[layer, expert]
+        has_sub = self.hosts[self.access, layer][:, mates].any(axis=1)  # [U]
+        weight = self.demand[:, layer, expert] * (1.0 - self.gamma * has_sub)
+        return float(self.rep_factor[layer, expert] * (weight * saved).sum())
+
+    def add(self, node: int, layer: int, expert: int) -> None:
+        self.hosts[node, layer, expert] = True
+        call = self.problem.comm_s[:, node] + self.problem.compute_s[node, layer, expert]
+        self.best[:, layer, expert] = np.minimum(self.best[:, layer, expert], call)
+
+
+def redundant_deployment(
+    problem: PlanProblem, groups: SimilarityGroups, hosts: np.ndarray, fillable: np.ndarray, load: np.ndarray,
+    weight: np.ndarray, rep_factor: np.ndarray, gamma: float = GAMMA, fill_rest: bool = True,
+) -> np.ndarray:
+    """Stage 2: fill leftover memory, busiest node first, by lazy greedy on gain per byte. In place.
+
+    weight: [L, E] importance (fallback order once gains are zero, when `fill_rest`); rep_factor: [L, E]
+    gain multiplier.
+    Gains only fall as copies are added, so a stale heap entry is an upper bound (lazy evaluation is exact).
+    """
+    model = _GainModel(problem, groups, hosts, fillable, rep_factor, gamma)
+    sizes = problem.expert_bytes
+    E = sizes.shape[1]
+    for node in sorted(np.flatnonzero(fillable), key=lambda n: (-load[n], n)):
+        node = int(node)
+        free = int(free_bytes(problem, hosts)[node])
+        per_byte = model.gains(node) / sizes
+        heap = [(-per_byte.flat[i], i) for i in np.flatnonzero(per_byte.ravel() > 0)]
+        heapq.heapify(heap)
+        while heap:
+            _, flat = heapq.heappop(heap)
+            layer, expert = divmod(int(flat), E)
+            if hosts[node, layer, expert] or sizes[layer, expert] > free:
+                continue
+            fresh = model.gain_of(node, layer, expert) / sizes[layer, expert]
+            if heap and fresh < -heap[0][0] - 1e-15:
+                if fresh > 0:
+                    heapq.heappush(heap, (-fresh, flat))
+                continue
+            if fresh <= 0:
+                continue
+            model.add(node, layer, expert)
+            free -= int(sizes[layer, expert])
+        if not fill_rest:
+            continue
+        # No copy saves anything any more: spend the rest on important experts with few copies.
+        copies = replica_counts(hosts, fillable)
+        fallback = (weight / (1.0 + copies) / sizes).ravel()
+        for flat in np.lexsort((np.arange(fallback.size), -fallback)):
+            layer, expert = divmod(int(flat), E)
+            if not hosts[node, layer, expert] and sizes[layer, expert] <= free:
+                model.add(node, layer, expert)
+                free -= int(sizes[layer, expert])
+    return hosts
+
+
+@register("ordermoe")
+def plan_ordermoe(
+    problem: PlanProblem,
+    grouping: str = "layer-aware",
+    theta_hi: float = THETA_HI,
+    theta_lo: float = THETA_LO,
+    theta: float | None = None,
+    groups_per_layer: int | None = None,
+    max_group_size: int | None = None,
+    redundancy: bool = True,
+    eta: float = ETA,
+    gamma: float = GAMMA,
+    rep_weight: float = 1.0,
+    fill: str = "edge",
+) -> Placement:
+    """OrderMoE placement (see the module docstring).
+
+    grouping: "layer-aware" (theta_hi -> theta_lo over depth), "uniform" (one `theta`, default the middle
+    of theta_hi and theta_lo) or "fixed" (`groups_per_layer` dominants per layer, default E // 2).
+    redundancy=False stops after stage 1 (ablation). eta: stage-1 spread tie-break weight; gamma: stage-2
+    discount for users that already have a local substitute; rep_weight: weight of representativeness in
+    the stage-2 gain. fill: node kinds to fill ("edge" or "edge,device").
+    """
+    for name, value in (("eta", eta), ("gamma", gamma), ("rep_weight", rep_weight)):
+        if value < 0 or (name == "gamma" and value > 1):
+            raise EdgeMoEError(f"ordermoe: {name}={value} out of range ({'[0, 1]' if name == 'gamma' else '>= 0'})")
+    groups = _make_groups(problem, grouping, theta_hi, theta_lo, theta, groups_per_layer, max_group_size)
+    fillable = fillable_nodes(problem, fill)
+    load = node_load(problem, fillable)
+    freq = np.einsum("u,ule->le", problem.user_weight, problem.user_freq())
+    rep = representativeness(groups, freq, problem.profile.sim)
+    weight = freq * (1.0 + rep)
+    hosts = representative_coverage(problem, groups, weight, fillable, load, eta)
+    if redundancy:
+        redundant_deployment(problem, groups, hosts, fillable, load, weight, 1.0 + rep_weight * rep, gamma)
+    params = {
+        "grouping": grouping, "theta_hi": theta_hi, "theta_lo": theta_lo, "theta": theta,
+        "groups_per_layer": groups_per_layer, "max_group_size": max_group_size, "redundancy": redundancy,
+        "eta": eta, "gamma": gamma, "rep_weight": rep_weight, "fill": fill,
+        "num_groups": groups.num_groups.tolist(),
+    }
+    placement = make_placement(problem, "ordermoe", hosts, **params)
+    placement.check_capacity()
+    return placement
+
+
+def _make_groups(
+    problem: PlanProblem, grouping: str, theta_hi: float, theta_lo: float, theta: float | None,
+    groups_per_layer: int | None, max_group_size: int | None,
+) -> SimilarityGroups:
+    if grouping == "layer-aware":
+        return groups_for(problem.profile, "layer-aware", theta_hi=theta_hi, theta_lo=theta_lo,
+                          max_group_size=max_group_size)
+    if grouping == "uniform":
+        return groups_for(problem.profile, "uniform", theta=0.5 * (theta_hi + theta_lo) if theta is None else theta,
+                          max_group_size=max_group_size)
+    if grouping == "fixed":
+        count = max(1, problem.profile.E // 2) if groups_per_layer is None else groups_per_layer
+        return groups_for(problem.profile, "fixed", groups_per_layer=count, max_group_size=max_group_size)
+    raise EdgeMoEError(f"ordermoe: grouping={grouping!r}; expected 'layer-aware', 'uniform' or 'fixed'")

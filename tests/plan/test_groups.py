@@ -1,0 +1,186 @@
+"""Similarity groups: a hand-checked worked example, invariants, properties, and the depth sanity check."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edgemoe.errors import EdgeMoEError
+from edgemoe.plan.groups import (
+    adaptive_group_counts,
+    fixed_count_groups,
+    groups_for,
+    layer_aware_groups,
+    layer_thresholds,
+    threshold_groups,
+    uniform_threshold_groups,
+)
+from edgemoe.profile import synthetic_profile
+
+from .conftest import symmetric_sim
+
+# The worked example of docs/planners-ordermoe.md: one layer, six experts, threshold 0.5 (raw cosine).
+FREQ = np.array([[0.6, 0.5, 0.4, 0.3, 0.15, 0.05]])
+SIM = symmetric_sim(6, {
+    (0, 1): 0.2, (0, 2): 0.7, (1, 2): 0.9, (0, 3): 0.55, (1, 3): 0.1, (2, 3): 0.95,
+    (0, 4): 0.3, (1, 4): 0.4, (2, 4): 0.2, (3, 4): 0.6, (0, 5): 0.6, (4, 5): 0.55, (3, 5): 0.1,
+})[None]
+ERR = np.clip(1.0 - SIM, 0.0, 2.0)
+ERR[0, 0, 3] = ERR[0, 0, 5] = 0.2  # tie: broken by similarity (5 is more similar to 0 than 3 is)
+ERR[0, 3, 0], ERR[0, 3, 5] = 0.3, 0.1  # error beats similarity: 5 ranks above 0 as 3's substitute
+
+
+def example_groups(theta: float = 0.5):
+    return threshold_groups(SIM, FREQ, ERR, np.array([theta]), method="example")
+
+
+def test_worked_example_groups():
+    g = example_groups()
+    # 0 leads; 1 (sim 0.2 to 0) leads; 2 joins 1 (0.9 beats 0.7 to 0); 3 joins 0 (0.55, 0.1);
+    # 4 (0.3, 0.4) leads; 5 joins 0 (0.6 beats 0.55 to 4).
+    assert g.group_of.tolist() == [[0, 1, 1, 0, 2, 0]]
+    assert g.dominant.tolist() == [[0, 1, 4]]
+    assert g.num_groups.tolist() == [3]
+    assert g.size_histogram()[0, :4].tolist() == [0, 1, 1, 1]
+
+
+def test_worked_example_substitutes():
+    g = example_groups()
+    assert g.substitute_ids.shape == (1, 6, 2)
+    assert g.substitutes(0, 0).tolist() == [5, 3]  # equal error 0.2, similarity 0.6 > 0.55
+    assert g.substitutes(0, 3).tolist() == [5, 0]  # error 0.1 < 0.3 despite similarity 0.1 < 0.55
+    assert g.substitutes(0, 2).tolist() == [1]
+    assert g.substitute_ids[0, 4].tolist() == [-1, -1]  # a singleton has no substitute
+    assert g.substitute_sim[0, 3, 0] == pytest.approx(0.1)
+    assert g.substitute_err[0, 3, 1] == pytest.approx(0.3)
+    assert np.isnan(g.substitute_err[0, 2, 1])
+
+
+def test_worked_example_stricter_threshold_splits_groups():
+    g = example_groups(theta=0.7)
+    # Only 2 -> 1 (0.9) clears 0.7; everyone else leads their own group.
+    assert g.group_of.tolist() == [[0, 1, 1, 2, 3, 4]]
+
+
+def test_worked_example_fixed_count():
+    profile = _profile_with(FREQ, SIM, ERR)
+    g = fixed_count_groups(profile, 2)
+    # Dominants: the two most frequent (0, 1); 2 -> 1 (0.9), 3 -> 0, 4 -> 1 (0.4 > 0.3), 5 -> 0.
+    assert g.group_of.tolist() == [[0, 1, 1, 0, 1, 0]]
+    assert g.dominant.tolist() == [[0, 1]]
+    capped = fixed_count_groups(profile, 3, max_group_size=2)
+    # Dominants 0, 1, 2; 3 -> 2 (0.95); 4 -> 1 (0.4); 5 -> 0.
+    assert capped.group_of.tolist() == [[0, 1, 2, 2, 1, 0]]
+
+
+def test_thresholds_loosen_linearly():
+    assert layer_thresholds(3, 0.6, 0.3) == pytest.approx([0.6, 0.45, 0.3])
+    assert layer_thresholds(1, 0.6, 0.3) == pytest.approx([0.6])
+    with pytest.raises(EdgeMoEError, match="theta_lo"):
+        layer_thresholds(4, 0.3, 0.6)
+    with pytest.raises(EdgeMoEError, match=r"\[-1, 1\]"):
+        layer_thresholds(4, 1.5, 0.3)
+
+
+def test_adaptive_group_counts_follow_skew():
+    freq = np.array([[1.0, 0.5, 0.3, 0.2], [0.5, 0.5, 0.5, 0.5]])
+    # Scaled rows: [1, .5, .3, .2] and [1, 1, 1, 1]. The 6th largest of all is 0.5 -> counts 2 and 4;
+    # the 5th largest is 1.0 -> the skewed layer keeps 1 group, the flat one all 4 (ties at 1.0).
+    assert adaptive_group_counts(freq, 6).tolist() == [2, 4]
+    assert adaptive_group_counts(freq, 5).tolist() == [1, 4]
+    assert adaptive_group_counts(freq, 8).tolist() == [4, 4]
+
+
+def test_deeper_layers_give_larger_groups_on_synthetic_profiles():
+    slopes_aware, slopes_uniform = [], []
+    for seed in range(4):
+        profile = synthetic_profile(8, 16, 2, 2000, seed=seed)
+        aware = layer_aware_groups(profile).mean_group_size()
+        uniform = uniform_threshold_groups(profile).mean_group_size()
+        assert aware[4:].mean() > aware[:4].mean()
+        slopes_aware.append(np.polyfit(np.arange(8), aware, 1)[0])
+        slopes_uniform.append(np.polyfit(np.arange(8), uniform, 1)[0])
+    assert np.mean(slopes_aware) > np.mean(slopes_uniform)
+
+
+def test_groups_for_rejects_foreign_parameters():
+    profile = synthetic_profile(2, 8, 2, 200, seed=0)
+    with pytest.raises(EdgeMoEError, match="does not take"):
+        groups_for(profile, "uniform", theta_hi=0.5)
+    with pytest.raises(EdgeMoEError, match="grouping"):
+        groups_for(profile, "kmeans")
+    assert groups_for(profile, "fixed").num_groups.tolist() == [4, 4]
+
+
+@st.composite
+def random_layer(draw):
+    E = draw(st.integers(1, 9))
+    L = draw(st.integers(1, 3))
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(L, E, 5))
+    x /= np.linalg.norm(x, axis=2, keepdims=True)
+    sim = np.clip(x @ x.transpose(0, 2, 1), -1, 1)
+    freq = np.round(rng.dirichlet(np.ones(E), size=L) * 2, 2)  # rounding makes frequency ties likely
+    err = np.clip(1 - sim, 0, 2) + rng.uniform(0, 0.1, size=sim.shape)
+    thresholds = np.sort(rng.uniform(-0.5, 0.9, size=L))[::-1]
+    cap = draw(st.one_of(st.none(), st.integers(1, 4)))
+    return sim, freq, err, thresholds, cap
+
+
+@settings(max_examples=40, deadline=None)
+@given(random_layer())
+def test_threshold_group_invariants(case):
+    sim, freq, err, thresholds, cap = case
+    g = threshold_groups(sim, freq, err, thresholds, cap)
+    L, E = freq.shape
+    for layer in range(L):
+        sizes = np.bincount(g.group_of[layer])
+        assert sizes.sum() == E and (sizes > 0).all()
+        if cap is not None:
+            assert sizes.max() <= cap
+        for grp in range(g.num_groups[layer]):
+            dom = g.dominant[layer, grp]
+            members = g.members(layer, grp)
+            assert dom in members
+            assert freq[layer, members].max() == freq[layer, dom]  # dominant is (one of) the most frequent
+            others = members[members != dom]
+            assert (sim[layer, dom, others] >= thresholds[layer]).all()
+        if cap is None:  # without a cap, dominants are pairwise below the threshold (leader clustering)
+            doms = g.dominant[layer, : g.num_groups[layer]]
+            pair = sim[layer][np.ix_(doms, doms)] - 2 * np.eye(len(doms))
+            assert (pair < thresholds[layer]).all()
+        for e in range(E):
+            subs = g.substitutes(layer, e)
+            mates = g.members(layer, g.group_of[layer, e])
+            assert sorted(subs.tolist()) == sorted(mates[mates != e].tolist())
+            errs = err[layer, e, subs]
+            assert (np.diff(errs) >= 0).all()  # ranked by substitution error
+
+
+@settings(max_examples=30, deadline=None)
+@given(random_layer(), st.integers(1, 9))
+def test_fixed_count_group_invariants(case, count):
+    sim, freq, err, _, _ = case
+    L, E = freq.shape
+    count = min(count, E)
+    profile = _profile_with(freq, sim, err)
+    g = fixed_count_groups(profile, count)
+    assert g.num_groups.tolist() == [count] * L
+    for layer in range(L):
+        doms = g.dominant[layer, :count]
+        top = np.sort(freq[layer])[::-1][:count]
+        assert np.sort(freq[layer, doms])[::-1] == pytest.approx(top)
+        for e in range(E):  # every non-dominant sits with a most similar dominant
+            if e not in doms:
+                assert sim[layer, e, doms[g.group_of[layer, e]]] == pytest.approx(sim[layer, e, doms].max())
+
+
+def _profile_with(freq, sim, err):
+    from dataclasses import replace
+
+    L, E = freq.shape
+    base = synthetic_profile(L, E, 1, 20, num_domains=1, seed=0)
+    return replace(base, freq=freq, sim=sim, subst_err=err, freq_by_domain=freq[None])
