@@ -346,3 +346,19 @@ def test_shortest_paths_known_answer_on_a_line():
     assert closed[0, 2] == 3 and closed_bw[0, 2] == 3 and nxt[0, 2] == 1
     blocked, _, _ = shortest_paths(lat, bw, transit=np.array([True, False, True]))
     assert blocked[0, 2] == inf
+
+
+def test_the_docs_example_is_a_valid_cluster():
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "cluster.md"
+    block = re.search(r"```yaml\n(.*?)```", doc.read_text(), re.S).group(1)
+    c = build_cluster(yaml.safe_load(block), source=str(doc))
+    a, b, cloud, phone = (c.node_index(n) for n in ("a", "b", "cloud", "phone"))
+    assert c.bw_Bps[a, cloud] == pytest.approx(125e6) and c.bw_Bps[cloud, a] == pytest.approx(62.5e6)
+    assert c.lat_s[cloud, b] == pytest.approx(0.025) and c.lat_s[b, cloud] == pytest.approx(0.020)
+    assert c.path("phone", "cloud") == ["phone", "a", "cloud"]
+    assert c.bw_Bps[a, phone] > c.bw_Bps[phone, a]  # 43 dBm down vs 23 dBm up

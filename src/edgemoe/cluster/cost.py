@@ -16,7 +16,7 @@ import numpy as np
 
 from edgemoe.errors import EdgeMoEError
 
-from .schema import Cluster, validate_for_model
+from .schema import Cluster, load_cluster, validate_for_model
 
 
 def roofline_s(flops_per_token, weight_bytes, peak_flops, mem_bw_Bps, overhead_s, tokens=1) -> np.ndarray:
@@ -121,9 +121,11 @@ def user_domain_index(cluster: Cluster, domains: list[str] | tuple[str, ...], fa
     return index, {u: mapping[u] for u in dict.fromkeys(u.domain for u in cluster.users)}
 
 
-def plan_problem(profile, cluster: Cluster, tokens_per_call: int = 1, queueing: bool = True,
+def plan_problem(profile, cluster: Cluster | str, tokens_per_call: int = 1, queueing: bool = True,
                  domain_fallback: bool = False):
     """The PlanProblem a planner sees for `profile` (edgemoe.profile.Profile) on `cluster`.
+
+    `cluster` is a Cluster, or a file path / preset name for `load_cluster`.
 
     - capacity_bytes [N]: memory / memory_fraction resolved against the profile's expert bytes (cloud:
       all of them); checked by `validate_for_model`.
@@ -137,6 +139,8 @@ def plan_problem(profile, cluster: Cluster, tokens_per_call: int = 1, queueing: 
     """
     from edgemoe.plan.base import PlanProblem
 
+    if not isinstance(cluster, Cluster):
+        cluster = load_cluster(cluster)
     if tokens_per_call < 1:
         raise EdgeMoEError(f"tokens_per_call must be >= 1, got {tokens_per_call}")
     capacity = validate_for_model(cluster, profile.expert_bytes)
