@@ -1,0 +1,134 @@
+"""Exact placement by integer linear programming (scipy.optimize.milp / HiGHS), for small instances.
+
+Variables: x[n, l, e] in {0, 1} for every cache node (edge server or device); for each (user u, expert
+(l, e)) that u activates, assignment fractions y[u, l, e, o] over the options o = cache nodes u may use
+(and that beat the base) plus the base (cloud, or the miss penalty): sum_o y = 1, y[.., n] <= x[n, l, e].
+The call latency is z[u, l, e] = sum_o t_o y_o; at an optimum y picks the fastest cached option.
+
+Objectives:
+- "slimcaching" (default): SlimCaching's expected latency with the max over the K parallel calls,
+  linearised by one variable T[u, l, m] per (user, observed Top-K set, layer) with T >= z[u, l, e] for
+  each member e, minimising sum w_u P_u(m) T.
+- "sum": expected total call latency, sum_u w_u sum_{l,e} p_u(l, e) z[u, l, e] (each remote call counts;
+  the coverage / OrderMoE-style objective, and equal to "slimcaching" when K = 1).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_matrix
+
+from edgemoe.errors import EdgeMoEError
+
+from .base import Placement, PlanProblem, empty_hosts, make_placement, register
+from .objective import expected_latency, marginal_prob, slim_model
+from .slim_k1 import cache_nodes
+
+OBJECTIVES = ("slimcaching", "sum")
+
+
+class _Builder:
+    """Collects variables, sparse rows and the cost vector of a MILP."""
+
+    def __init__(self) -> None:
+        self.cost: list[float] = []
+        self.upper: list[float] = []
+        self.integer: list[int] = []
+        self.rows: list[int] = []
+        self.cols: list[int] = []
+        self.vals: list[float] = []
+        self.lo: list[float] = []
+        self.hi: list[float] = []
+
+    def var(self, cost: float = 0.0, upper: float = 1.0, integer: bool = False) -> int:
+        self.cost.append(cost)
+        self.upper.append(upper)
+        self.integer.append(int(integer))
+        return len(self.cost) - 1
+
+    def row(self, coefs: dict[int, float], lo: float, hi: float) -> None:
+        r = len(self.lo)
+        for col, val in coefs.items():
+            self.rows.append(r)
+            self.cols.append(col)
+            self.vals.append(val)
+        self.lo.append(lo)
+        self.hi.append(hi)
+
+    def solve(self, time_limit: float, mip_rel_gap: float):
+        A = coo_matrix((self.vals, (self.rows, self.cols)), shape=(len(self.lo), len(self.cost))).tocsr()
+        return milp(
+            c=np.array(self.cost), integrality=np.array(self.integer),
+            bounds=Bounds(np.zeros(len(self.cost)), np.array(self.upper)),
+            constraints=LinearConstraint(A, np.array(self.lo), np.array(self.hi)),
+            options={"time_limit": float(time_limit), "mip_rel_gap": float(mip_rel_gap)},
+        )
+
+
+@register("exact")
+def exact(problem: PlanProblem, *, objective: str = "slimcaching", time_limit: float = 60.0,
+          mip_rel_gap: float = 1e-6) -> Placement:
+    """Optimal (or best found within `time_limit` seconds) placement for `objective` in OBJECTIVES.
+
+    Placement.params reports the solver status, the MIP gap, the dual bound and the objective value.
+    """
+    if objective not in OBJECTIVES:
+        raise EdgeMoEError(f"exact: objective={objective!r}; expected one of {OBJECTIVES}")
+    start = time.perf_counter()
+    model = slim_model(problem)
+    L, E = problem.expert_bytes.shape
+    nodes = cache_nodes(problem)
+    b = _Builder()
+    x = {(int(n), layer, e): b.var(integer=True) for n in nodes for layer in range(L) for e in range(E)}
+    for n in nodes:  # per-node storage
+        b.row({x[int(n), layer, e]: float(problem.expert_bytes[layer, e]) for layer in range(L) for e in range(E)},
+              -np.inf, float(problem.capacity_bytes[n]))
+    calls = {int(n): model.node_call(n) for n in nodes}
+    marginal = marginal_prob(model, E)  # [U, L, E]
+    z: dict[tuple[int, int, int], dict[int, float]] = {}  # (u, l, e) -> {y column: seconds}
+    for u in range(model.num_users):
+        for layer in range(L):
+            for e in np.flatnonzero(marginal[u, layer] > 0):
+                base = float(model.base_call[u, layer, e])
+                terms = {b.var(): base}
+                for n in nodes:
+                    t = float(calls[int(n)][u, layer, e])
+                    if t < base:
+                        col = b.var()
+                        terms[col] = t
+                        b.row({col: 1.0, x[int(n), layer, int(e)]: -1.0}, -np.inf, 0.0)
+                b.row(dict.fromkeys(terms, 1.0), 1.0, 1.0)
+                z[u, layer, int(e)] = terms
+    for (u, layer, e), terms in z.items():
+        if objective == "sum":
+            mass = float(model.weight[u] * marginal[u, layer, e])
+            for col, t in terms.items():
+                b.cost[col] += mass * t
+    if objective == "slimcaching":
+        for u in range(model.num_users):
+            for layer, ls in enumerate(model.layers):
+                prob = ls.prob[model.domain[u]]
+                for m in np.flatnonzero(prob > 0):
+                    members = [int(e) for e in ls.sets[m] if e < E]
+                    if not members:
+                        continue
+                    top = b.var(cost=float(model.weight[u] * prob[m]), upper=np.inf)
+                    for e in members:
+                        b.row({top: 1.0, **{col: -t for col, t in z[u, layer, e].items()}}, 0.0, np.inf)
+    res = b.solve(time_limit, mip_rel_gap)
+    if res.x is None:
+        raise EdgeMoEError(f"exact: no feasible placement found within time_limit={time_limit}s ({res.message})")
+    hosts = empty_hosts(problem)
+    for (n, layer, e), col in x.items():
+        hosts[n, layer, e] = res.x[col] > 0.5
+    return make_placement(
+        problem, "exact", hosts, objective=objective, time_limit=time_limit, status=int(res.status),
+        optimal=bool(res.status == 0), message=str(res.message),
+        mip_gap=None if getattr(res, "mip_gap", None) is None else float(res.mip_gap),
+        mip_dual_bound=None if getattr(res, "mip_dual_bound", None) is None else float(res.mip_dual_bound),
+        ilp_objective=float(res.fun), objective_s=expected_latency(problem, hosts),
+        num_variables=len(b.cost), num_constraints=len(b.lo), plan_seconds=time.perf_counter() - start,
+    )

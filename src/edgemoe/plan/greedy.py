@@ -1,0 +1,121 @@
+"""`greedy`: SlimCaching's per-expert greedy baseline on the true K >= 1 objective (ALGORITHMS.md §2.5.5).
+
+Repeatedly cache the (node, expert) with the largest drop in expected per-token latency per byte, until
+nothing that helps fits. With K >= 2 the objective is not submodular (a gain can grow once a co-activated
+partner is cached), so stale gains are not upper bounds and lazy evaluation would be wrong. Instead the
+gains are exact at every step: the objective is a sum over layers and caching (l, e) only changes layer
+l, so after each choice only layer l's gains (for every node) are recomputed.
+
+Ties, including the start where every single addition saves nothing because a set's partner still comes
+from the cloud, are broken by the additive saving sum_A P(A) (t_before - t_after) of the calls themselves
+(the K = 1 gain); that is what lets the baseline start at all.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .base import Placement, PlanProblem, empty_hosts, make_placement, register
+from .objective import SlimModel, expert_latency, latency_per_user_from_tau, slim_model
+
+TIE_TOL = 1e-12  # relative: ratios this close to the best count as ties
+CHUNK_ELEMENTS = 4_000_000  # bound on the temporary [X, U, M, K] array
+
+
+def _others_max(cur: np.ndarray) -> np.ndarray:
+    """[..., K]: for each position, the max of the other K-1 entries (0 when K = 1)."""
+    K = cur.shape[-1]
+    if K == 1:
+        return np.zeros_like(cur)
+    part = np.sort(cur, axis=-1)
+    first, second = part[..., -1:], part[..., -2:-1]
+    is_top = np.arange(K) == cur.argmax(axis=-1)[..., None]
+    return np.where(is_top, second, first)
+
+
+def edge_gains(model: SlimModel, tau_l: np.ndarray, layer: int) -> tuple[np.ndarray, np.ndarray]:
+    """(gain, additive saving), each [S, E]: effect of adding each expert of `layer` to each edge server.
+
+    tau_l: [U, E] current seconds per call.
+    """
+    U, E = tau_l.shape
+    sets = model.layers[layer].sets
+    mass = model.user_set_prob(layer) * model.weight[:, None]  # [U, M]
+    cur = np.concatenate([tau_l, np.zeros((U, 1))], axis=1)[:, sets]  # [U, M, K]
+    top, others = cur.max(axis=-1), _others_max(cur)
+    S = model.edge_nodes.size
+    gain, saving = np.zeros((S, E + 1)), np.zeros((S, E + 1))
+    step = max(1, CHUNK_ELEMENTS // max(cur.size, 1))
+    flat_ids = np.broadcast_to(sets, cur.shape).ravel()
+    for start in range(0, S, step):
+        stop = min(start + step, S)
+        call = np.concatenate([model.edge_call[:, start:stop, layer], np.full((U, stop - start, 1), np.inf)], axis=2)
+        new = np.minimum(cur[None], call.transpose(1, 0, 2)[:, :, sets])  # [X, U, M, K]
+        drop = (top[None, :, :, None] - np.maximum(others[None], new)) * mass[None, :, :, None]
+        cut = (cur[None] - new) * mass[None, :, :, None]
+        for i in range(stop - start):
+            gain[start + i] = np.bincount(flat_ids, weights=drop[i].ravel(), minlength=E + 1)
+            saving[start + i] = np.bincount(flat_ids, weights=cut[i].ravel(), minlength=E + 1)
+    return gain[:, :E], saving[:, :E]
+
+
+def device_gains(model: SlimModel, tau_l: np.ndarray, layer: int, owners: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(gain, additive saving), each [U_d, E], for adding each expert of `layer` to each owner's device."""
+    E = tau_l.shape[1]
+    sets = model.layers[layer].sets
+    mass = (model.user_set_prob(layer) * model.weight[:, None])[owners]
+    pad = np.zeros((owners.size, 1))
+    cur = np.concatenate([tau_l[owners], pad], axis=1)[:, sets]
+    new = np.minimum(cur, np.concatenate([model.device_call[owners, layer], pad + np.inf], axis=1)[:, sets])
+    drop = (cur.max(axis=-1)[..., None] - np.maximum(_others_max(cur), new)) * mass[..., None]
+    cut = (cur - new) * mass[..., None]
+    ids = (np.arange(owners.size)[:, None, None] * (E + 1) + sets[None]).ravel()
+    size = owners.size * (E + 1)
+    gain = np.bincount(ids, weights=drop.ravel(), minlength=size).reshape(owners.size, E + 1)
+    saving = np.bincount(ids, weights=cut.ravel(), minlength=size).reshape(owners.size, E + 1)
+    return gain[:, :E], saving[:, :E]
+
+
+@register("greedy")
+def greedy(problem: PlanProblem) -> Placement:
+    """Per-(node, expert) greedy by exact marginal latency reduction per byte (edge servers and devices)."""
+    start = time.perf_counter()
+    model = slim_model(problem)
+    L, E = problem.expert_bytes.shape
+    hosts = empty_hosts(problem)
+    tau = expert_latency(model, hosts)  # [U, L, E]
+    owners = np.flatnonzero(model.device_node >= 0)
+    nodes = np.concatenate([model.edge_nodes, model.device_node[owners]]).astype(np.int64)  # [X]
+    S = model.edge_nodes.size
+    gain, saving = np.zeros((nodes.size, L, E)), np.zeros((nodes.size, L, E))
+
+    def refresh(layer: int) -> None:
+        if S:
+            gain[:S, layer], saving[:S, layer] = edge_gains(model, tau[:, layer], layer)
+        if owners.size:
+            gain[S:, layer], saving[S:, layer] = device_gains(model, tau[:, layer], layer, owners)
+
+    for layer in range(L):
+        refresh(layer)
+    size = problem.expert_bytes.astype(np.float64)[None]
+    free = problem.capacity_bytes[nodes].astype(np.int64)
+    steps = 0
+    while True:
+        ok = ~hosts[nodes] & (problem.expert_bytes[None] <= free[:, None, None]) & ((gain > 0) | (saving > 0))
+        if not ok.any():
+            break
+        ratio = np.where(ok, gain / size, -np.inf)
+        best = ratio.max()
+        ties = ok & (ratio >= best - TIE_TOL * max(abs(best), 1e-300))
+        x, layer, e = np.unravel_index(np.argmax(np.where(ties, saving / size, -np.inf)), ratio.shape)
+        n = nodes[x]
+        hosts[n, layer, e] = True
+        free[x] -= problem.expert_bytes[layer, e]
+        tau[:, layer, e] = np.minimum(tau[:, layer, e], model.node_call(n)[:, layer, e])
+        refresh(layer)
+        steps += 1
+    objective = float(model.weight @ latency_per_user_from_tau(model, tau))
+    return make_placement(problem, "greedy", hosts, objective_s=objective, steps=steps,
+                          plan_seconds=time.perf_counter() - start)

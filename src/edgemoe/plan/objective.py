@@ -1,0 +1,195 @@
+"""SlimCaching's expected per-token latency of a placement (home mode), the objective every planner is
+compared on.
+
+Model (ALGORITHMS.md §2.3, §6 note 2; decisions in docs/planners-slimcaching.md):
+- the token stays at its user's home node; every routed expert is a round trip from home;
+- expert (l, e) is served by the fastest node that holds it and that the user may use: the user's own
+  device (if its home is a device; no communication), any edge server it can reach (finite `comm_s`), or
+  the cloud, which holds everything. Other users' devices serve nobody else;
+- without a cloud, an expert held nowhere reachable costs a miss penalty (10x the slowest finite call);
+- a layer costs the max over its K parallel calls; a token costs the sum over layers;
+- the expectation runs over each user's observed Top-K sets: tokens of the user's domain in
+  `profile.topk`, weighted by `user_weight`. Expert id -1 in `topk` means "no expert" (used when several
+  models share a problem, see `slim_multimodel`); it costs nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .base import PlanProblem
+
+MISS_PENALTY_FACTOR = 10.0  # no cloud: a missing expert costs 10x the slowest finite call (our choice)
+
+
+@dataclass(frozen=True)
+class LayerSets:
+    """Distinct Top-K sets observed at one layer. M sets; D domains; column id E means "no expert"."""
+
+    sets: np.ndarray  # [M, K] int64 expert ids, sorted within a row
+    prob: np.ndarray  # [D, M] probability that a token of domain d picks set m
+
+
+@dataclass(frozen=True)
+class SlimModel:
+    """Precomputed tables for fast evaluation. U users, S edge servers, L layers, E experts."""
+
+    edge_nodes: np.ndarray  # [S] node index of every edge server (shared caches)
+    edge_call: np.ndarray  # [U, S, L, E] seconds for user u to run (l, e) on edge server s; inf: unreachable
+    device_node: np.ndarray  # [U] node index of the user's own device, -1 when its home is not a device
+    device_call: np.ndarray  # [U, L, E] seconds on the user's own device (inf: no device)
+    base_call: np.ndarray  # [U, L, E] seconds when no cache helps: cloud, else the miss penalty
+    weight: np.ndarray  # [U] user_weight
+    domain: np.ndarray  # [U] user_domain
+    layers: tuple[LayerSets, ...]  # [L]
+
+    @property
+    def num_users(self) -> int:
+        return int(self.weight.shape[0])
+
+    def user_set_prob(self, layer: int) -> np.ndarray:
+        """[U, M] probability of each of layer's distinct sets for each user."""
+        return self.layers[layer].prob[self.domain]
+
+    def node_call(self, node: int) -> np.ndarray:
+        """[U, L, E] seconds for each user to run each expert on `node` (inf where the user may not)."""
+        hit = np.flatnonzero(self.edge_nodes == node)
+        if hit.size:
+            return self.edge_call[:, hit[0]]
+        out = np.full(self.device_call.shape, np.inf)
+        owners = self.device_node == node
+        out[owners] = self.device_call[owners]
+        return out
+
+    def node_users(self, node: int) -> np.ndarray:
+        """[U_n] users that can use `node` for at least one expert."""
+        return np.flatnonzero(np.isfinite(self.node_call(node)).any(axis=(1, 2)))
+
+
+def layer_sets(topk: np.ndarray, domain: np.ndarray, num_domains: int, num_experts: int) -> tuple[LayerSets, ...]:
+    """Distinct Top-K sets per layer and their probability per domain.
+
+    topk: [T, L, K] (-1 = no expert); domain: [T]. A domain without tokens falls back to all tokens.
+    """
+    T, L, K = topk.shape
+    domain = np.asarray(domain, dtype=np.int64)
+    tokens_per_domain = np.bincount(domain, minlength=num_domains).astype(np.float64)
+    out = []
+    for layer in range(L):
+        rows = np.sort(np.where(topk[:, layer] < 0, num_experts, topk[:, layer]).astype(np.int64), axis=1)
+        sets, inverse = np.unique(rows, axis=0, return_inverse=True)
+        inverse = inverse.ravel()
+        M = sets.shape[0]
+        counts = np.bincount(domain * M + inverse, minlength=num_domains * M).reshape(num_domains, M)
+        overall = np.bincount(inverse, minlength=M) / max(T, 1)
+        prob = np.where(tokens_per_domain[:, None] > 0, counts / np.maximum(tokens_per_domain[:, None], 1), overall)
+        out.append(LayerSets(sets=sets, prob=prob))
+    return tuple(out)
+
+
+def build_model(problem: PlanProblem) -> SlimModel:
+    """Precompute the call-time tables and Top-K set statistics of `problem`."""
+    kinds = np.array(problem.node_kind)
+    comm = np.asarray(problem.comm_s, dtype=np.float64)  # [U, N]
+    compute = np.asarray(problem.compute_s, dtype=np.float64)  # [N, L, E]
+    U = comm.shape[0]
+    L, E = problem.expert_bytes.shape
+    edge_nodes = np.flatnonzero(kinds == "edge")
+    edge_call = comm[:, edge_nodes, None, None] + compute[None, edge_nodes]  # [U, S, L, E]
+    home = np.asarray(problem.user_home, dtype=np.int64)
+    has_device = kinds[home] == "device"
+    device_node = np.where(has_device, home, -1)
+    device_call = np.full((U, L, E), np.inf)
+    device_call[has_device] = comm[has_device, home[has_device], None, None] + compute[home[has_device]]
+    cloud_nodes = np.flatnonzero(kinds == "cloud")
+    if cloud_nodes.size:
+        base_call = (comm[:, cloud_nodes, None, None] + compute[None, cloud_nodes]).min(axis=1)
+    else:
+        base_call = np.full((U, L, E), np.inf)
+    if not np.isfinite(base_call).all():
+        finite = np.concatenate([edge_call[np.isfinite(edge_call)], device_call[np.isfinite(device_call)]])
+        penalty = MISS_PENALTY_FACTOR * (finite.max() if finite.size else 0.1)
+        base_call = np.where(np.isfinite(base_call), base_call, penalty)
+    profile = problem.profile
+    layers = layer_sets(np.asarray(profile.topk), np.asarray(profile.domain), len(profile.meta.domains), E)
+    return SlimModel(
+        edge_nodes=edge_nodes, edge_call=edge_call, device_node=device_node, device_call=device_call,
+        base_call=base_call, weight=np.asarray(problem.user_weight, dtype=np.float64),
+        domain=np.asarray(problem.user_domain, dtype=np.int64), layers=layers,
+    )
+
+
+_CACHE: list[tuple[PlanProblem, SlimModel]] = []  # identity cache: PlanProblem holds arrays, so it is unhashable
+
+
+def slim_model(problem: PlanProblem) -> SlimModel:
+    """The SlimModel of `problem`, built once per problem object (a few most recent are kept)."""
+    for cached_problem, model in _CACHE:
+        if cached_problem is problem:
+            return model
+    model = build_model(problem)
+    _CACHE.append((problem, model))
+    del _CACHE[:-4]
+    return model
+
+
+def expert_latency(model: SlimModel, hosts: np.ndarray, users: np.ndarray | None = None) -> np.ndarray:
+    """[U, L, E] seconds for each user's call of each expert under `hosts` [N, L, E] (fastest holder).
+
+    With `users` [U'] only those rows are computed ([U', L, E]).
+    """
+    users = np.arange(model.num_users) if users is None else np.asarray(users, dtype=np.int64)
+    tau = model.base_call[users].copy()
+    if model.edge_nodes.size:
+        held = hosts[model.edge_nodes].astype(bool)  # [S, L, E]
+        tau = np.minimum(tau, np.where(held[None], model.edge_call[users], np.inf).min(axis=1))
+    rows = np.flatnonzero(model.device_node[users] >= 0)
+    if rows.size:
+        owners = users[rows]
+        held = hosts[model.device_node[owners]].astype(bool)  # [U_d, L, E]
+        tau[rows] = np.minimum(tau[rows], np.where(held, model.device_call[owners], np.inf))
+    return tau
+
+
+def layer_latency_from_tau(model: SlimModel, layer: int, tau_layer: np.ndarray) -> np.ndarray:
+    """[U] expected latency of `layer` per user given per-expert latencies tau_layer [U, E]."""
+    sets = model.layers[layer].sets
+    padded = np.concatenate([tau_layer, np.zeros((tau_layer.shape[0], 1))], axis=1)  # column E = no expert
+    worst = padded[:, sets].max(axis=2)  # [U, M]: slowest of the K parallel calls
+    return (worst * model.user_set_prob(layer)).sum(axis=1)
+
+
+def latency_per_user_from_tau(model: SlimModel, tau: np.ndarray) -> np.ndarray:
+    """[U] expected per-token latency (seconds, MoE calls only) from tau [U, L, E]."""
+    return sum(layer_latency_from_tau(model, layer, tau[:, layer]) for layer in range(tau.shape[1]))
+
+
+def expected_latency_per_user(problem: PlanProblem, hosts: np.ndarray) -> np.ndarray:
+    """[U] expected per-token MoE latency (seconds) of each user under `hosts` [N, L, E]."""
+    model = slim_model(problem)
+    return latency_per_user_from_tau(model, expert_latency(model, hosts))
+
+
+def expected_latency(problem: PlanProblem, hosts: np.ndarray) -> float:
+    """User-weighted expected per-token MoE latency (seconds) under `hosts` [N, L, E]."""
+    model = slim_model(problem)
+    return float(model.weight @ expected_latency_per_user(problem, hosts))
+
+
+def latency_reduction(problem: PlanProblem, hosts: np.ndarray) -> float:
+    """F(S) of ALGORITHMS.md §2.4: seconds saved per token against serving everything from the base."""
+    empty = np.zeros_like(hosts, dtype=bool)
+    return expected_latency(problem, empty) - expected_latency(problem, hosts)
+
+
+def marginal_prob(model: SlimModel, num_experts: int) -> np.ndarray:
+    """[U, L, E] expected activations per token of each expert for each user (sum over set members)."""
+    L = len(model.layers)
+    out = np.zeros((model.num_users, L, num_experts + 1))
+    for layer, ls in enumerate(model.layers):
+        prob = model.user_set_prob(layer)  # [U, M]
+        for k in range(ls.sets.shape[1]):
+            np.add.at(out[:, layer].T, ls.sets[:, k], prob.T)
+    return out[:, :, :num_experts]

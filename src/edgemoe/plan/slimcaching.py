@@ -1,0 +1,161 @@
+"""SlimCaching: latency-optimal expert caching on user devices and edge servers (ALGORITHMS.md §2).
+
+K = 1: lazy greedy, best of ratio and plain rules (`slim_k1`).
+K >= 1: successive per-node decomposition (§2.5.2). Every cache node is one block: by default first the
+edge servers by descending covered weight (sum of the weights of users that can reach them), then each
+user's device (users by descending weight), so devices add the user's most-needed experts on top of
+what the edge already serves (devices first loses: with K >= 2 a lone device expert saves nothing while
+its partner still comes from the cloud; measured in docs/planners-slimcaching.md). Each block is solved with every other cache held fixed: per-layer
+subset values (`slim_values`), combined across layers by max-convolution (`maxconv`). Devices and edge
+servers are therefore decided together, each seeing the others' caches; `passes > 1` revisits every block
+(block-coordinate ascent) until the objective stops improving. One pass is the paper-faithful setting.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from edgemoe.errors import EdgeMoEError
+
+from .base import Placement, PlanProblem, empty_hosts, make_placement, register
+from .maxconv import solve_layers
+from .objective import SlimModel, expert_latency, latency_per_user_from_tau, slim_model
+from .slim_k1 import cache_nodes, greedy_k1, slimcaching_k1
+from .slim_values import set_gains, value_table
+
+ORDERS = ("edge-first", "devices-first", "covered-weight")
+
+
+def capacity_units(expert_bytes: np.ndarray, capacity_bytes: int, max_units: int) -> tuple[int, np.ndarray]:
+    """(C, units [L, E]): the node's capacity and each expert's size in one discrete unit.
+
+    The unit is the gcd of all expert sizes (one slot when they are equal). If that gives more than
+    `max_units` units, the unit grows to ceil(capacity / max_units) and sizes round up, which keeps every
+    DP solution feasible (it may waste up to one unit per expert).
+    """
+    sizes = np.asarray(expert_bytes, dtype=np.int64)
+    unit = int(np.gcd.reduce(sizes.ravel())) if sizes.size else 1
+    unit = max(unit, 1)
+    if capacity_bytes // unit > max_units:
+        unit = math.ceil(capacity_bytes / max_units)
+    units = -(-sizes // unit)
+    return int(capacity_bytes // unit), units
+
+
+def block_order(problem: PlanProblem, model: SlimModel, order: str) -> list[int]:
+    """Cache nodes in the order the decomposition visits them (see module docstring and docs)."""
+    if order not in ORDERS:
+        raise EdgeMoEError(f"slimcaching: order={order!r}; expected one of {ORDERS}")
+    nodes = cache_nodes(problem)
+    covered = {int(n): float(model.weight[model.node_users(n)].sum()) for n in nodes}
+    kinds = problem.node_kind
+    by_weight = sorted(nodes.tolist(), key=lambda n: (-covered[n], n))
+    if order == "covered-weight":
+        return by_weight
+    devices = [n for n in by_weight if kinds[n] == "device"]
+    edges = [n for n in by_weight if kinds[n] == "edge"]
+    return devices + edges if order == "devices-first" else edges + devices
+
+
+def solve_block(model: SlimModel, tau: np.ndarray, call: np.ndarray, users: np.ndarray, capacity: int,
+                units: np.ndarray, maxconv: str, epsilon: float, enum_max: int, beam_width: int):
+    """Best cache [L, E] bool of one node with the others fixed.
+
+    tau, call: [U_n, L, E] seconds for the node's users without it / on it. Returns (held, info).
+    """
+    L, E = units.shape
+    tables = np.zeros((L, capacity + 1))
+    picks = []
+    exact = True
+    for layer in range(L):
+        g = set_gains(tau[:, layer], call[:, layer], model.user_set_prob(layer)[users], model.weight[users],
+                      model.layers[layer].sets)
+        table, pick, table_exact = value_table(g, units[layer, g.candidates], capacity, enum_max, beam_width)
+        tables[layer] = table
+        picks.append((g.candidates, pick))
+        exact &= table_exact
+    budgets, method = solve_layers(tables, maxconv, epsilon)
+    held = np.zeros((L, E), bool)
+    for layer, (cands, pick) in enumerate(picks):
+        held[layer, cands[pick[budgets[layer]]]] = True
+    return held, {"method": method, "exact_tables": exact, "value": float(tables[np.arange(L), budgets].sum())}
+
+
+def successive(problem: PlanProblem, model: SlimModel, passes: int = 1, order: str = "edge-first",
+               maxconv: str = "auto", epsilon: float = 0.1, enum_max: int = 12, beam_width: int = 8,
+               max_units: int = 4096, start: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+    """Successive per-node decomposition from `start` hosts [N, L, E] (default: empty caches).
+
+    Returns (hosts [N, L, E], info).
+    """
+    hosts = empty_hosts(problem) if start is None else start.copy()
+    tau = expert_latency(model, hosts)  # [U, L, E]
+    blocks = block_order(problem, model, order)
+    users_of = {n: model.node_users(n) for n in blocks}
+    calls = {n: model.node_call(n)[users_of[n]] for n in blocks}
+    methods: dict[str, int] = {}
+    all_exact = True
+    history = [float(model.weight @ latency_per_user_from_tau(model, tau))]
+    best_hosts = hosts.copy()
+    for _ in range(passes):
+        for n in blocks:
+            users = users_of[n]
+            if users.size == 0:
+                continue
+            if hosts[n].any():  # a later pass: take the node's own cache out before re-solving it
+                hosts[n] = False
+                tau[users] = expert_latency(model, hosts, users)
+            capacity, units = capacity_units(problem.expert_bytes, int(problem.capacity_bytes[n]), max_units)
+            held, info = solve_block(model, tau[users], calls[n], users, capacity, units, maxconv, epsilon,
+                                     enum_max, beam_width)
+            methods[info["method"]] = methods.get(info["method"], 0) + 1
+            all_exact &= info["exact_tables"]
+            hosts[n] = held
+            tau[users] = np.minimum(tau[users], np.where(held[None], calls[n], np.inf))
+        history.append(float(model.weight @ latency_per_user_from_tau(model, tau)))
+        if history[-1] <= min(history[:-1]):
+            best_hosts = hosts.copy()
+        if history[-1] >= history[-2] * (1 - 1e-9):
+            break  # no further improvement: later passes would repeat the same solutions
+    info = {"algorithm": "successive", "order": order, "passes": passes, "passes_run": len(history) - 1,
+            "objective_by_pass_s": history, "maxconv_used": methods, "exact_tables": all_exact}
+    return best_hosts, info
+
+
+@register("slimcaching")
+def slimcaching(problem: PlanProblem, *, algorithm: str = "auto", passes: int = 1, order: str = "edge-first",
+                maxconv: str = "auto", epsilon: float = 0.1, enum_max: int = 12, beam_width: int = 8,
+                max_units: int = 4096, warm_start: str = "empty") -> Placement:
+    """SlimCaching placement of `problem` (devices and edge servers).
+
+    algorithm: "auto" (K = 1 -> "greedy-k1", else "successive"), "greedy-k1" or "successive".
+    passes: rounds over all blocks (1 = paper-faithful). order: block order (`ORDERS`).
+    maxconv: "auto" | "naive" | "concave" | "fptas" (with `epsilon`). enum_max: largest number of useful
+    experts per layer whose subsets are enumerated exactly; above it a beam of `beam_width` is used.
+    max_units: finest capacity grid per node.
+    """
+    start = time.perf_counter()
+    model = slim_model(problem)
+    warm = None
+    if warm_start == "sum-greedy":
+        warm = greedy_k1(problem, model, "ratio")
+    elif warm_start != "empty":
+        raise EdgeMoEError(f"slimcaching: warm_start={warm_start!r}; expected empty or sum-greedy")
+    if algorithm == "auto":
+        algorithm = "greedy-k1" if problem.profile.K == 1 else "successive"
+    if algorithm == "greedy-k1":
+        hosts, info = slimcaching_k1(problem, model)
+    elif algorithm == "successive":
+        if passes < 1:
+            raise EdgeMoEError(f"slimcaching: passes must be >= 1, got {passes}")
+        hosts, info = successive(problem, model, passes, order, maxconv, epsilon, enum_max, beam_width, max_units,
+                                 warm)
+    else:
+        raise EdgeMoEError(f"slimcaching: algorithm={algorithm!r}; expected auto, greedy-k1 or successive")
+    objective = float(model.weight @ latency_per_user_from_tau(model, expert_latency(model, hosts)))
+    info.update(objective_s=objective, epsilon=epsilon, maxconv=maxconv, enum_max=enum_max,
+                beam_width=beam_width, plan_seconds=time.perf_counter() - start)
+    return make_placement(problem, "slimcaching", hosts, **info)
