@@ -1,0 +1,169 @@
+"""`edgemoe plan`: run a planner on a profile and a cluster, print a summary, write placement.json.
+
+`plan_command` is a plain typer command function; edgemoe.cli registers it as `plan`. The heavy imports
+(profile, cluster, planners) happen inside it so `edgemoe --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from edgemoe.errors import EdgeMoEError
+
+from .base import Placement, PlanProblem
+
+EXPERT_MAP_SCHEMA = "edgemoe.expert_map/1"
+
+
+def parse_params(items: list[str] | None) -> dict:
+    """["k=v", ...] -> {k: v}, each value read as bool, None, int, float, or else kept as a string.
+
+    true/false/yes/no (any case) are booleans, none/null is None; "1e-3" is a float, "007" the int 7.
+    """
+    params: dict = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise EdgeMoEError(f"--param {item!r}: expected key=value")
+        if key in params:
+            raise EdgeMoEError(f"--param {key!r} given twice")
+        params[key] = _parse_value(raw.strip())
+    return params
+
+
+def _parse_value(raw: str):
+    lowered = raw.lower()
+    if lowered in {"true", "yes"}:
+        return True
+    if lowered in {"false", "no"}:
+        return False
+    if lowered in {"none", "null"}:
+        return None
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def check_params(method: str, params: dict) -> None:
+    """Raise EdgeMoEError if `method` is unknown or does not take one of `params` (names the accepted ones)."""
+    from .base import planners
+
+    table = planners()
+    if method not in table:
+        raise EdgeMoEError(f"unknown planner method {method!r}; expected one of {sorted(table)}")
+    signature = inspect.signature(table[method])
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()):
+        return
+    accepted = list(signature.parameters)[1:]  # the first is the problem
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise EdgeMoEError(f"planner {method!r} does not take --param {', '.join(unknown)}; it takes {accepted}")
+
+
+def placement_summary(problem: PlanProblem, placement: Placement) -> dict:
+    """Numbers the summary table shows: bytes per node, replica statistics, coverage and home hits.
+
+    coverage: share of experts with at least one non-cloud copy. home_hit_share: share of the users'
+    expert activations (token-weighted) whose expert sits on the user's home node.
+    """
+    used = placement.bytes_used()
+    replicas = placement.replicas()
+    freq = problem.user_freq()  # [U, L, E]
+    at_home = placement.hosts[problem.user_home]  # [U, L, E]
+    weighted = problem.user_weight[:, None, None] * freq
+    total = weighted.sum()
+    return {
+        "nodes": [
+            {"name": name, "kind": kind, "capacity_bytes": int(cap), "bytes_used": int(u),
+             "experts": int(placement.hosts[n].sum())}
+            for n, (name, kind, cap, u) in enumerate(zip(problem.node_names, problem.node_kind,
+                                                          problem.capacity_bytes, used, strict=True))
+        ],
+        "replicas_mean": float(replicas.mean()),
+        "replicas_max": int(replicas.max()),
+        "coverage": float((replicas > 0).mean()),
+        "home_hit_share": float((weighted * at_home).sum() / total) if total > 0 else 0.0,
+    }
+
+
+def _summary_table(summary: dict, method: str, seconds: float):
+    from rich.table import Table
+
+    table = Table(title=f"placement by {method} ({seconds:.2f} s)")
+    for col in ("node", "kind", "capacity MB", "used MB", "used %", "experts"):
+        table.add_column(col, justify="left" if col in ("node", "kind") else "right")
+    for row in summary["nodes"]:
+        cap = row["capacity_bytes"]
+        pct = "-" if row["kind"] == "cloud" or cap == 0 else f"{100 * row['bytes_used'] / cap:.0f}"
+        table.add_row(row["name"], row["kind"], f"{cap / 1e6:.1f}", f"{row['bytes_used'] / 1e6:.1f}", pct,
+                      str(row["experts"]))
+    return table
+
+
+def _summary_lines(summary: dict) -> str:
+    return (f"replicas per expert: mean {summary['replicas_mean']:.2f}, max {summary['replicas_max']}\n"
+            f"coverage {100 * summary['coverage']:.1f}% (experts with a copy off the cloud)\n"
+            f"home hits {100 * summary['home_hit_share']:.1f}% (activations whose expert is on the user's home node)")
+
+
+def write_expert_map(placement: Placement, path: Path) -> Path:
+    """Write the vLLM/SGLang-style per-layer map {layer: {expert: [nodes]}} as JSON, atomically."""
+    from edgemoe.io import atomic_write_json
+
+    return atomic_write_json(path, {
+        "schema": EXPERT_MAP_SCHEMA, "method": placement.method, "nodes": list(placement.node_names),
+        "layers": placement.expert_map(),
+    })
+
+
+def plan_command(
+    profile: Annotated[Path, typer.Option("--profile", help="profile folder (edgemoe profile --out ...)")],
+    cluster: Annotated[str, typer.Option("--cluster", help="cluster file (.yaml/.toml) or preset name")],
+    method: Annotated[str, typer.Option("--method", help="planner name, e.g. ordermoe, slimcaching, lfu")],
+    param: Annotated[list[str] | None, typer.Option("--param", help="planner parameter key=value (repeatable)")] = None,
+    out: Annotated[Path, typer.Option("--out", help="placement JSON to write")] = Path("placement.json"),
+    expert_map: Annotated[Path | None, typer.Option("--expert-map", help="also write a per-layer expert map JSON")] = None,
+    domain_fallback: Annotated[bool, typer.Option(
+        "--domain-fallback", help="map cluster user domains the profile lacks round-robin onto its domains")] = False,
+) -> None:
+    """Decide which node holds which experts, print a summary, and write the placement."""
+    from rich.console import Console
+
+    from edgemoe.cluster.cost import plan_problem
+    from edgemoe.cluster.schema import load_cluster
+    from edgemoe.plan.base import plan
+    from edgemoe.profile import load_profile
+
+    console = Console()
+    try:
+        params = parse_params(param)
+        check_params(method, params)
+        prof = load_profile(profile)
+        problem = plan_problem(prof, load_cluster(cluster), domain_fallback=domain_fallback)
+        start = time.perf_counter()
+        with console.status(f"planning with {method} ({prof.L} layers x {prof.E} experts, "
+                            f"{problem.num_nodes} nodes, {len(problem.user_names)} users)..."):
+            placement = plan(problem, method, **params)
+        seconds = time.perf_counter() - start
+        written = placement.save(out)
+        summary = placement_summary(problem, placement)
+        console.print(_summary_table(summary, method, seconds))
+        console.print(_summary_lines(summary))
+        console.print(f"wrote {written}")
+        if expert_map is not None:
+            console.print(f"wrote {write_expert_map(placement, expert_map)}")
+    except EdgeMoEError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(code=2) from None
+
+
+__all__ = ["EXPERT_MAP_SCHEMA", "check_params", "parse_params", "placement_summary", "plan_command", "write_expert_map"]

@@ -1,0 +1,99 @@
+"""`edgemoe plan` end to end: synthetic profile on disk + a small cluster file -> placement.json."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from edgemoe.errors import EdgeMoEError
+from edgemoe.plan.base import load_placement
+from edgemoe.plan.cli import parse_params, plan_command
+from edgemoe.profile import synthetic_profile
+
+CLUSTER_YAML = """
+name: three-edge
+nodes:
+  - {name: a, kind: edge, memory: 12MB, compute: {peak_flops: 10TFLOPS, memory_bandwidth: 500GB/s, overhead: 50us}}
+  - {name: b, kind: edge, memory: 12MB, compute: {peak_flops: 20TFLOPS, memory_bandwidth: 900GB/s, overhead: 50us}}
+  - {name: c, kind: edge, memory: 8MB, compute: {peak_flops: 5TFLOPS, memory_bandwidth: 200GB/s, overhead: 50us}}
+links:
+  - {src: a, dst: b, latency: 5ms, bandwidth: 100Mbit/s}
+  - {src: b, dst: c, latency: 10ms, bandwidth: 50Mbit/s}
+  - {src: a, dst: c, latency: 12ms, bandwidth: 50Mbit/s}
+users:
+  - {name: u1, home: a, weight: 3, domain: domain0}
+  - {name: u2, home: b, weight: 1, domain: domain1}
+  - {name: u3, home: c, weight: 1, domain: domain2}
+"""
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("plan_cli")
+    profile = synthetic_profile(num_layers=4, num_experts=8, top_k=2, num_tokens=400, expert_bytes=1_000_000, seed=0)
+    profile.save(root / "profile")
+    (root / "cluster.yaml").write_text(CLUSTER_YAML)
+    return root
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    app.command("plan")(plan_command)
+
+    @app.callback()
+    def _root() -> None:  # a group, so the command is invoked by name as in `edgemoe plan`
+        pass
+
+    return app
+
+
+def _run(files, *args):
+    return CliRunner().invoke(_app(), ["plan", "--profile", str(files / "profile"),
+                                       "--cluster", str(files / "cluster.yaml"), *args])
+
+
+@pytest.mark.parametrize("method", ["ordermoe", "uniform", "lfu", "eplb"])
+def test_plan_writes_placement_and_expert_map(files, method):
+    out, emap = files / f"{method}.json", files / f"{method}-map.json"
+    result = _run(files, "--method", method, "--out", str(out), "--expert-map", str(emap))
+    assert result.exit_code == 0, result.output
+    assert "placement by" in result.output and "coverage 100.0%" in result.output
+    placement = load_placement(out)
+    assert placement.method == method
+    assert placement.node_names == ("a", "b", "c")
+    assert (placement.bytes_used() <= np.array([12, 12, 8]) * 1_000_000).all()
+    assert placement.hosts.any(axis=0).all()  # no cloud: every expert somewhere
+    layers = json.loads(emap.read_text())["layers"]
+    assert len(layers) == 4 and all(len(layers[0][str(e)]) >= 1 for e in range(8))
+    assert set(layers[0]["0"]) <= {"a", "b", "c"}
+
+
+def test_plan_passes_params(files):
+    out = files / "no-redundancy.json"
+    result = _run(files, "--method", "ordermoe", "--param", "redundancy=false", "--param", "gamma=0.25",
+                  "--param", "grouping=uniform", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    params = json.loads(out.read_text())["params"]
+    assert params["redundancy"] is False and params["gamma"] == 0.25 and params["grouping"] == "uniform"
+    assert (load_placement(out).replicas() == 1).all()
+
+
+def test_plan_errors_name_the_problem(files):
+    bad_param = _run(files, "--method", "ordermoe", "--param", "colour=red", "--out", str(files / "x.json"))
+    assert bad_param.exit_code == 2 and "colour" in bad_param.output and "theta_hi" in bad_param.output
+    bad_method = _run(files, "--method", "nonsense", "--out", str(files / "x.json"))
+    assert bad_method.exit_code == 2 and "nonsense" in bad_method.output
+    assert not (files / "x.json").exists()
+
+
+def test_parse_params():
+    assert parse_params(["a=1", "b=0.5", "c=true", "d=No", "e=none", "f=edge,device", "g=1e-3"]) == {
+        "a": 1, "b": 0.5, "c": True, "d": False, "e": None, "f": "edge,device", "g": 1e-3}
+    with pytest.raises(EdgeMoEError, match="key=value"):
+        parse_params(["novalue"])
+    with pytest.raises(EdgeMoEError, match="twice"):
+        parse_params(["a=1", "a=2"])
