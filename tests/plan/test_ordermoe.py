@@ -69,12 +69,19 @@ def test_ablations_record_params_and_differ():
     uniform = plan_ordermoe(problem, grouping="uniform")
     fixed = plan_ordermoe(problem, grouping="fixed", groups_per_layer=2)
     fill = fillable_nodes(problem)
-    assert (no_red.replicas() == 1).all()  # stage 1 alone: each expert exactly once
+    # With a cloud, stage 1 places one representative (the dominant) per group by default ...
+    dominants = layer_aware_groups(problem.profile).is_dominant()
+    assert no_red.params["cover"] == "dominants" and np.array_equal(no_red.replicas(), dominants.astype(int))
+    # ... and every expert once when asked (the no-cloud default).
+    assert (plan_ordermoe(problem, redundancy=False, cover="all").replicas() == 1).all()
+    assert plan_ordermoe(problem, redundancy=False, cover="none").replicas().sum() == 0
     assert full.bytes_used()[fill].sum() == problem.capacity_bytes[fill].sum()  # stage 2 spends all memory
     assert uniform.params["grouping"] == "uniform" and fixed.params["num_groups"] == [2, 2, 2, 2]
     assert not np.array_equal(full.hosts, no_red.hosts)
     with pytest.raises(EdgeMoEError, match="grouping"):
         plan_ordermoe(problem, grouping="spectral")
+    with pytest.raises(EdgeMoEError, match="cover"):
+        plan_ordermoe(problem, cover="some")
     with pytest.raises(EdgeMoEError, match="gamma"):
         plan_ordermoe(problem, gamma=1.5)
 

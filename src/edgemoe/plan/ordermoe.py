@@ -84,17 +84,23 @@ def coverage_order(groups: SimilarityGroups, weight: np.ndarray) -> np.ndarray:
 
 def representative_coverage(
     problem: PlanProblem, groups: SimilarityGroups, weight: np.ndarray, fillable: np.ndarray, load: np.ndarray,
-    eta: float = ETA,
+    eta: float = ETA, cover: str = "all",
 ) -> np.ndarray:
     """Stage 1: [N, L, E] hosts with every expert once (memory permitting), group members spread out.
 
-    weight: [L, E] importance (order within a rank); load: [N] token share per node.
+    weight: [L, E] importance (order within a rank); load: [N] token share per node. cover="dominants"
+    places only each group's dominant (one representative per group), "none" nothing.
     """
     hosts = empty_hosts(problem)
     capacity = np.maximum(np.asarray(problem.capacity_bytes, dtype=np.float64), 1.0)
     free = free_bytes(problem, hosts).astype(np.float64)
     members_on = np.zeros((problem.num_nodes, groups.num_layers, int(groups.num_groups.max())), dtype=np.int64)
-    for layer, expert in coverage_order(groups, weight):
+    order = coverage_order(groups, weight)
+    if cover == "dominants":
+        order = order[groups.is_dominant()[order[:, 0], order[:, 1]]]
+    elif cover == "none":
+        order = order[:0]
+    for layer, expert in order:
         need = problem.expert_bytes[layer, expert]
         fits = fillable & (free >= need)
         if not fits.any():
@@ -223,6 +229,7 @@ def plan_ordermoe(
     gamma: float = GAMMA,
     rep_weight: float = 1.0,
     fill: str = "edge",
+    cover: str | None = None,
 ) -> Placement:
     """OrderMoE placement (see the module docstring).
 
@@ -230,24 +237,30 @@ def plan_ordermoe(
     of theta_hi and theta_lo) or "fixed" (`groups_per_layer` dominants per layer, default E // 2).
     redundancy=False stops after stage 1 (ablation). eta: stage-1 spread tie-break weight; gamma: stage-2
     discount for users that already have a local substitute; rep_weight: weight of representativeness in
-    the stage-2 gain. fill: node kinds to fill ("edge" or "edge,device").
+    the stage-2 gain. fill: node kinds to fill ("edge" or "edge,device"). cover: what stage 1 places,
+    "all" experts once, only the groups' "dominants", or "none"; default "all" without a cloud and
+    "dominants" with one (the cloud already serves everything, so memory goes to copies that pay).
     """
     for name, value in (("eta", eta), ("gamma", gamma), ("rep_weight", rep_weight)):
         if value < 0 or (name == "gamma" and value > 1):
             raise EdgeMoEError(f"ordermoe: {name}={value} out of range ({'[0, 1]' if name == 'gamma' else '>= 0'})")
+    if cover is None:
+        cover = "dominants" if problem.is_cloud.any() else "all"
+    if cover not in {"all", "dominants", "none"}:
+        raise EdgeMoEError(f"ordermoe: cover={cover!r}; expected 'all', 'dominants' or 'none'")
     groups = _make_groups(problem, grouping, theta_hi, theta_lo, theta, groups_per_layer, max_group_size)
     fillable = fillable_nodes(problem, fill)
     load = node_load(problem, fillable)
     freq = np.einsum("u,ule->le", problem.user_weight, problem.user_freq())
     rep = representativeness(groups, freq, problem.profile.sim)
     weight = freq * (1.0 + rep)
-    hosts = representative_coverage(problem, groups, weight, fillable, load, eta)
+    hosts = representative_coverage(problem, groups, weight, fillable, load, eta, cover)
     if redundancy:
         redundant_deployment(problem, groups, hosts, fillable, load, weight, 1.0 + rep_weight * rep, gamma)
     params = {
         "grouping": grouping, "theta_hi": theta_hi, "theta_lo": theta_lo, "theta": theta,
         "groups_per_layer": groups_per_layer, "max_group_size": max_group_size, "redundancy": redundancy,
-        "eta": eta, "gamma": gamma, "rep_weight": rep_weight, "fill": fill,
+        "eta": eta, "gamma": gamma, "rep_weight": rep_weight, "fill": fill, "cover": cover,
         "num_groups": groups.num_groups.tolist(),
     }
     placement = make_placement(problem, "ordermoe", hosts, **params)
