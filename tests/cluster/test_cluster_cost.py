@@ -174,3 +174,11 @@ def test_plan_problem_rejects_too_small_cluster_without_cloud(triangle, profile)
     triangle["nodes"][0]["memory"] = 1_000_000
     with pytest.raises(EdgeMoEError, match="no cloud"):
         cost.plan_problem(profile, build_cluster(triangle), domain_fallback=True)
+
+
+def test_migration_is_one_way_hidden_plus_kv(triangle):
+    c = build_cluster(triangle)
+    move = cost.migration_s(c, hidden_bytes=256, kv_bytes=744)
+    assert move[0, 1] == pytest.approx(0.010 + 1000 / 1e6)
+    assert move[1, 1] == 0.0
+    np.testing.assert_allclose(cost.round_trip_s(c, 256), cost.one_way_s(c, 256) + cost.one_way_s(c, 256).T)

@@ -87,6 +87,20 @@ def round_trip_s(cluster: Cluster, nbytes) -> np.ndarray:
     return there + there.T
 
 
+def one_way_s(cluster: Cluster, nbytes) -> np.ndarray:
+    """[N, N] seconds to send `nbytes` from node i to node j once (0 on the diagonal)."""
+    return transfer_s(nbytes, cluster.lat_s, cluster.bw_Bps)
+
+
+def migration_s(cluster: Cluster, hidden_bytes: int, kv_bytes: int = 0) -> np.ndarray:
+    """[N, N] seconds for a token to continue on node j after node i ran its expert (`migrate` mode).
+
+    The hidden state moves one way; `kv_bytes` is whatever KV state the new node needs for this token
+    (0 when the backbone's KV stays at home or is replicated). Staying put (i == j) costs nothing.
+    """
+    return one_way_s(cluster, hidden_bytes + kv_bytes)
+
+
 def node_queue_s(cluster: Cluster, compute_s: np.ndarray, freq: np.ndarray | None = None) -> np.ndarray:
     """[N] M/M/1 waiting seconds at each node from its `utilisation` knob.
 
