@@ -145,8 +145,9 @@ class _GainModel:
 
     def local_substitute(self) -> np.ndarray:
         """[U, L, E] bool: the user's access node holds another member of e's group."""
-        held = self.hosts[self.access].astype(np.float64)  # [U, L, E]
-        return np.einsum("lef,ulf->ule", self.same, held) > 0
+        nodes, where = np.unique(self.access, return_inverse=True)  # few nodes, many users
+        held = self.hosts[nodes].astype(np.float64)  # [n, L, E]
+        return (np.einsum("lef,nlf->nle", self.same, held) > 0)[where]
 
     def gains(self, node: int) -> np.ndarray:
         """[L, E] gain of adding each expert to `node` (0 where held)."""
