@@ -16,6 +16,19 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 SHARED_DATA = Path("../shared/data")
 
 
+def _mount_subcommands() -> None:
+    """Commands that live beside their library code."""
+    from edgemoe.cluster.cli import app as cluster_app
+
+    from edgemoe.plan.cli import plan_command
+
+    app.add_typer(cluster_app, name="cluster")
+    app.command("plan")(plan_command)
+
+
+_mount_subcommands()
+
+
 def _fail(exc: Exception) -> None:
     typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code=2)
