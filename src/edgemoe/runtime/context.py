@@ -1,0 +1,198 @@
+"""What a runtime policy and the simulator know about one deployment, as arrays (pure numpy).
+
+`make_context(profile, cluster, placement)` joins the routing profile, the cluster's cost model and a
+placement into a frozen `RuntimeContext`. N nodes, U users, L MoE layers, E experts, S substitutes.
+Decisions in docs/runtime.md ("Context").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgemoe.cluster.cost import node_compute_s, roofline_s, transfer_s, user_domain_index
+from edgemoe.cluster.schema import Cluster, load_cluster
+from edgemoe.errors import EdgeMoEError
+
+MODES = ("migrate", "home")
+
+
+@dataclass(frozen=True)
+class RuntimeContext:
+    """Arrays every policy and backend reads. Shapes as in ARCHITECTURE.md."""
+
+    node_names: tuple[str, ...]  # [N]
+    node_kind: tuple[str, ...]  # [N] "device" | "edge" | "cloud"
+    is_cloud: np.ndarray  # [N] bool
+    lat_s: np.ndarray  # [N, N] one-way latency of the closure's path (0 on the diagonal)
+    bw_Bps: np.ndarray  # [N, N] bottleneck bandwidth (inf on the diagonal)
+    xfer_s: np.ndarray  # [N, N] seconds to move one hidden state (wire_bytes) one way; 0 on the diagonal
+    compute_s: np.ndarray  # [N, L, E] roofline seconds of one expert call carrying one token
+    peak_flops: np.ndarray  # [N] roofline parameters, for batched calls (`call_s`)
+    mem_bw_Bps: np.ndarray  # [N]
+    overhead_s: np.ndarray  # [N]
+    expert_flops: np.ndarray  # [L, E]
+    expert_bytes: np.ndarray  # [L, E]
+    hosts: np.ndarray  # [N, L, E] bool, cloud rows all True
+    usable: np.ndarray  # [U, N] bool: node n may serve user u (a device serves only its own user)
+    hidden_bytes: int  # the profile's hidden state bytes (one token, one direction)
+    wire_bytes: int  # bytes actually put on the wire per hidden-state transfer (default hidden_bytes)
+    mode: str  # "migrate" | "home"
+    freq: np.ndarray  # [L, E]
+    trans: np.ndarray  # [L-1, E, E]
+    subst_err: np.ndarray  # [L, E, E]
+    groups: object  # edgemoe.plan.groups.SimilarityGroups
+    best_sub: np.ndarray  # [N, L, E] int: best-ranked substitute of (l, e) that node n holds, -1 if none
+    best_sub_err: np.ndarray  # [N, L, E] its measured substitution error (inf if none)
+    user_names: tuple[str, ...]  # [U]
+    user_home: np.ndarray  # [U] int node index
+    user_weight: np.ndarray  # [U] float, sums to 1
+    user_domain: np.ndarray  # [U] int index into profile domains
+    profile_topk: np.ndarray  # [T, L, K] calibration routing (look-ahead set statistics)
+    profile_gates: np.ndarray  # [T, L, K]
+    placement_method: str = ""
+    cluster_name: str = ""
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.node_names)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.compute_s.shape[1])
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.compute_s.shape[2])
+
+    @property
+    def top_k(self) -> int:
+        return int(self.profile_topk.shape[2])
+
+    @property
+    def num_users(self) -> int:
+        return len(self.user_names)
+
+    @property
+    def round_trip_s(self) -> np.ndarray:
+        """[N, N] seconds to send one hidden state i -> j and back."""
+        return self.xfer_s + self.xfer_s.T
+
+    def call_s(self, node, layer, expert, tokens=1) -> np.ndarray:
+        """[...] roofline seconds of one call of (layer, expert) on `node` carrying `tokens` tokens."""
+        node = np.asarray(node)
+        return roofline_s(self.expert_flops[layer, expert], self.expert_bytes[layer, expert],
+                          self.peak_flops[node], self.mem_bw_Bps[node], self.overhead_s[node], tokens)
+
+    def median_round_trip_s(self) -> float:
+        """Median round trip between distinct non-device nodes (the scale of one remote call)."""
+        keep = np.array([k != "device" for k in self.node_kind])
+        rt = self.round_trip_s[np.ix_(keep, keep)]
+        off = rt[~np.eye(rt.shape[0], dtype=bool)]
+        if off.size == 0:
+            rt = self.round_trip_s
+            off = rt[~np.eye(rt.shape[0], dtype=bool)]
+        return float(np.median(off)) if off.size else 0.0
+
+
+def make_context(
+    profile,
+    cluster: Cluster | str,
+    placement,
+    mode: str = "migrate",
+    groups=None,
+    wire_bytes: int | None = None,
+    domain_fallback: bool = False,
+) -> RuntimeContext:
+    """Build the RuntimeContext of `placement` (edgemoe.plan.base.Placement) on `cluster` for `profile`.
+
+    mode: "migrate" (the token continues from the server that ran its expert) or "home" (round trips).
+    groups: SimilarityGroups (default `groups_for(profile)`, OrderMoE's layer-aware grouping).
+    wire_bytes: bytes of one hidden-state transfer (default profile.meta.hidden_bytes).
+    domain_fallback: map cluster domains the profile lacks round-robin (synthetic profiles).
+    """
+    from edgemoe.plan.groups import groups_for
+
+    if mode not in MODES:
+        raise EdgeMoEError(f"mode={mode!r}; expected one of {list(MODES)}")
+    if not isinstance(cluster, Cluster):
+        cluster = load_cluster(cluster)
+    if tuple(placement.node_names) != cluster.node_names:
+        raise EdgeMoEError(f"placement nodes {list(placement.node_names)} do not match cluster "
+                           f"{cluster.name!r} nodes {list(cluster.node_names)} (same names, same order)")
+    L, E = profile.L, profile.E
+    if placement.hosts.shape != (cluster.num_nodes, L, E):
+        raise EdgeMoEError(f"placement.hosts has shape {placement.hosts.shape}, expected {(cluster.num_nodes, L, E)}")
+    wire = int(profile.meta.hidden_bytes if wire_bytes is None else wire_bytes)
+    if wire <= 0:
+        raise EdgeMoEError(f"wire_bytes must be > 0, got {wire}")
+    groups = groups_for(profile) if groups is None else groups
+    is_cloud = cluster.is_cloud
+    hosts = np.asarray(placement.hosts, dtype=bool).copy()
+    hosts[is_cloud] = True
+    home = cluster.user_home
+    usable = _usable(cluster.node_kind, home)
+    _check_reachable(hosts, usable, cluster.user_names)
+    xfer = transfer_s(wire, cluster.lat_s, cluster.bw_Bps)
+    np.fill_diagonal(xfer, 0.0)
+    domain, _ = user_domain_index(cluster, profile.meta.domains, domain_fallback)
+    best_sub, best_err = best_local_substitutes(hosts, groups.substitute_ids, profile.subst_err)
+    arrays = dict(
+        is_cloud=is_cloud, lat_s=np.asarray(cluster.lat_s, float), bw_Bps=np.asarray(cluster.bw_Bps, float), xfer_s=xfer,
+        compute_s=node_compute_s(cluster, profile.expert_flops, profile.expert_bytes, 1),
+        peak_flops=np.array([n.compute.peak_flops for n in cluster.nodes], float),
+        mem_bw_Bps=np.array([n.compute.mem_bw_Bps for n in cluster.nodes], float),
+        overhead_s=np.array([n.compute.overhead_s for n in cluster.nodes], float),
+        expert_flops=np.asarray(profile.expert_flops, float), expert_bytes=np.asarray(profile.expert_bytes, float),
+        hosts=hosts, usable=usable, freq=np.asarray(profile.freq, float), trans=np.asarray(profile.trans, float),
+        subst_err=np.asarray(profile.subst_err, float), best_sub=best_sub, best_sub_err=best_err,
+        user_home=home, user_weight=cluster.user_weight, user_domain=domain,
+        profile_topk=np.asarray(profile.topk, np.int64), profile_gates=np.asarray(profile.gates, float),
+    )
+    for a in arrays.values():
+        a.setflags(write=False)
+    return RuntimeContext(
+        node_names=cluster.node_names, node_kind=cluster.node_kind, hidden_bytes=int(profile.meta.hidden_bytes),
+        wire_bytes=wire, mode=mode, groups=groups, user_names=cluster.user_names,
+        placement_method=placement.method, cluster_name=cluster.name, **arrays,
+    )
+
+
+def _usable(node_kind: tuple[str, ...], user_home: np.ndarray) -> np.ndarray:
+    """[U, N] bool: edge and cloud nodes serve everyone; a device serves only users homed on it."""
+    is_device = np.array([k == "device" for k in node_kind])
+    own = np.arange(len(node_kind))[None, :] == user_home[:, None]
+    return ~is_device[None, :] | own
+
+
+def _check_reachable(hosts: np.ndarray, usable: np.ndarray, user_names: tuple[str, ...]) -> None:
+    """Every user must reach a copy of every expert (else no policy can run the model exactly)."""
+    reach = np.einsum("un,nle->ule", usable.astype(np.int64), hosts.astype(np.int64)) > 0  # [U, L, E]
+    bad = np.argwhere(~reach)
+    if len(bad):
+        u, layer, e = bad[0]
+        raise EdgeMoEError(f"placement leaves expert (layer {layer}, expert {e}) out of reach of user "
+                           f"{user_names[u]!r} ({len(bad)} (user, expert) pairs in all): no node it may use holds it")
+
+
+def best_local_substitutes(hosts: np.ndarray, substitute_ids: np.ndarray, subst_err: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """([N, L, E] int, [N, L, E] float): the best-ranked substitute of (l, e) held by node n, and its error.
+
+    hosts: [N, L, E]; substitute_ids: [L, E, S] ranked (best first), -1 padded; subst_err: [L, E, E].
+    Ranking is the groups' (lowest measured error first); -1 / inf where node n holds no group member.
+    """
+    N, L, E = hosts.shape
+    S = substitute_ids.shape[2]
+    if S == 0:
+        return np.full((N, L, E), -1, np.int64), np.full((N, L, E), np.inf)
+    ids = np.asarray(substitute_ids, dtype=np.int64)
+    valid = ids >= 0
+    safe = np.where(valid, ids, 0)
+    layer_idx = np.arange(L)[:, None, None]
+    held = hosts[:, layer_idx, safe] & valid[None]  # [N, L, E, S]
+    has = held.any(axis=3)
+    first = held.argmax(axis=3)  # first True = best ranked
+    sub = np.where(has, np.take_along_axis(np.broadcast_to(safe, held.shape), first[..., None], 3)[..., 0], -1)
+    err = np.where(has, np.asarray(subst_err)[np.arange(L)[:, None], np.arange(E)[None, :], np.maximum(sub, 0)], np.inf)
+    return sub.astype(np.int64), err.astype(float)

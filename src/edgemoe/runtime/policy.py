@@ -1,0 +1,253 @@
+"""The runtime-policy interface, the registry, and the layer arithmetic every policy shares (pure numpy).
+
+A policy decides, for T token rows at one MoE layer, which expert runs in each of the K slots and where:
+
+    policy = make_policy("ordermoe", ctx, budget=0.05, horizon=2)
+    state = policy.start(users)                        # users: [T] user index of each token row
+    for layer in range(L):
+        dec = policy.decide(layer, topk[:, layer], gates[:, layer], state, load_s)   # state updated in place
+
+Conventions (docs/runtime.md): `experts[t, k]` is the expert actually run in slot k (the routed id = exact,
+another id = local substitute, -1 = dropped); `node[t, k]` the node that runs it (-1 when dropped). A token is
+at `state.location`; its K branches run in parallel from there; the outputs meet at `next_location` (always
+the current node in `home` mode; in `migrate` mode one of the nodes involved). Layer latency = the slowest
+branch including the transfers to the meeting node (+ the trip home after the last layer in `migrate`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from edgemoe.errors import EdgeMoEError
+
+from .context import RuntimeContext
+
+
+@dataclass
+class TokenState:
+    """Per-row state of T token rows as they go through the layers (mutated by `decide`)."""
+
+    user: np.ndarray  # [T] int user index
+    home: np.ndarray  # [T] int node where the row's request lives
+    location: np.ndarray  # [T] int node where the token is now
+    budget_total: np.ndarray  # [T] float quality budget of the row (allowance x L)
+    budget_used: np.ndarray  # [T] float spent so far
+    layer: np.ndarray  # [T] int next layer to decide (decisions must come in order)
+    prev_top1: np.ndarray  # [T] int top-1 expert of the previous layer (-1 before layer 0)
+
+    def __len__(self) -> int:
+        return int(self.user.shape[0])
+
+    def take(self, rows: np.ndarray) -> TokenState:
+        """A copy holding only `rows` ([T'] indices)."""
+        return TokenState(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
+
+    def put(self, rows: np.ndarray, part: TokenState) -> None:
+        """Write `part` (from `take(rows)`) back into this state."""
+        for f in fields(self):
+            getattr(self, f.name)[rows] = getattr(part, f.name)
+
+    @property
+    def budget_left(self) -> np.ndarray:
+        return self.budget_total - self.budget_used
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do at one layer for T rows with K slots."""
+
+    experts: np.ndarray  # [T, K] int expert run in each slot (-1 dropped)
+    node: np.ndarray  # [T, K] int node running it (-1 dropped)
+    location: np.ndarray  # [T] int where the token was when the layer started
+    next_location: np.ndarray  # [T] int where the token is after the layer
+    quality_cost: np.ndarray  # [T] float budget spent at this layer
+    latency_s: np.ndarray  # [T] float the policy's estimate of the layer's latency (with the load it saw)
+
+    @property
+    def dropped(self) -> np.ndarray:
+        """[T, K] bool."""
+        return self.experts < 0
+
+    def substituted(self, topk: np.ndarray) -> np.ndarray:
+        """[T, K] bool: a different expert than the routed one runs in the slot."""
+        return (self.experts >= 0) & (self.experts != topk)
+
+    @property
+    def remote(self) -> np.ndarray:
+        """[T, K] bool: the slot runs away from where the token was."""
+        return (self.node >= 0) & (self.node != self.location[:, None])
+
+
+class Policy:
+    """Base class: subclasses implement `choose`; `decide` checks order and updates the state."""
+
+    name = "policy"
+
+    def __init__(self, ctx: RuntimeContext, budget=0.0, **params):
+        self.ctx = ctx
+        allowance = np.broadcast_to(np.asarray(budget, dtype=float), (ctx.num_users,)).copy()
+        if (allowance < 0).any() or not np.isfinite(allowance).all():
+            raise EdgeMoEError(f"budget must be finite and >= 0 (per token-layer, per user), got {budget}")
+        self.allowance = allowance  # [U] quality allowance per token-layer
+        self.params = {"budget": _jsonable(budget), **{k: _jsonable(v) for k, v in params.items()}}
+
+    # -- interface ------------------------------------------------------------------------------------------
+    def start(self, users) -> TokenState:
+        """Fresh state of T token rows at their users' homes. users: [T] int user index."""
+        users = np.asarray(users, dtype=np.int64)
+        if users.ndim != 1 or ((users < 0) | (users >= self.ctx.num_users)).any():
+            raise EdgeMoEError(f"users must be a [T] array of user indices in [0, {self.ctx.num_users})")
+        home = self.ctx.user_home[users]
+        T = users.shape[0]
+        return TokenState(
+            user=users, home=home.copy(), location=home.copy(),
+            budget_total=self.allowance[users] * self.ctx.num_layers, budget_used=np.zeros(T),
+            layer=np.zeros(T, np.int64), prev_top1=np.full(T, -1, np.int64),
+        )
+
+    def decide(self, layer: int, topk, gates, state: TokenState, load_s=None) -> Decision:
+        """Decide layer `layer` for every row of `state`; updates state (location, budget, layer) in place.
+
+        topk: [T, K] int routed experts; gates: [T, K] float gate weights; load_s: [N] current queueing
+        delay estimate per node (seconds) or None (no queues).
+        """
+        topk = np.asarray(topk, dtype=np.int64)
+        gates = np.asarray(gates, dtype=float)
+        T = len(state)
+        if topk.ndim != 2 or topk.shape[0] != T or gates.shape != topk.shape:
+            raise EdgeMoEError(f"topk and gates must both be [T={T}, K], got {topk.shape} and {gates.shape}")
+        if not 0 <= layer < self.ctx.num_layers:
+            raise EdgeMoEError(f"layer {layer} outside [0, {self.ctx.num_layers})")
+        if T and (state.layer != layer).any():
+            raise EdgeMoEError(f"rows must be decided layer by layer in order; got layer {layer} for rows at "
+                               f"layer {np.unique(state.layer).tolist()}")
+        load = np.zeros(self.ctx.num_nodes) if load_s is None else np.asarray(load_s, dtype=float)
+        dec = self.choose(layer, topk, gates, state, load)
+        state.location = dec.next_location.copy()
+        state.budget_used = state.budget_used + dec.quality_cost
+        state.layer = state.layer + 1
+        state.prev_top1 = top1(topk, gates)
+        return dec
+
+    def observe(self, layer_latency_s) -> None:
+        """Feed measured layer latencies [n] back (adaptive policies use it; default ignores it)."""
+
+    def choose(self, layer: int, topk: np.ndarray, gates: np.ndarray, state: TokenState, load: np.ndarray) -> Decision:
+        raise NotImplementedError
+
+
+# ------------------------------------------------------------------------------------------- registry
+
+_POLICIES: dict[str, Callable[..., Policy]] = {}
+
+
+def register_policy(name: str):
+    """Class decorator: make a Policy subclass available to `make_policy(name, ...)`."""
+
+    def deco(cls):
+        if name in _POLICIES:
+            raise ValueError(f"policy {name!r} registered twice")
+        cls.name = name
+        _POLICIES[name] = cls
+        return cls
+
+    return deco
+
+
+def policy_names() -> list[str]:
+    from . import baselines, ordermoe  # noqa: F401  (register)
+
+    return sorted(_POLICIES)
+
+
+def make_policy(name: str, ctx: RuntimeContext, **params) -> Policy:
+    """The policy called `name` ("exact", "ordermoe", "drop", "slimcaching") on `ctx` with `params`."""
+    names = policy_names()
+    if name not in _POLICIES:
+        raise EdgeMoEError(f"unknown policy {name!r}; expected one of {names}")
+    try:
+        return _POLICIES[name](ctx, **params)
+    except TypeError as exc:
+        raise EdgeMoEError(f"policy {name!r}: bad parameters {sorted(params)} ({exc})") from None
+
+
+# ------------------------------------------------------------------------------- shared layer arithmetic
+
+
+def top1(topk: np.ndarray, gates: np.ndarray) -> np.ndarray:
+    """[T] the routed expert with the largest gate of each row."""
+    if topk.shape[1] == 0:
+        return np.full(topk.shape[0], -1, np.int64)
+    return np.take_along_axis(topk, np.argmax(gates, axis=1)[:, None], axis=1)[:, 0]
+
+
+def choose_replicas(ctx: RuntimeContext, layer: int, location: np.ndarray, usable: np.ndarray, experts: np.ndarray,
+                    load: np.ndarray, cloud: str = "fallback") -> np.ndarray:
+    """[T, K] node to run each routed expert: the token's node if it holds it, else the cheapest replica.
+
+    location: [T]; usable: [T, N] bool nodes each row may use; experts: [T, K] (>= 0); load: [N] seconds.
+    Cost of a replica n = round trip location <-> n + compute + load[n]. cloud: "fallback" (the cloud only
+    when no usable non-cloud node holds the expert; `exact`) or "candidate" (the cloud competes on cost;
+    `slimcaching`, whose objective takes the minimum over cloud and edges).
+    """
+    hosts_l = ctx.hosts[:, layer, :]  # [N, E]
+    held = np.moveaxis(hosts_l[:, experts], 0, -1) & usable[:, None, :]  # [T, K, N]
+    rt = ctx.xfer_s[location] + ctx.xfer_s[:, location].T  # [T, N]
+    cost = rt[:, None, :] + np.moveaxis(ctx.compute_s[:, layer, :][:, experts], 0, -1) + load[None, None, :]
+    if cloud == "fallback" and ctx.is_cloud.any():
+        edge_held = held & ~ctx.is_cloud[None, None, :]
+        held = np.where(edge_held.any(axis=2, keepdims=True), edge_held, held)
+    cost = np.where(held, cost, np.inf)
+    node = cost.argmin(axis=2)
+    at_home = hosts_l[location[:, None], experts]  # [T, K]: the token's node holds it -> run it there
+    return np.where(at_home, location[:, None], node)
+
+
+def branch_ready_s(ctx: RuntimeContext, layer: int, location: np.ndarray, experts: np.ndarray, node: np.ndarray,
+                   load: np.ndarray) -> np.ndarray:
+    """[..., K] seconds after the layer starts at which each branch's output exists at its node (inf: dropped).
+
+    location: [...]; experts, node: [..., K] (-1 dropped). Transfer there + load + compute.
+    """
+    ok = node >= 0
+    n = np.where(ok, node, 0)
+    e = np.where(ok, experts, 0)
+    t = ctx.xfer_s[location[..., None], n] + load[n] + ctx.compute_s[n, layer, e]
+    return np.where(ok, t, -np.inf)
+
+
+def meeting_node(ctx: RuntimeContext, layer: int, location: np.ndarray, home: np.ndarray, node: np.ndarray,
+                 ready: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """([...] next location, [...] layer seconds) for branches ready at `ready` [..., K] on `node` [..., K].
+
+    home mode: the outputs return to the token's node. migrate mode: they meet at whichever candidate
+    (the current node, then the branch nodes in slot order; first wins ties) finishes the layer first;
+    after the last layer the token also travels home, and that trip counts.
+    """
+    if ctx.mode == "home" or ready.shape[-1] == 0:
+        back = np.where(node >= 0, ctx.xfer_s[np.maximum(node, 0), location[..., None]], 0.0)
+        return location.copy(), np.max(ready + back, axis=-1, initial=0.0)
+    cand = np.concatenate([location[..., None], node], axis=-1)  # [..., K+1]
+    cand_ok = cand >= 0
+    c = np.maximum(cand, 0)
+    n = np.maximum(node, 0)
+    to = ctx.xfer_s[n[..., :, None], c[..., None, :]]  # [..., K, K+1] branch k -> candidate g
+    done = np.max(ready[..., :, None] + to, axis=-2)  # [..., K+1]
+    done = np.maximum(done, 0.0)
+    if layer == ctx.num_layers - 1:
+        done = done + ctx.xfer_s[c, home[..., None]]
+    done = np.where(cand_ok, done, np.inf)
+    pick = done.argmin(axis=-1)
+    nxt = np.take_along_axis(cand, pick[..., None], -1)[..., 0]
+    return nxt, np.take_along_axis(done, pick[..., None], -1)[..., 0]
+
+
+def _jsonable(v):
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
