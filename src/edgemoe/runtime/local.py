@@ -1,0 +1,129 @@
+"""The `local` backend: the real model in one process with a runtime policy's decisions applied.
+
+At every MoE layer of every forward pass the adapter hands the real routing (computed from the real
+hidden states) to the policy; the policy's `experts [T, K]` become an `Intervention` (substitute or
+drop), so perplexity and the cost model's latency/traffic come from the very same decisions.
+`replay_decisions` runs the same policy on a recorded routing trace without the model (numpy only), which
+is how the simulator and this backend are checked to decide identically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from edgemoe.models import Intervention, LayerCall, MoEAdapter
+
+from .policy import Decision, Policy
+
+
+@dataclass(frozen=True)
+class TraceDecisions:
+    """Decisions for T token rows over L layers. K slots."""
+
+    users: np.ndarray  # [T] user of each row
+    topk: np.ndarray  # [T, L, K] routed experts
+    gates: np.ndarray  # [T, L, K] routed gates
+    experts: np.ndarray  # [T, L, K] expert run (-1 dropped)
+    node: np.ndarray  # [T, L, K] node running it (-1 dropped)
+    location: np.ndarray  # [T, L] where the token was when each layer started
+    next_location: np.ndarray  # [T, L]
+    quality_cost: np.ndarray  # [T, L]
+    latency_s: np.ndarray  # [T, L] the policy's cost-model latency of each layer (no queueing)
+
+    @property
+    def token_latency_s(self) -> np.ndarray:
+        """[T] seconds through all MoE layers: the sum of the layers' latencies."""
+        return self.latency_s.sum(axis=1)
+
+    def substituted(self) -> np.ndarray:
+        """[T, L, K] bool."""
+        return (self.experts >= 0) & (self.experts != self.topk)
+
+
+def _stack(users, topk_l, gates_l, decisions: list[Decision]) -> TraceDecisions:
+    return TraceDecisions(
+        users=np.asarray(users), topk=np.stack(topk_l, 1), gates=np.stack(gates_l, 1),
+        experts=np.stack([d.experts for d in decisions], 1), node=np.stack([d.node for d in decisions], 1),
+        location=np.stack([d.location for d in decisions], 1),
+        next_location=np.stack([d.next_location for d in decisions], 1),
+        quality_cost=np.stack([d.quality_cost for d in decisions], 1),
+        latency_s=np.stack([d.latency_s for d in decisions], 1),
+    )
+
+
+def replay_decisions(policy: Policy, users: np.ndarray, topk: np.ndarray, gates: np.ndarray) -> TraceDecisions:
+    """Run `policy` layer by layer on a routing trace topk/gates [T, L, K] for rows of `users` [T]."""
+    state = policy.start(users)
+    decisions = [policy.decide(layer, topk[:, layer], gates[:, layer], state) for layer in range(topk.shape[1])]
+    return _stack(users, list(topk.transpose(1, 0, 2)), list(gates.transpose(1, 0, 2)), decisions)
+
+
+def concat(parts: list[TraceDecisions]) -> TraceDecisions:
+    """Join decisions of consecutive batches along the token axis."""
+    return TraceDecisions(**{f: np.concatenate([getattr(p, f) for p in parts]) for f in TraceDecisions.__dataclass_fields__})
+
+
+class _PolicyBridge:
+    """Turns model LayerCalls into policy decisions for one forward pass at a time."""
+
+    def __init__(self, policy: Policy, num_layers: int):
+        self.policy, self.num_layers = policy, num_layers
+        self.users: np.ndarray | None = None
+        self.parts: list[TraceDecisions] = []
+        self._reset()
+
+    def _reset(self):
+        self.state, self.topk, self.gates, self.decisions = None, [], [], []
+
+    def begin(self, users_of_rows: np.ndarray) -> None:
+        self.users = users_of_rows
+
+    def __call__(self, call: LayerCall) -> Intervention | None:
+        if call.layer == 0:
+            self._reset()
+            self.state = self.policy.start(self.users)
+        topk = call.topk.cpu().numpy().astype(np.int64)
+        gates = call.gates.float().cpu().numpy().astype(np.float64)
+        dec = self.policy.decide(call.layer, topk, gates, self.state)
+        self.topk.append(topk)
+        self.gates.append(gates)
+        self.decisions.append(dec)
+        if call.layer == self.num_layers - 1:
+            self.parts.append(_stack(self.users, self.topk, self.gates, self.decisions))
+        if np.array_equal(dec.experts, topk):
+            return None  # nothing changes: let the model run untouched
+        return Intervention(torch.from_numpy(dec.experts))
+
+
+@torch.no_grad()
+def run_local(adapter: MoEAdapter, policy: Policy, ids: np.ndarray, row_users: np.ndarray,
+              batch_size: int = 8) -> tuple[np.ndarray, TraceDecisions]:
+    """Score blocks ids [B, S] with `policy` applied; row_users [B] is the user of each block.
+
+    Returns (nll [B, S-1] of every next token, decisions for the B*S token rows in block-major order).
+    """
+    from edgemoe.eval.quality import token_nll
+
+    S = ids.shape[1]
+    bridge = _PolicyBridge(policy, adapter.num_layers)
+    nll = token_nll(adapter, ids, policy=bridge, batch_size=batch_size,
+                    on_batch=lambda i, j: bridge.begin(np.repeat(row_users[i:j], S)))
+    return nll, concat(bridge.parts)
+
+
+def routing_trace(adapter: MoEAdapter, ids: np.ndarray, batch_size: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """The model's own routing on ids [B, S] -> (topk [B*S, L, K], gates [B*S, L, K])."""
+    topk: list[list[np.ndarray]] = [[] for _ in range(adapter.num_layers)]
+    gates: list[list[np.ndarray]] = [[] for _ in range(adapter.num_layers)]
+
+    def rec(call: LayerCall) -> None:
+        topk[call.layer].append(call.topk.cpu().numpy().astype(np.int64))
+        gates[call.layer].append(call.gates.float().cpu().numpy().astype(np.float64))
+
+    with adapter.record(rec), torch.no_grad():
+        for i in range(0, len(ids), batch_size):
+            adapter.forward_logits(torch.from_numpy(ids[i:i + batch_size]))
+    return (np.stack([np.concatenate(t) for t in topk], 1), np.stack([np.concatenate(g) for g in gates], 1))
