@@ -1,0 +1,89 @@
+"""Reference engine of the simulator: an exact heapq discrete-event loop (small scenarios, tests).
+
+Same model as the fast engine (edgemoe.runtime.simulate): events are DECIDE (a pass starts a layer),
+DONE (a job's output reached the meeting node) and ARRIVE (a job reaches its node and joins the FIFO).
+At equal times DECIDE and DONE come before ARRIVE, then creation order; a job's service starts at
+max(arrival, the node's previous finish) in arrival order, which is a FIFO queue.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from .simulate import Run, make_jobs
+
+DECIDE, DONE, ARRIVE = 0, 0, 1  # priorities at equal times
+
+
+def run_reference(ctx, policy, trace, sc) -> Run:
+    P, L, N = sc.num_passes, ctx.num_layers, ctx.num_nodes
+    run = Run(ctx, sc)
+    state = policy.start(sc.row_user)
+    run.budget_total = float(state.budget_total.sum())
+    layer = np.zeros(P, np.int64)
+    done_t = np.zeros(P)
+    outstanding = np.zeros(P, np.int64)
+    node_free = np.zeros(N)
+    heap: list = []
+    seq = 0
+
+    def push(t, prio, kind, data):
+        nonlocal seq
+        heapq.heappush(heap, (float(t), prio, seq, kind, data))
+        seq += 1
+
+    for r in np.flatnonzero(np.isfinite(sc.request_arrival)):
+        push(sc.request_arrival[r], DECIDE, "decide", int(sc.request_first_pass[r]))
+
+    def layer_done(p: int, t: float) -> None:
+        layer[p] += 1
+        if layer[p] < L:
+            push(t, DECIDE, "decide", p)
+            return
+        run.pass_end[p] = t
+        nxt = sc.pass_next[p]
+        if nxt >= 0:
+            push(t, DECIDE, "decide", int(nxt))
+        elif sc.closed:
+            r = sc.request_next[sc.pass_request[p]]
+            if r >= 0:
+                run.request_arrival[r] = t + sc.think_s
+                push(t + sc.think_s, DECIDE, "decide", int(sc.request_first_pass[r]))
+
+    while heap:
+        t, _, _, kind, data = heapq.heappop(heap)
+        if kind == "decide":
+            p = data
+            lv = int(layer[p])
+            rows = sc.rows_of(np.array([p]))
+            part = state.take(rows)
+            tok = sc.row_trace[rows]
+            topk, gates = trace.topk[tok, lv], trace.gates[tok, lv]
+            dec = policy.decide(lv, topk, gates, part, np.maximum(node_free - t, 0.0))
+            state.put(rows, part)
+            run.tally.add(dec, topk, lv, part.home, sc.pass_prefill[p])
+            if lv == 0:
+                run.pass_begin[p] = t
+            row_pass = np.full(len(rows), p)
+            jpass, node, arrival, service, back, floor = make_jobs(ctx, lv, dec, row_pass, np.full(len(rows), t), part.home)
+            done_t[p] = max(t, float(floor.max()))
+            outstanding[p] = len(jpass)
+            if outstanding[p] == 0:
+                layer_done(p, done_t[p])
+            for j in range(len(jpass)):
+                push(arrival[j], ARRIVE, "arrive", (p, int(node[j]), float(service[j]), float(back[j])))
+        elif kind == "arrive":
+            p, n, service, back = data
+            finish = max(t, node_free[n]) + service
+            node_free[n] = finish
+            run.node_busy[n] += service
+            push(finish + back, DONE, "done", p)
+        else:  # done
+            p = data
+            done_t[p] = max(done_t[p], t)
+            outstanding[p] -= 1
+            if outstanding[p] == 0:
+                layer_done(p, done_t[p])
+    return run
