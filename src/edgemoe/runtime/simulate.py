@@ -37,6 +37,12 @@ def simulate(ctx: RuntimeContext, policy: Policy, trace: Trace, workload: Worklo
     if trace.topk.shape[1:] != (ctx.num_layers, ctx.top_k):
         raise EdgeMoEError(f"trace has (L, K) = {trace.topk.shape[1:]}, context has {(ctx.num_layers, ctx.top_k)}")
     scenario = build_scenario(ctx.user_weight, ctx.user_domain, trace, workload)
+    return simulate_scenario(ctx, policy, trace, scenario, engine, window_s)
+
+
+def simulate_scenario(ctx: RuntimeContext, policy: Policy, trace: Trace, scenario: Scenario, engine: str = "fast",
+                      window_s: float = DEFAULT_WINDOW_S) -> RunMetrics:
+    """Simulate an explicit Scenario (requests, passes and rows already drawn; see `build_scenario`)."""
     if engine == "reference":
         from .des import run_reference
 
