@@ -21,7 +21,7 @@ def latency_summary_ms(seconds) -> dict:
     return {"mean": float(x.mean() * 1e3), "p50": float(p50 * 1e3), "p95": float(p95 * 1e3), "p99": float(p99 * 1e3)}
 
 
-def decision_bytes(dec, layer: int, num_layers: int, home: np.ndarray, wire_bytes: int) -> np.ndarray:
+def decision_bytes(dec, layer, num_layers: int, home: np.ndarray, wire_bytes: int) -> np.ndarray:
     """[T] bytes one layer's decision puts on the wire (one hidden state = wire_bytes per leg).
 
     Legs: the token's node -> each slot's node (when different); each slot's node -> the meeting node (when
@@ -32,8 +32,8 @@ def decision_bytes(dec, layer: int, num_layers: int, home: np.ndarray, wire_byte
     out_leg = ran & (dec.node != dec.location[:, None])
     back_leg = ran & (dec.node != dec.next_location[:, None])
     legs = out_leg.sum(axis=1) + back_leg.sum(axis=1)
-    if layer == num_layers - 1:
-        legs = legs + (dec.next_location != home)
+    last = np.asarray(layer) == num_layers - 1  # layer: int or [T]
+    legs = legs + (last & (dec.next_location != home))
     return legs.astype(np.int64) * int(wire_bytes)
 
 
@@ -54,8 +54,8 @@ class DecisionTally:
     prefill_tokens: int = 0  # rows that finished the last layer
     decode_tokens: int = 0
 
-    def add(self, dec, topk: np.ndarray, layer: int, home: np.ndarray, prefill) -> None:
-        """Count one layer's decision for T rows. topk: [T, K]; home: [T]; prefill: bool or [T] bool."""
+    def add(self, dec, topk: np.ndarray, layer, home: np.ndarray, prefill) -> None:
+        """Count one decision for T rows. layer: int or [T]; topk: [T, K]; home: [T]; prefill: bool or [T] bool."""
         T = dec.experts.shape[0]
         prefill = np.broadcast_to(np.asarray(prefill, dtype=bool), (T,))
         self.slots += int(dec.experts.size)
@@ -67,10 +67,10 @@ class DecisionTally:
         nbytes = decision_bytes(dec, layer, self.num_layers, home, self.wire_bytes)
         self.prefill_bytes += int(nbytes[prefill].sum())
         self.decode_bytes += int(nbytes[~prefill].sum())
-        if layer == self.num_layers - 1:
-            n_pre = int(prefill.sum())
-            self.prefill_tokens += n_pre
-            self.decode_tokens += T - n_pre
+        last = np.broadcast_to(np.asarray(layer) == self.num_layers - 1, (T,))
+        n_pre = int((last & prefill).sum())
+        self.prefill_tokens += n_pre
+        self.decode_tokens += int(last.sum()) - n_pre
 
     def ratios(self) -> dict:
         ran = max(self.slots - self.dropped, 1)

@@ -23,9 +23,9 @@ from .policy import (
 )
 
 
-def exact_decision(ctx, layer: int, topk: np.ndarray, state: TokenState, load: np.ndarray, cloud: str = "fallback",
+def exact_decision(ctx, layer: np.ndarray, topk: np.ndarray, state: TokenState, load: np.ndarray, cloud: str = "fallback",
                    use_load: bool = True) -> Decision:
-    """The exact-execution decision for [T, K] routed experts (shared by `exact`, `slimcaching`, `ordermoe`)."""
+    """The exact-execution decision for [T, K] routed experts at layers [T] (shared by exact, slimcaching, ordermoe)."""
     loc = state.location
     seen_load = load if use_load else np.zeros_like(load)
     usable = ctx.usable[state.user]
@@ -67,7 +67,7 @@ class DropPolicy(Policy):
 
     def choose(self, layer, topk, gates, state, load):
         ctx, loc = self.ctx, state.location
-        held = ctx.hosts[loc[:, None], layer, topk]  # [T, K]
+        held = ctx.hosts[loc[:, None], layer[:, None], topk]  # [T, K]
         experts = np.where(held, topk, -1)
         node = np.where(held, loc[:, None], -1)
         ready = branch_ready_s(ctx, layer, loc, experts, node, load)

@@ -54,15 +54,15 @@ class Options:
     quality: np.ndarray  # [R, M]
 
 
-def layer_options(ctx: RuntimeContext, layer: int, location: np.ndarray, home: np.ndarray, usable: np.ndarray,
+def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, home: np.ndarray, usable: np.ndarray,
                   topk: np.ndarray, gates: np.ndarray, load: np.ndarray, max_enum_k: int = MAX_ENUM_K) -> Options:
-    """Every substitution action for R rows at `layer` (location, home [R]; usable [R, N]; topk, gates [R, K])."""
+    """Every substitution action for R rows (layer, location, home [R]; usable [R, N]; topk, gates [R, K])."""
     R, K = topk.shape
     node_x = choose_replicas(ctx, layer, location, usable, topk, load, "fallback")
     local = node_x == location[:, None]
-    sub = ctx.best_sub[location[:, None], layer, topk]  # [R, K]
+    sub = ctx.best_sub[location[:, None], layer[:, None], topk]  # [R, K]
     can = ~local & (sub >= 0)
-    q_slot = np.where(can, np.abs(gates) * np.where(can, ctx.best_sub_err[location[:, None], layer, topk], 0.0), 0.0)
+    q_slot = np.where(can, np.abs(gates) * np.where(can, ctx.best_sub_err[location[:, None], layer[:, None], topk], 0.0), 0.0)
     if K <= max_enum_k:
         bits = ((np.arange(2 ** K)[:, None] >> np.arange(K)[None, :]) & 1).astype(bool)  # [M, K]
         mask = np.broadcast_to(bits[None], (R, 2 ** K, K))
@@ -77,8 +77,9 @@ def layer_options(ctx: RuntimeContext, layer: int, location: np.ndarray, home: n
     node = np.where(mask, location[:, None, None], node_x[:, None, :])
     M = mask.shape[1]
     loc_m = np.broadcast_to(location[:, None], (R, M))
-    ready = branch_ready_s(ctx, layer, loc_m, experts, node, load)
-    nxt, lat = meeting_node(ctx, layer, loc_m, np.broadcast_to(home[:, None], (R, M)), node, ready)
+    layer_m = np.broadcast_to(layer[:, None], (R, M))
+    ready = branch_ready_s(ctx, layer_m, loc_m, experts, node, load)
+    nxt, lat = meeting_node(ctx, layer_m, loc_m, np.broadcast_to(home[:, None], (R, M)), node, ready)
     quality = (mask * q_slot[:, None, :]).sum(axis=2)
     return Options(mask=mask, valid=valid, experts=experts, node=node, next_location=nxt, latency_s=lat, quality=quality)
 
@@ -146,6 +147,7 @@ class LookAhead:
         N, L, E = ctx.num_nodes, ctx.num_layers, ctx.num_experts
         self.zero = np.zeros((N, E, grid.levels))
         self.tables: dict[int, np.ndarray] = {}
+        self.stacked = np.zeros((L + 1, N, E, grid.levels))  # [L+1, N, E, m]: phi(l) for every l
         if self.horizon <= 0 or L < 2:
             return
         stats = {layer: set_stats(ctx.profile_topk, ctx.profile_gates, layer, E, sets_per_prev) for layer in range(1, L)}
@@ -158,6 +160,8 @@ class LookAhead:
                 cur[layer] = self._layer_table(layer, stats[layer], nxt, max_enum_k)
             prev_depth = cur
         self.tables = prev_depth
+        for layer, table in self.tables.items():
+            self.stacked[layer] = table
 
     def phi(self, layer: int) -> np.ndarray:
         """[N, E, m] table for decisions that start at `layer` (zeros past the end or with H = 0)."""
@@ -172,7 +176,7 @@ class LookAhead:
         # A token at c may use every non-device node and c itself (other users' devices serve no one else).
         is_device = np.array([k == "device" for k in ctx.node_kind])
         usable = ~is_device[None, :] | (np.arange(N)[None, :] == loc[:, None])
-        opt = layer_options(ctx, layer, loc, loc, usable, experts, gates, np.zeros(N), max_enum_k)
+        opt = layer_options(ctx, np.full(len(loc), layer), loc, loc, usable, experts, gates, np.zeros(N), max_enum_k)
         t1 = top1(experts, gates)  # [R]
         b = grid.values  # [m]
         left = b[None, None, :] - opt.quality[:, :, None]  # [R, A, m]
@@ -218,8 +222,8 @@ class OrderMoEPolicy(Policy):
         """Latency weight: 1 without pressure, up to 1 + 2 * pressure_gain under heavy queues / slow links."""
         return 1.0 + self.pressure_gain * (self.queue_pressure + min(self.latency_excess, 1.0))
 
-    def beta(self, layer: int, state: TokenState) -> np.ndarray:
-        """[T] quality weight: quality_price x (share of budget used) / (share of layers done)."""
+    def beta(self, layer: np.ndarray, state: TokenState) -> np.ndarray:
+        """[T] quality weight: quality_price x (share of budget used) / (share of layers done). layer: [T]."""
         progress = (layer + 0.5) / self.ctx.num_layers
         used = np.divide(state.budget_used, state.budget_total, out=np.zeros(len(state)), where=state.budget_total > 0)
         return self.quality_price * used / progress
@@ -241,8 +245,8 @@ class OrderMoEPolicy(Policy):
         left = state.budget_left[:, None] - opt.quality  # [T, M]
         any_sub = opt.mask.any(axis=2)
         feasible = opt.valid & (left >= -1e-12) & (~any_sub | (state.budget_total[:, None] > 0))
-        phi = self.lookahead.phi(layer + 1)
-        future = phi[opt.next_location, top1(topk, gates)[:, None], self.grid.index(np.maximum(left, 0.0))]
+        future = self.lookahead.stacked[layer[:, None] + 1, opt.next_location, top1(topk, gates)[:, None],
+                                        self.grid.index(np.maximum(left, 0.0))]
         beta = self.beta(layer, state)[:, None]
         cost = self.alpha * (opt.latency_s + future) + (beta + EPS_S_PER_Q) * opt.quality
         pick = np.where(feasible, cost, np.inf).argmin(axis=1)  # action 0 (no substitution) is always feasible

@@ -108,9 +108,10 @@ class Policy:
             layer=np.zeros(T, np.int64), prev_top1=np.full(T, -1, np.int64),
         )
 
-    def decide(self, layer: int, topk, gates, state: TokenState, load_s=None) -> Decision:
+    def decide(self, layer, topk, gates, state: TokenState, load_s=None) -> Decision:
         """Decide layer `layer` for every row of `state`; updates state (location, budget, layer) in place.
 
+        layer: int, or [T] ints (rows at different layers in one call, as the simulator batches them);
         topk: [T, K] int routed experts; gates: [T, K] float gate weights; load_s: [N] current queueing
         delay estimate per node (seconds) or None (no queues).
         """
@@ -119,11 +120,12 @@ class Policy:
         T = len(state)
         if topk.ndim != 2 or topk.shape[0] != T or gates.shape != topk.shape:
             raise EdgeMoEError(f"topk and gates must both be [T={T}, K], got {topk.shape} and {gates.shape}")
-        if not 0 <= layer < self.ctx.num_layers:
-            raise EdgeMoEError(f"layer {layer} outside [0, {self.ctx.num_layers})")
+        layer = np.broadcast_to(np.asarray(layer, dtype=np.int64), (T,))
+        if T and ((layer < 0) | (layer >= self.ctx.num_layers)).any():
+            raise EdgeMoEError(f"layer {np.unique(layer).tolist()} outside [0, {self.ctx.num_layers})")
         if T and (state.layer != layer).any():
-            raise EdgeMoEError(f"rows must be decided layer by layer in order; got layer {layer} for rows at "
-                               f"layer {np.unique(state.layer).tolist()}")
+            raise EdgeMoEError(f"rows must be decided layer by layer in order; got layer {np.unique(layer).tolist()} "
+                               f"for rows at layer {np.unique(state.layer).tolist()}")
         load = np.zeros(self.ctx.num_nodes) if load_s is None else np.asarray(load_s, dtype=float)
         dec = self.choose(layer, topk, gates, state, load)
         state.location = dec.next_location.copy()
@@ -135,7 +137,7 @@ class Policy:
     def observe(self, layer_latency_s) -> None:
         """Feed measured layer latencies [n] back (adaptive policies use it; default ignores it)."""
 
-    def choose(self, layer: int, topk: np.ndarray, gates: np.ndarray, state: TokenState, load: np.ndarray) -> Decision:
+    def choose(self, layer: np.ndarray, topk: np.ndarray, gates: np.ndarray, state: TokenState, load: np.ndarray) -> Decision:
         raise NotImplementedError
 
 
@@ -184,42 +186,42 @@ def top1(topk: np.ndarray, gates: np.ndarray) -> np.ndarray:
     return np.take_along_axis(topk, np.argmax(gates, axis=1)[:, None], axis=1)[:, 0]
 
 
-def choose_replicas(ctx: RuntimeContext, layer: int, location: np.ndarray, usable: np.ndarray, experts: np.ndarray,
+def choose_replicas(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, usable: np.ndarray, experts: np.ndarray,
                     load: np.ndarray, cloud: str = "fallback") -> np.ndarray:
     """[T, K] node to run each routed expert: the token's node if it holds it, else the cheapest replica.
 
-    location: [T]; usable: [T, N] bool nodes each row may use; experts: [T, K] (>= 0); load: [N] seconds.
+    layer, location: [T]; usable: [T, N] bool nodes each row may use; experts: [T, K] (>= 0); load: [N] seconds.
     Cost of a replica n = round trip location <-> n + compute + load[n]. cloud: "fallback" (the cloud only
     when no usable non-cloud node holds the expert; `exact`) or "candidate" (the cloud competes on cost;
     `slimcaching`, whose objective takes the minimum over cloud and edges).
     """
-    hosts_l = ctx.hosts[:, layer, :]  # [N, E]
-    held = np.moveaxis(hosts_l[:, experts], 0, -1) & usable[:, None, :]  # [T, K, N]
+    lk = layer[:, None]
+    held = np.moveaxis(ctx.hosts[:, lk, experts], 0, -1) & usable[:, None, :]  # [T, K, N]
     rt = ctx.xfer_s[location] + ctx.xfer_s[:, location].T  # [T, N]
-    cost = rt[:, None, :] + np.moveaxis(ctx.compute_s[:, layer, :][:, experts], 0, -1) + load[None, None, :]
+    cost = rt[:, None, :] + np.moveaxis(ctx.compute_s[:, lk, experts], 0, -1) + load[None, None, :]
     if cloud == "fallback" and ctx.is_cloud.any():
         edge_held = held & ~ctx.is_cloud[None, None, :]
         held = np.where(edge_held.any(axis=2, keepdims=True), edge_held, held)
     cost = np.where(held, cost, np.inf)
     node = cost.argmin(axis=2)
-    at_home = hosts_l[location[:, None], experts]  # [T, K]: the token's node holds it -> run it there
+    at_home = ctx.hosts[location[:, None], lk, experts]  # [T, K]: the token's node holds it -> run it there
     return np.where(at_home, location[:, None], node)
 
 
-def branch_ready_s(ctx: RuntimeContext, layer: int, location: np.ndarray, experts: np.ndarray, node: np.ndarray,
+def branch_ready_s(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, experts: np.ndarray, node: np.ndarray,
                    load: np.ndarray) -> np.ndarray:
     """[..., K] seconds after the layer starts at which each branch's output exists at its node (inf: dropped).
 
-    location: [...]; experts, node: [..., K] (-1 dropped). Transfer there + load + compute.
+    layer, location: [...]; experts, node: [..., K] (-1 dropped). Transfer there + load + compute.
     """
     ok = node >= 0
     n = np.where(ok, node, 0)
     e = np.where(ok, experts, 0)
-    t = ctx.xfer_s[location[..., None], n] + load[n] + ctx.compute_s[n, layer, e]
+    t = ctx.xfer_s[location[..., None], n] + load[n] + ctx.compute_s[n, layer[..., None], e]
     return np.where(ok, t, -np.inf)
 
 
-def meeting_node(ctx: RuntimeContext, layer: int, location: np.ndarray, home: np.ndarray, node: np.ndarray,
+def meeting_node(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, home: np.ndarray, node: np.ndarray,
                  ready: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """([...] next location, [...] layer seconds) for branches ready at `ready` [..., K] on `node` [..., K].
 
@@ -237,8 +239,8 @@ def meeting_node(ctx: RuntimeContext, layer: int, location: np.ndarray, home: np
     to = ctx.xfer_s[n[..., :, None], c[..., None, :]]  # [..., K, K+1] branch k -> candidate g
     done = np.max(ready[..., :, None] + to, axis=-2)  # [..., K+1]
     done = np.maximum(done, 0.0)
-    if layer == ctx.num_layers - 1:
-        done = done + ctx.xfer_s[c, home[..., None]]
+    last = (layer == ctx.num_layers - 1)[..., None]
+    done = done + np.where(last, ctx.xfer_s[c, home[..., None]], 0.0)
     done = np.where(cand_ok, done, np.inf)
     pick = done.argmin(axis=-1)
     nxt = np.take_along_axis(cand, pick[..., None], -1)[..., 0]

@@ -92,10 +92,10 @@ class Run:
         )
 
 
-def make_jobs(ctx: RuntimeContext, layer: int, dec, row_pass: np.ndarray, row_start: np.ndarray, home: np.ndarray):
+def make_jobs(ctx: RuntimeContext, layer, dec, row_pass: np.ndarray, row_start: np.ndarray, home: np.ndarray):
     """Jobs of one layer's decision for T rows, and each row's completion when it runs no job.
 
-    row_pass: [T] pass of each row; row_start: [T] layer start time; home: [T].
+    layer: int or [T]; row_pass: [T] pass of each row; row_start: [T] layer start time; home: [T].
     Returns (job_pass, job_node, job_arrival, job_service, job_back) [J] and row_floor [T].
     back = transfer from the job's node to the meeting node (+ the trip home after the last layer).
     """
@@ -105,13 +105,14 @@ def make_jobs(ctx: RuntimeContext, layer: int, dec, row_pass: np.ndarray, row_st
     node = dec.node[t_idx, k_idx]
     expert = dec.experts[t_idx, k_idx]
     loc, nxt = dec.location[t_idx], dec.next_location[t_idx]
-    trip_home = ctx.xfer_s[dec.next_location, home] if layer == ctx.num_layers - 1 else np.zeros(len(home))
+    layer = np.broadcast_to(np.asarray(layer, dtype=np.int64), home.shape)
+    trip_home = np.where(layer == ctx.num_layers - 1, ctx.xfer_s[dec.next_location, home], 0.0)
     jpass = row_pass[t_idx]
     # A pass's slots for the same expert on the same node share one batched call (prefill): split its time.
     key = (jpass.astype(np.int64) * N + node) * E + expert
     _, inverse, counts = np.unique(key, return_inverse=True, return_counts=True)
     count = counts[inverse.ravel()]
-    service = ctx.call_s(node, layer, expert, count) / count
+    service = ctx.call_s(node, layer[t_idx], expert, count) / count
     arrival = row_start[t_idx] + ctx.xfer_s[loc, node]
     back = ctx.xfer_s[node, nxt] + trip_home[t_idx]
     return jpass, node, arrival, service, back, row_start + trip_home
@@ -170,9 +171,7 @@ def run_fast(ctx: RuntimeContext, policy: Policy, trace: Trace, sc: Scenario, wi
         start_t[ids] = t_ids
         if ids.size:
             load = np.maximum(node_free - t0, 0.0)
-            for lv in np.unique(layer[ids]):
-                pids = ids[layer[ids] == lv]
-                _decide(ctx, policy, trace, sc, run, state, int(lv), pids, start_t, done_t, outstanding, load, jobs)
+            _decide(ctx, policy, trace, sc, run, state, layer, ids, start_t, done_t, outstanding, load, jobs)
         take = (jobs.arrival < horizon) if window_s > 0 else (jobs.arrival <= t0)
         committed = jobs.pop(take)
         if committed is not None:
@@ -191,18 +190,19 @@ def run_fast(ctx: RuntimeContext, policy: Policy, trace: Trace, sc: Scenario, wi
     return run
 
 
-def _decide(ctx, policy, trace, sc, run, state, lv, pids, start_t, done_t, outstanding, load, jobs) -> None:
-    """One policy call for the passes `pids` at layer `lv`; queue their jobs."""
+def _decide(ctx, policy, trace, sc, run, state, layer, pids, start_t, done_t, outstanding, load, jobs) -> None:
+    """One policy call for the passes `pids`, each at its own next layer; queue their jobs."""
     rows = sc.rows_of(pids)
     part = state.take(rows)
     tok = sc.row_trace[rows]
+    row_pass = sc.row_pass[rows]
+    lv = layer[row_pass]
     topk, gates = trace.topk[tok, lv], trace.gates[tok, lv]
     dec = policy.decide(lv, topk, gates, part, load)
     state.put(rows, part)
     run.tally.add(dec, topk, lv, part.home, sc.pass_prefill[sc.row_pass[rows]])
-    if lv == 0:
-        run.pass_begin[pids] = start_t[pids]
-    row_pass = sc.row_pass[rows]
+    begin = pids[layer[pids] == 0]
+    run.pass_begin[begin] = start_t[begin]
     jpass, node, arrival, service, back, floor = make_jobs(ctx, lv, dec, row_pass, start_t[row_pass], part.home)
     done_t[pids] = start_t[pids]
     np.maximum.at(done_t, row_pass, floor)

@@ -1,0 +1,93 @@
+"""Policy benchmark: microseconds per token-layer of every runtime policy (target <= 20 us).
+
+    python bench/policies.py [--quick]
+
+One `decide` call per layer for T token rows (T = batch x sequence rows, as the local backend calls it),
+on a synthetic profile and a placement by the `ordermoe` planner, in both token-location modes, without
+and with a load vector. Reports the median over repeats of (wall time of the L calls) / (T x L); table
+build time (look-ahead tables) is reported separately. Writes bench/results/policies.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from edgemoe.cluster import generate, load_cluster, plan_problem
+from edgemoe.io import atomic_write_json
+from edgemoe.plan.base import plan
+from edgemoe.profile import synthetic_profile
+from edgemoe.runtime import make_context, make_policy
+
+RESULTS = Path(__file__).resolve().parent / "results"
+POLICIES = [("exact", {}), ("drop", {}), ("slimcaching", {}), ("ordermoe(H=0)", {"horizon": 0}),
+            ("ordermoe(H=2)", {"horizon": 2})]
+
+
+def setups(quick: bool):
+    """(label, profile, cluster) cases: edge8 with a small and a Mixtral-like shape, and 64 servers."""
+    yield "edge8 L=8 E=8 K=2", synthetic_profile(8, 8, 2, 3000, seed=0), load_cluster("edge8")
+    if not quick:
+        yield "edge8 L=32 E=8 K=2", synthetic_profile(32, 8, 2, 3000, seed=1), load_cluster("edge8")
+        yield "edge8 L=16 E=64 K=8", synthetic_profile(16, 64, 8, 3000, seed=2), load_cluster("edge8")
+        yield "generate(64, 500) L=16 E=32 K=4", synthetic_profile(16, 32, 4, 3000, seed=3), generate(64, 500, seed=0)
+
+
+def time_policy(pol, profile, rows, users, load, repeats: int) -> float:
+    L = profile.L
+    topk = profile.topk[rows].astype(np.int64)
+    gates = profile.gates[rows].astype(float)
+    samples = []
+    for _ in range(repeats):
+        state = pol.start(users)
+        t = time.perf_counter()
+        for layer in range(L):
+            pol.decide(layer, topk[:, layer], gates[:, layer], state, load)
+        samples.append((time.perf_counter() - t) / (len(rows) * L))
+    return float(np.median(samples))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    rows_out = []
+    for label, profile, cluster in setups(args.quick):
+        placement = plan(plan_problem(profile, cluster, domain_fallback=True), "ordermoe")
+        for mode in ("migrate", "home"):
+            ctx = make_context(profile, cluster, placement, mode=mode, domain_fallback=True)
+            rng = np.random.default_rng(0)
+            for T in (1, 64, 1024):
+                rows = rng.integers(0, profile.num_tokens, T)
+                users = rng.integers(0, ctx.num_users, T)
+                for name, params in POLICIES:
+                    t0 = time.perf_counter()
+                    pol = make_policy(name.split("(")[0], ctx, **params)
+                    build = time.perf_counter() - t0
+                    for loaded in (False, True):
+                        load = np.random.default_rng(1).exponential(0.005, ctx.num_nodes) if loaded else None
+                        us = 1e6 * time_policy(pol, profile, rows, users, load, repeats=3 if T > 1 else 5)
+                        rows_out.append({"setup": label, "mode": mode, "rows_per_call": T, "policy": name,
+                                         "load": loaded, "us_per_token_layer": us, "build_s": build})
+                        print(f"{label:32s} {mode:8s} T={T:5d} {name:14s} load={int(loaded)}  {us:9.2f} us/token-layer"
+                              f"  (build {build * 1e3:.0f} ms)", flush=True)
+    batched = [r for r in rows_out if r["rows_per_call"] >= 64]
+    worst = max(batched, key=lambda r: r["us_per_token_layer"])
+    summary = {"target_us": 20.0, "worst_batched": worst,
+               "meets_target_batched": worst["us_per_token_layer"] <= 20.0}
+    atomic_write_json(RESULTS / "policies.json", {
+        "benchmark": "policies", "quick": args.quick, "summary": summary, "rows": rows_out,
+        "environment": {"python": platform.python_version(), "numpy": np.__version__, "platform": platform.platform(),
+                        "argv": sys.argv},
+    })
+    print(f"\nworst at T >= 64: {worst['us_per_token_layer']:.2f} us/token-layer ({worst['policy']}, {worst['setup']}, "
+          f"{worst['mode']}); target <= 20 us: {'met' if summary['meets_target_batched'] else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()
