@@ -37,7 +37,7 @@ def scenarios(quick: bool):
     if quick:
         return
     yield "64 servers, 1000 users, closed loop", generate(64, 1000, seed=0), Workload(2000, 16, 16, "closed"), False
-    yield "256 servers, 4000 users, closed loop", generate(256, 4000, seed=0), Workload(8000, 16, 16, "closed"), False
+    yield "256 servers, 4000 users, closed loop", generate(256, 4000, seed=0, copies=32), Workload(8000, 16, 16, "closed"), False
 
 
 def main() -> None:
