@@ -19,7 +19,6 @@ SHARED_DATA = Path("../shared/data")
 def _mount_subcommands() -> None:
     """Commands that live beside their library code."""
     from edgemoe.cluster.cli import app as cluster_app
-
     from edgemoe.plan.cli import plan_command
 
     app.add_typer(cluster_app, name="cluster")
@@ -114,13 +113,108 @@ def _profile_summary(prof) -> str:
 
 @app.command()
 def demo(
-    out: Annotated[Path, typer.Option(help="output folder")] = Path("runs/demo"),
-    tokens: Annotated[int, typer.Option(help="calibration tokens")] = 20_000,
+    out: Annotated[Path, typer.Option(help="output folder (results JSON, plots, report)")] = Path("runs/demo"),
+    quick: Annotated[bool, typer.Option(help="fewer tokens and requests (a smoke run)")] = False,
+    eval_data: Annotated[str | None, typer.Option(help="evaluation text spec (default: WikiText-2 test, else offline)")] = None,
 ):
-    """The main job on the embedded defaults. Until the runtime lands: profile the default model and
-    print a summary, with the specialisation report."""
-    profile(out=out / "profile", model="default", data=None, tokens=tokens, block_len=256, subst_tokens=1024,
-            report=out / "report")
+    """The main job: the default model on edge8 (OrderMoE's comparison) and device-edge-cloud (SlimCaching's),
+    every method side by side; writes results JSON, plots and a Markdown/HTML report."""
+    from edgemoe.eval.experiment import (
+        ExperimentConfig,
+        ordermoe_comparison,
+        run_experiment,
+        slimcaching_comparison,
+    )
+    from edgemoe.report.render import render_report
+
+    cfg = ExperimentConfig(eval_data=eval_data)
+    if quick:
+        cfg = ExperimentConfig(eval_data=eval_data, calib_tokens=4096, eval_tokens=2048, num_requests=16,
+                               prompt_tokens=8, gen_tokens=8)
+    try:
+        paths = run_experiment(cfg, [ordermoe_comparison(), slimcaching_comparison()], out)
+        report = render_report(paths, out)
+    except EdgeMoEError as exc:
+        _fail(exc)
+    from edgemoe.report.render import load_results, markdown_table, methods_table
+
+    for p in paths:
+        res = load_results(p)
+        typer.echo(f"\n{res['config']['name']} ({res['config']['cluster']}, {res['config']['mode']} mode)")
+        typer.echo(markdown_table(methods_table(res)))
+        for line in res.get("summary", []):
+            typer.echo(f"- {line}")
+    typer.echo(f"\nwrote {', '.join(str(p) for p in paths)}, {report} and {report.with_suffix('.html')}")
+
+
+@app.command()
+def evaluate(
+    out: Annotated[Path, typer.Option(help="results JSON to write")],
+    model: Annotated[str, typer.Option(help="'default', an HF folder, or a hub id")] = "default",
+    cluster: Annotated[str, typer.Option(help="cluster file or preset")] = "edge8",
+    mode: Annotated[str, typer.Option(help="token location: migrate | home")] = "migrate",
+    method: Annotated[list[str], typer.Option(help="NAME=PLACEMENT:POLICY[:key=value,...] (repeatable)")] = None,
+    eval_data: Annotated[str | None, typer.Option(help="evaluation text spec")] = None,
+    calib_data: Annotated[str | None, typer.Option(help="calibration text spec")] = None,
+    eval_tokens: int = 16_384,
+    calib_tokens: int = 20_000,
+):
+    """Evaluate chosen placements and policies on the real model (quality) and the simulator (latency)."""
+    from edgemoe.eval.experiment import Comparison, ExperimentConfig, run_experiment
+
+    try:
+        specs = tuple(_parse_method(m) for m in (method or ["exact=uniform:exact", "ordermoe=ordermoe:ordermoe"]))
+        cfg = ExperimentConfig(model=model, eval_data=eval_data, calib_data=calib_data, eval_tokens=eval_tokens,
+                               calib_tokens=calib_tokens)
+        comp = Comparison(name=out.stem, cluster=cluster, mode=mode, methods=specs)
+        (path,) = run_experiment(cfg, [comp], out.parent)
+        if path != out:
+            path.replace(out)
+    except EdgeMoEError as exc:
+        _fail(exc)
+    typer.echo(f"wrote {out}")
+
+
+def _parse_method(text: str):
+    """'name=placement:policy[:k=v,k=v]' -> MethodSpec (values parsed as numbers where they are)."""
+    from edgemoe.eval.experiment import MethodSpec
+
+    name, sep, rest = text.partition("=")
+    parts = rest.split(":", 2)
+    if not sep or len(parts) < 2 or not name:
+        raise EdgeMoEError(f"--method {text!r}: expected NAME=PLACEMENT:POLICY[:key=value,...]")
+    params = {}
+    if len(parts) == 3 and parts[2]:
+        for kv in parts[2].split(","):
+            k, eq, v = kv.partition("=")
+            if not eq:
+                raise EdgeMoEError(f"--method {text!r}: policy parameter {kv!r} is not key=value")
+            params[k] = _number(v)
+    return MethodSpec(name, parts[0], parts[1], params)
+
+
+def _number(v: str):
+    for cast in (int, float):
+        try:
+            return cast(v)
+        except ValueError:
+            pass
+    return v
+
+
+@app.command()
+def report(
+    results: Annotated[list[Path], typer.Argument(help="results JSON files")],
+    out: Annotated[Path, typer.Option(help="output folder")] = Path("runs/report"),
+):
+    """Re-render plots and the Markdown/HTML report from results files."""
+    from edgemoe.report.render import render_report
+
+    try:
+        path = render_report(results, out)
+    except EdgeMoEError as exc:
+        _fail(exc)
+    typer.echo(f"wrote {path} and {path.with_suffix('.html')}")
 
 
 def main() -> None:  # pragma: no cover - console entry

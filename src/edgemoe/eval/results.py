@@ -65,7 +65,8 @@ class _Method(BaseModel):
 
 
 class _Results(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Extra top-level sections (budget sweep, groups, placements, summary) ride along for the report.
+    model_config = ConfigDict(extra="allow")
     schema_: str
     config: dict
     environment: dict
@@ -98,6 +99,12 @@ def results_dict(config: dict, methods: dict[str, dict], env: dict | None = None
 def write_results(path: str | Path, config: dict, methods: dict[str, dict], env: dict | None = None) -> Path:
     """Validate and write a results file atomically; returns the path."""
     return atomic_write_json(path, _jsonable(results_dict(config, methods, env)))
+
+
+def write_document(path: str | Path, doc: dict) -> Path:
+    """Validate a whole results document (extra top-level sections allowed) and write it atomically."""
+    validate_results(doc, str(path))
+    return atomic_write_json(path, _jsonable(doc))
 
 
 def validate_results(doc: dict, source: str = "results") -> dict:

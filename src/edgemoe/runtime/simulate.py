@@ -88,8 +88,16 @@ class Run:
             budget_used=t.quality_cost / max(t.token_layers, 1),
             budget_used_fraction=(t.quality_cost / self.budget_total) if self.budget_total > 0 else None,
             requests=len(sc.request_user), prompt_tokens=t.prefill_tokens, generated_tokens=generated,
-            token_layers=t.token_layers, makespan_s=makespan, extra=extra,
+            token_layers=t.token_layers, makespan_s=makespan,
+            extra={**extra, "latency_quantiles_ms": _quantiles_ms(decode_latency)},
         )
+
+
+def _quantiles_ms(seconds: np.ndarray, points: int = 101) -> list[float]:
+    """[points] evenly spaced quantiles (0..100%) in ms: enough to draw a CDF from the results file."""
+    x = np.asarray(seconds, dtype=float)
+    x = x[np.isfinite(x)]
+    return (np.percentile(x, np.linspace(0, 100, points)) * 1e3).round(4).tolist() if x.size else []
 
 
 def make_jobs(ctx: RuntimeContext, layer, dec, row_pass: np.ndarray, row_start: np.ndarray, home: np.ndarray):

@@ -1,0 +1,287 @@
+"""The side-by-side comparison behind `edgemoe demo` and `edgemoe evaluate`.
+
+For each method (a placement plus a runtime policy on a cluster, in one token-location mode):
+- quality: the real model on held-out text with the policy's decisions applied (`local` backend),
+  giving perplexity and retention `ppl_exact / ppl_method`;
+- latency, traffic and ratios: the trace-driven simulator (`simulate` backend) on the model's own routing of
+  the same text, with users issuing requests (queues, arrivals); the local run's cost-model latency (no
+  queueing) is kept beside it.
+Everything lands in one results file (schema edgemoe.results/1) from which the report is rendered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from edgemoe.errors import EdgeMoEError
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One row of the comparison."""
+
+    name: str
+    placement: str  # planner name, or "all-local" (every server holds every expert: the floor)
+    policy: str  # runtime policy name
+    policy_params: dict = field(default_factory=dict)
+    placement_params: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One cluster, one token-location mode, several methods."""
+
+    name: str
+    cluster: str
+    mode: str  # "migrate" | "home"
+    methods: tuple[MethodSpec, ...]
+    budget_sweep_method: str | None = None  # a method whose `budget` is swept for the latency-quality curve
+    budgets: tuple[float, ...] = ()
+
+
+ORDERMOE_BUDGET = 0.05  # per token-layer, in gate-weighted measured substitution error (docs/runtime.md)
+
+
+def ordermoe_comparison(cluster: str = "edge8", budget: float = ORDERMOE_BUDGET) -> Comparison:
+    """OrderMoE's comparison: exact-execution baselines vs drop vs OrderMoE (H=0, H=2) vs the all-local floor."""
+    return Comparison(
+        name=f"ordermoe-{cluster}", cluster=cluster, mode="migrate",
+        methods=(
+            MethodSpec("exact@uniform", "uniform", "exact"),
+            MethodSpec("exact@activation-aware", "activation-aware", "exact"),
+            MethodSpec("exact@eplb", "eplb", "exact"),
+            MethodSpec("exact@slimcaching", "slimcaching", "exact"),
+            MethodSpec("exact@ordermoe", "ordermoe", "exact"),
+            MethodSpec("drop@ordermoe", "ordermoe", "drop"),
+            MethodSpec("ordermoe-H0", "ordermoe", "ordermoe", {"budget": budget, "horizon": 0}),
+            MethodSpec("ordermoe-H2", "ordermoe", "ordermoe", {"budget": budget, "horizon": 2}),
+            MethodSpec("all-local", "all-local", "exact"),
+        ),
+        budget_sweep_method="ordermoe-H2", budgets=(0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5),
+    )
+
+
+def slimcaching_comparison(cluster: str = "device-edge-cloud") -> Comparison:
+    """SlimCaching's comparison (home mode): its caching vs greedy, LFU, random and U-shaped placements."""
+    return Comparison(
+        name=f"slimcaching-{cluster}", cluster=cluster, mode="home",
+        methods=tuple(MethodSpec(f"slimcaching@{p}", p, "slimcaching") for p in
+                      ("slimcaching", "greedy", "lfu", "random", "u-shaped")),
+    )
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """Inputs of one experiment. Defaults are the demo's."""
+
+    model: str = "default"
+    eval_data: str | None = None  # default: WikiText-2 test when ../shared/data exists, else the offline corpus
+    calib_data: str | None = None  # default: the shared corpus' held-out split, else the offline corpus
+    shared_data: str = "../shared/data"
+    calib_tokens: int = 20_000
+    eval_tokens: int = 16_384
+    block_len: int = 256
+    num_requests: int = 64  # simulated requests per method
+    prompt_tokens: int = 32
+    gen_tokens: int = 32
+    rate_per_s: float = 20.0  # Poisson request rate over all users
+    seed: int = 0
+    cache_dir: str = "runs/cache"
+
+
+def default_specs(cfg: ExperimentConfig) -> tuple[str, str]:
+    """(eval data spec, calibration data spec) from the config and what exists on this machine."""
+    shared = Path(cfg.shared_data)
+    have = (shared / "wikitext-2" / "test.txt").is_file()
+    return (cfg.eval_data or (f"wikitext-test:{shared}" if have else "offline"),
+            cfg.calib_data or (f"shared:{shared}" if have else "offline"))
+
+
+def cached_profile(adapter, tokenizer, spec: str, cfg: ExperimentConfig, log: Callable[[str], None]):
+    """The calibration profile of the model on `spec`, computed once and cached by model hash and inputs."""
+    from edgemoe.data import resolve
+    from edgemoe.profile import load_profile
+    from edgemoe.profile.collect import collect_profile, profile_blocks_for
+
+    weights = adapter.weights_hash()
+    key = hashlib.sha256(json.dumps([weights, spec, cfg.calib_tokens, cfg.block_len]).encode()).hexdigest()[:16]
+    path = Path(cfg.cache_dir) / f"profile-{key}"
+    if (path / "meta.json").is_file():
+        prof = load_profile(path)
+        prof.check_matches(adapter.num_layers, adapter.num_experts, adapter.top_k, weights)
+        log(f"profile: cached {path}")
+        return prof
+    log(f"profile: {cfg.calib_tokens} tokens of {spec}")
+    blocks = profile_blocks_for(adapter, resolve(spec), tokenizer, cfg.calib_tokens, cfg.block_len)
+    prof = collect_profile(adapter, blocks, cfg.model, spec, seed=cfg.seed)
+    prof.save(path)
+    return prof
+
+
+def all_local_placement(problem):
+    """Every non-cloud server holds every expert (memory ignored): the latency floor."""
+    from edgemoe.plan.base import empty_hosts, make_placement
+
+    hosts = empty_hosts(problem)
+    hosts[[k == "edge" for k in problem.node_kind]] = True
+    pl = make_placement(problem, "all-local", hosts, note="memory ignored: the all-local floor")
+    return replace(pl, capacity_bytes=np.maximum(pl.bytes_used(), pl.capacity_bytes))
+
+
+def eval_trace(topk: np.ndarray, gates: np.ndarray, user_domain: np.ndarray, block_len: int):
+    """A simulator Trace of the evaluation text: blocks are dealt round-robin to the users' domains so that
+    every user's requests replay this text's real routing."""
+    from edgemoe.runtime.workload import Trace
+
+    domains = np.unique(user_domain)
+    block = np.arange(topk.shape[0]) // block_len
+    return Trace(topk=topk, gates=gates, domain=domains[block % len(domains)])
+
+
+def run_comparison(adapter, profile, comp: Comparison, ids: np.ndarray, cfg: ExperimentConfig, nll_exact: np.ndarray,
+                   trace_topk: np.ndarray, trace_gates: np.ndarray, log: Callable[[str], None]) -> dict:
+    """Every method of `comp`: placement, local run (quality), simulation (latency). Returns a results dict."""
+    from edgemoe.cluster.cost import plan_problem
+    from edgemoe.cluster.schema import load_cluster
+    from edgemoe.eval.metrics import method_entry
+    from edgemoe.eval.quality import perplexity
+    from edgemoe.eval.results import results_dict
+    from edgemoe.plan import plan
+    from edgemoe.plan.groups import groups_for
+    from edgemoe.runtime import make_context, make_policy
+    from edgemoe.runtime.local import run_local
+    from edgemoe.runtime.simulate import simulate
+    from edgemoe.runtime.workload import Workload
+
+    cluster = load_cluster(comp.cluster)
+    fallback = any(u.domain not in profile.meta.domains for u in cluster.users)
+    problem = plan_problem(profile, cluster, domain_fallback=fallback)
+    ppl_exact = perplexity(nll_exact)
+    groups = groups_for(profile)
+    workload = Workload(num_requests=cfg.num_requests, prompt_tokens=cfg.prompt_tokens, gen_tokens=cfg.gen_tokens,
+                        rate_per_s=cfg.rate_per_s, seed=cfg.seed)
+    placements: dict = {}
+    methods: dict = {}
+    contexts: dict = {}
+
+    def context_for(placement_name: str, params: dict):
+        key = (placement_name, json.dumps(params, sort_keys=True))
+        if key not in contexts:
+            t0 = time.perf_counter()
+            pl = all_local_placement(problem) if placement_name == "all-local" else plan(problem, placement_name, **params)
+            placements[placement_name] = {"copies": pl.replicas().tolist(), "bytes_used": pl.bytes_used().tolist(),
+                                          "plan_seconds": round(time.perf_counter() - t0, 3)}
+            contexts[key] = make_context(profile, cluster, pl, mode=comp.mode, groups=groups, domain_fallback=fallback)
+        return contexts[key]
+
+    def evaluate(spec: MethodSpec) -> dict:
+        ctx = context_for(spec.placement, spec.placement_params)
+        row_users = np.arange(len(ids)) % ctx.num_users
+        nll, dec = run_local(adapter, make_policy(spec.policy, ctx, **spec.policy_params), ids, row_users)
+        ppl = perplexity(nll)
+        trace = eval_trace(trace_topk, trace_gates, ctx.user_domain, cfg.block_len)
+        metrics = simulate(ctx, make_policy(spec.policy, ctx, **spec.policy_params), trace, workload)
+        local_ms = dec.token_latency_s * 1e3
+        return method_entry(
+            metrics, spec.placement, spec.policy, ppl=ppl, quality_retention=ppl_exact / ppl,
+            policy_params=spec.policy_params, mode=comp.mode, cluster=comp.cluster,
+            local_cost_model_latency_ms={"mean": float(local_ms.mean()), "p99": float(np.percentile(local_ms, 99))},
+            local_substitution_ratio=float(dec.substituted().mean()),
+        )
+
+    for spec in comp.methods:
+        t0 = time.perf_counter()
+        methods[spec.name] = evaluate(spec)
+        m = methods[spec.name]
+        log(f"  {spec.name:<24} mean {m['latency_ms']['mean']:8.2f} ms  p99 {m['latency_ms']['p99']:8.2f} ms  "
+            f"ppl {m['ppl']:.3f}  ({time.perf_counter() - t0:.1f} s)")
+    sweep = []
+    if comp.budget_sweep_method:
+        base = next(s for s in comp.methods if s.name == comp.budget_sweep_method)
+        for b in comp.budgets:
+            m = evaluate(replace(base, policy_params={**base.policy_params, "budget": b}))
+            sweep.append({"budget": b, "latency_ms_mean": m["latency_ms"]["mean"], "latency_ms_p99": m["latency_ms"]["p99"],
+                          "ppl": m["ppl"], "quality_retention": m["quality_retention"],
+                          "substitution_ratio": m["substitution_ratio"], "traffic_bytes_per_1k_tokens": m["traffic_bytes_per_1k_tokens"]})
+            log(f"  sweep budget {b:<6g} mean {m['latency_ms']['mean']:8.2f} ms  ppl {m['ppl']:.3f}")
+    config = {"name": comp.name, "cluster": comp.cluster, "mode": comp.mode, **asdict(cfg),
+              "methods": [asdict(s) for s in comp.methods], "profile": {"model": profile.meta.model, "data": profile.meta.data,
+              "tokens": profile.num_tokens, "weights_hash": profile.meta.weights_hash}}
+    doc = results_dict(config, methods)
+    doc["ppl_exact"] = ppl_exact
+    doc["budget_sweep"] = {comp.budget_sweep_method: sweep} if sweep else {}
+    doc["groups"] = {"layer-aware": groups.mean_group_size().tolist()}
+    doc["placements"] = placements
+    doc["summary"] = summarise(doc)
+    return doc
+
+
+def summarise(doc: dict) -> list[str]:
+    """Plain statements of the headline ratios, computed from the results themselves."""
+    m = doc["methods"]
+    exact = {k: v for k, v in m.items() if v["policy"] in ("exact",) and v["placement"] != "all-local"}
+    out = []
+    if exact:
+        best = min(exact, key=lambda k: exact[k]["latency_ms"]["mean"])
+        b = exact[best]
+        for name, v in m.items():
+            if v["policy"] == "ordermoe":
+                out.append(
+                    f"{name} vs best exact baseline ({best}): mean latency {_pct(v['latency_ms']['mean'], b['latency_ms']['mean'])}, "
+                    f"p99 {_pct(v['latency_ms']['p99'], b['latency_ms']['p99'])}, traffic "
+                    f"{_pct(v['traffic_bytes_per_1k_tokens'], b['traffic_bytes_per_1k_tokens'])}, perplexity "
+                    f"{v['ppl']:.3f} vs {doc['ppl_exact']:.3f} (+{v['ppl'] - doc['ppl_exact']:.3f}, retention {v['quality_retention']:.4f})")
+        floor = m.get("all-local")
+        if floor:
+            for name, v in m.items():
+                if v["policy"] == "ordermoe":
+                    out.append(f"{name}: mean latency {v['latency_ms']['mean'] / floor['latency_ms']['mean']:.2f}x the all-local floor")
+    sc = {k: v for k, v in m.items() if v["policy"] == "slimcaching"}
+    if "slimcaching@slimcaching" in sc:
+        s = sc["slimcaching@slimcaching"]
+        for name, v in sc.items():
+            if name != "slimcaching@slimcaching":
+                out.append(f"slimcaching placement vs {v['placement']}: mean latency {_pct(s['latency_ms']['mean'], v['latency_ms']['mean'])}")
+    return out
+
+
+def _pct(new: float, old: float) -> str:
+    if not old:
+        return "n/a"
+    return f"{100 * (new - old) / old:+.1f}%"
+
+
+def run_experiment(cfg: ExperimentConfig, comparisons: list[Comparison], out_dir: str | Path,
+                   log: Callable[[str], None] = print) -> list[Path]:
+    """Load the model, profile (cached), evaluate every comparison; write one results file per comparison."""
+    from edgemoe.data import resolve, tokenize_blocks
+    from edgemoe.eval.quality import token_nll
+    from edgemoe.eval.results import write_document
+    from edgemoe.models import load_moe, load_tokenizer
+    from edgemoe.runtime.local import routing_trace
+
+    out_dir = Path(out_dir)
+    adapter, tokenizer = load_moe(cfg.model), load_tokenizer(cfg.model)
+    eval_spec, calib_spec = default_specs(cfg)
+    profile = cached_profile(adapter, tokenizer, calib_spec, cfg, log)
+    blocks = tokenize_blocks(resolve(eval_spec), tokenizer, cfg.block_len, max_tokens_per_source=cfg.eval_tokens)
+    if blocks.num_tokens < cfg.block_len:
+        raise EdgeMoEError(f"evaluation data {eval_spec!r} gives fewer than {cfg.block_len} tokens")
+    ids = blocks.ids[: max(1, cfg.eval_tokens // cfg.block_len)]
+    log(f"evaluation text: {ids.size:,} tokens of {eval_spec}")
+    nll_exact = token_nll(adapter, ids)
+    topk, gates = routing_trace(adapter, ids)
+    paths = []
+    for comp in comparisons:
+        log(f"comparison {comp.name} ({comp.cluster}, {comp.mode} mode)")
+        doc = run_comparison(adapter, profile, comp, ids, cfg, nll_exact, topk, gates, log)
+        doc["config"]["eval_data"], doc["config"]["calib_data"] = eval_spec, calib_spec
+        paths.append(write_document(out_dir / f"{comp.name}.json", doc))
+    return paths
