@@ -93,6 +93,7 @@ class MoEAdapter:
         self.model = model
         self.config = model.config
         self.source = source
+        self.checkpoint_dtype: torch.dtype | None = None  # set by the loader: the dtype on disk
         self.blocks: list[nn.Module] = self._moe_blocks()
         if not self.blocks:
             raise EdgeMoEError(f"{source or 'model'}: no MoE layers found (is this a dense checkpoint?)")
@@ -160,7 +161,7 @@ class MoEAdapter:
     @property
     def storage_dtype(self) -> torch.dtype:
         """The checkpoint's dtype (what a server stores), falling back to the loaded parameters'."""
-        dt = getattr(self.config, "dtype", None) or getattr(self.config, "torch_dtype", None)
+        dt = self.checkpoint_dtype or getattr(self.config, "dtype", None) or getattr(self.config, "torch_dtype", None)
         if isinstance(dt, str):
             dt = getattr(torch, dt, None)
         return dt if isinstance(dt, torch.dtype) else next(self.model.parameters()).dtype

@@ -79,9 +79,15 @@ def load_moe(spec: str = DEFAULT_MODEL, dtype: torch.dtype = torch.float32) -> M
             f"expected one of {sorted(ADAPTERS)}"
         )
     auto = AutoModelForSeq2SeqLM if config.model_type == "switch_transformers" else AutoModelForCausalLM
+    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     model = auto.from_pretrained(path, dtype=dtype)
     model.eval()
-    return adapter_for(model, source=spec)
+    adapter = adapter_for(model, source=spec)
+    if isinstance(stored, str):
+        stored = getattr(torch, stored, None)
+    # Loading casts the parameters (and the config) to `dtype`; servers store what the checkpoint holds.
+    adapter.checkpoint_dtype = stored if isinstance(stored, torch.dtype) else None
+    return adapter
 
 
 def load_tokenizer(spec: str = DEFAULT_MODEL):
