@@ -1,0 +1,346 @@
+"""Ray plumbing: start or join Ray safely, one actor per server, a client with fail-over, closed-loop load.
+
+    from edgemoe.distributed.serve import start_ray, Deployment, Client
+    start_ray()                                     # local, 127.0.0.1, token auth, small object store
+    dep = Deployment.launch(ServerConfig(ctx, model_path, policy="ordermoe", policy_params=(("budget", 0.05),)))
+    client = Client(dep)
+    result = client.generate(user=3, prompt=ids, gen_tokens=16)
+
+Every server is an actor named `edgemoe-<node>` that needs one unit of the custom resource
+`edgemoe_node_<node>`; the local instance declares one unit of each, a real cluster declares each on
+the machine that plays that server (docs/distributed.md). Actors restart after a crash (Ray reruns
+their constructor, which reloads their experts); homes probe excluded servers with backoff and
+readmit them once they answer with the current configuration.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from edgemoe.errors import EdgeMoEError
+
+from .health import Backoff, Membership
+from .links import LinkTable
+from .server import HomeEngine, ServerConfig, ServerCore, Transport
+from .weights import checkpoint_hidden_size
+from .wire import ExpertCall, GenerateRequest, GenerateResult
+
+NAMESPACE = "edgemoe"
+DEFAULT_OBJECT_STORE_BYTES = 200 * 2**20
+
+
+def node_resource(name: str) -> str:
+    """The custom resource that pins server `name` to a machine: `edgemoe_node_<name>`."""
+    return "edgemoe_node_" + re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
+def actor_name(name: str) -> str:
+    return f"edgemoe-{name}"
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError as exc:  # the optional extra
+        raise EdgeMoEError("the ray backend needs Ray: pip install -e '.[ray]'") from exc
+    return ray
+
+
+def start_ray(node_names=(), address: str | None = None, num_cpus: int = 2,
+              object_store_bytes: int = DEFAULT_OBJECT_STORE_BYTES, auth: bool = True) -> dict:
+    """Start a local Ray instance bound to 127.0.0.1 with one unit of each server's resource, or join the
+    cluster at `address`. Token authentication is switched on (RAY_AUTH_MODE=token) unless auth=False or
+    the environment already chose; a local instance generates its own token. Returns what was done."""
+    import sys
+
+    if auth and "ray" not in sys.modules:  # Ray reads the mode when it is imported
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
+    ray = _ray()
+    if ray.is_initialized():
+        return {"started": False, "address": "already initialised"}
+    common = dict(namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
+    if address:
+        ray.init(address=address, **common)
+        return {"started": False, "address": address, "auth": os.environ.get("RAY_AUTH_MODE", "disabled")}
+    ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=int(object_store_bytes),
+             _node_ip_address="127.0.0.1", resources={node_resource(n): 1.0 for n in node_names}, **common)
+    return {"started": True, "address": "127.0.0.1 (local)", "auth": os.environ.get("RAY_AUTH_MODE", "disabled")}
+
+
+def stop_ray() -> None:
+    ray = _ray()
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+class RayTransport(Transport):
+    """Calls other servers' actors by name; calls to this node run on a local thread."""
+
+    def __init__(self, node: int, node_names, local: ServerCore, threads: int = 8):
+        self.node, self.node_names, self.local = node, tuple(node_names), local
+        self.pool = ThreadPoolExecutor(threads)
+        self._handles: dict[int, object] = {}
+
+    def handle(self, n: int):
+        if n not in self._handles:
+            self._handles[n] = _ray().get_actor(actor_name(self.node_names[n]), namespace=NAMESPACE)
+        return self._handles[n]
+
+    def submit(self, node: int, call: ExpertCall) -> Future:
+        if node == self.node:
+            return self.pool.submit(self.local.run_experts, call)
+        try:
+            return self.handle(node).run_experts.remote(call).future()
+        except Exception as exc:  # noqa: BLE001 - no such actor (yet): a failed call
+            f: Future = Future()
+            f.set_exception(exc)
+            return f
+
+
+class ServerActor:
+    """One edge server: its experts, and on a home node the backbone and the dispatch.
+
+    Threaded (max_concurrency) so that expert calls from other homes are served while this home waits
+    on its own users' calls."""
+
+    def __init__(self, node: int, cfg: ServerConfig, probe_every_s: float = 0.05):
+        import torch
+
+        torch.set_num_threads(1)  # one core's worth per server: eight of them share this machine
+        self.node = int(node)
+        self.probe_every_s = probe_every_s
+        self._configure(cfg)
+        self._stop = threading.Event()
+        threading.Thread(target=self._probe_loop, daemon=True).start()
+
+    def _configure(self, cfg: ServerConfig) -> None:
+        ctx = cfg.ctx
+        links = LinkTable.from_context(ctx, cfg.links_enabled)
+        core = ServerCore(self.node, cfg.model_path, ctx.hosts[self.node], links, checkpoint_hidden_size(cfg.model_path))
+        home = None
+        if cfg.home_nodes()[self.node]:
+            membership = Membership(ctx.num_nodes, Backoff(cfg.backoff_base_s, cfg.backoff_max_s))
+            home = HomeEngine(cfg, self.node, RayTransport(self.node, ctx.node_names, core), membership)
+        self.cfg, self.core, self.home = cfg, core, home
+
+    def configure(self, cfg: ServerConfig) -> int:
+        """Load a new placement / policy (the demo swaps methods without restarting processes)."""
+        self._configure(cfg)
+        return cfg.version
+
+    def ping(self) -> dict:
+        return {"node": self.node, "version": self.cfg.version, "pid": os.getpid()}
+
+    def run_experts(self, call: ExpertCall):
+        return self.core.run_experts(call)
+
+    def generate(self, req: GenerateRequest) -> GenerateResult:
+        if self.home is None:
+            raise EdgeMoEError(f"server {self.cfg.ctx.node_names[self.node]} is no user's home (it has no backbone)")
+        return self.home.generate(req)
+
+    def memory(self) -> dict:
+        out = self.core.memory()
+        out["backbone_bytes"] = self.home.backbone_bytes if self.home else 0
+        return out
+
+    def health(self) -> dict:
+        if self.home is None:
+            return {}
+        alive, version = self.home.membership.snapshot()
+        return {"alive": alive.tolist(), "version": version, "events": list(self.home.membership.events)}
+
+    def _probe_loop(self) -> None:
+        """Probe excluded servers when due; a server that answers with a stale configuration (it restarted
+        from its constructor's) is sent the current one before it is readmitted."""
+        ray = _ray()
+        while not self._stop.wait(self.probe_every_s):
+            home = self.home
+            if home is None:
+                continue
+            for n in home.membership.due():
+                try:
+                    handle = home.transport.handle(n)
+                    info = ray.get(handle.ping.remote(), timeout=1.0)
+                    if info["version"] != self.cfg.version:
+                        ray.get(handle.configure.remote(self.cfg), timeout=120.0)
+                    home.membership.readmit(n)
+                except Exception:  # noqa: BLE001 - still down: back off further
+                    home.membership.exclude(n)
+
+
+@dataclass
+class Deployment:
+    """The actors of one cluster, by node index."""
+
+    cfg: ServerConfig
+    handles: list
+
+    @classmethod
+    def launch(cls, cfg: ServerConfig, max_concurrency: int = 32, ready_timeout_s: float = 300.0) -> Deployment:
+        """One actor per node (node-pinned by custom resource), then wait until every one answers."""
+        ray = _ray()
+        remote_cls = ray.remote(ServerActor)
+        handles = []
+        for n, name in enumerate(cfg.ctx.node_names):
+            handles.append(remote_cls.options(
+                name=actor_name(name), namespace=NAMESPACE, num_cpus=0, resources={node_resource(name): 1.0},
+                max_concurrency=max_concurrency, max_restarts=-1, max_task_retries=0, lifetime=None,
+            ).remote(n, cfg))
+        ray.get([h.ping.remote() for h in handles], timeout=ready_timeout_s)
+        return cls(cfg, handles)
+
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        return tuple(self.cfg.ctx.node_names)
+
+    def configure(self, cfg: ServerConfig, timeout_s: float = 300.0) -> None:
+        """Reconfigure every server (new placement or policy); bumps the version."""
+        cfg = replace(cfg, version=self.cfg.version + 1)
+        _ray().get([h.configure.remote(cfg) for h in self.handles], timeout=timeout_s)
+        self.cfg = cfg
+
+    def memory(self) -> list[dict]:
+        return _ray().get([h.memory.remote() for h in self.handles], timeout=60)
+
+    def health(self, node: int) -> dict:
+        return _ray().get(self.handles[node].health.remote(), timeout=30)
+
+    def kill(self, node: int, restart: bool = True) -> None:
+        """Kill server `node`'s process (a crash); Ray restarts it unless restart=False."""
+        _ray().kill(self.handles[node], no_restart=not restart)
+
+    def wait_alive(self, node: int, timeout_s: float = 120.0) -> bool:
+        ray = _ray()
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            try:
+                ray.get(self.handles[node].ping.remote(), timeout=2.0)
+                return True
+            except Exception:  # noqa: BLE001 - restarting
+                time.sleep(0.2)
+        return False
+
+    def shutdown(self) -> None:
+        ray = _ray()
+        for h in self.handles:
+            try:
+                ray.kill(h, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self.handles = []
+
+
+class Client:
+    """Submits requests to users' homes. A home that fails is replaced by the nearest other home (by
+    one-way latency) after a backoff; every request id is answered exactly once (a late duplicate is
+    counted and ignored)."""
+
+    def __init__(self, deployment: Deployment, request_timeout_s: float = 120.0, max_attempts: int = 4,
+                 backoff: Backoff | None = None):
+        self.dep = deployment
+        self.request_timeout_s = request_timeout_s
+        self.max_attempts = max_attempts
+        self.backoff = backoff or Backoff(0.2, 2.0)
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self.answers: dict[str, GenerateResult] = {}
+        self.duplicates = 0
+        self.failovers = 0
+        self.errors: list[str] = []
+
+    def next_id(self) -> str:
+        return f"req-{next(self._ids)}"
+
+    def homes_for(self, user: int) -> list[int]:
+        """The user's home first, then the other home nodes by one-way latency from it."""
+        ctx = self.dep.cfg.ctx
+        home = int(ctx.user_home[user])
+        others = [int(n) for n in np.flatnonzero(self.dep.cfg.home_nodes()) if n != home]
+        return [home, *sorted(others, key=lambda n: ctx.lat_s[home, n])]
+
+    def generate(self, user: int, prompt, gen_tokens: int, request_id: str | None = None) -> GenerateResult:
+        ray = _ray()
+        rid = request_id or self.next_id()
+        homes = self.homes_for(user)
+        last: Exception | None = None
+        for attempt in range(self.max_attempts):
+            home = homes[min(attempt, len(homes) - 1)]
+            if attempt:
+                time.sleep(self.backoff.delay_s(attempt))
+            req = GenerateRequest(rid, int(user), np.asarray(prompt, np.int64), int(gen_tokens), attempt)
+            try:
+                result = ray.get(self.dep.handles[home].generate.remote(req), timeout=self.request_timeout_s)
+            except EdgeMoEError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the home died or timed out: fail over
+                last = exc
+                with self._lock:
+                    self.failovers += 1
+                continue
+            return self._record(result)
+        with self._lock:
+            self.errors.append(f"{rid}: {type(last).__name__}: {last}")
+        raise EdgeMoEError(f"request {rid} failed on {self.max_attempts} attempts: {last}")
+
+    def _record(self, result: GenerateResult) -> GenerateResult:
+        with self._lock:
+            if result.request_id in self.answers:
+                self.duplicates += 1
+                return self.answers[result.request_id]
+            self.answers[result.request_id] = result
+        return result
+
+
+@dataclass(frozen=True)
+class LoadRecord:
+    """One finished request of a load run, with driver-side wall times (perf_counter seconds)."""
+
+    user: int
+    submitted_s: float
+    finished_s: float
+    result: GenerateResult
+
+
+def closed_loop(client: Client, users, prompts, gen_tokens: int, duration_s: float, think_s: float = 0.0,
+                max_requests_per_user: int | None = None) -> tuple[list[LoadRecord], float, list[str]]:
+    """Each user keeps one request in flight until `duration_s` has passed (a request started before the
+    end runs to completion). prompts: list of token-id arrays, used round-robin per user.
+    Returns (records, makespan seconds, errors)."""
+    records: list[LoadRecord] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    t0 = time.perf_counter()
+
+    def user_loop(u: int, k: int) -> None:
+        i = 0
+        while time.perf_counter() - t0 < duration_s and (max_requests_per_user is None or i < max_requests_per_user):
+            prompt = prompts[(k + i) % len(prompts)]
+            start = time.perf_counter()
+            try:
+                res = client.generate(u, prompt, gen_tokens)
+            except Exception as exc:  # noqa: BLE001 - reported, the loop goes on
+                with lock:
+                    errors.append(f"user {u}: {exc}")
+                continue
+            finally:
+                i += 1
+            with lock:
+                records.append(LoadRecord(u, start - t0, time.perf_counter() - t0, res))
+            if think_s:
+                time.sleep(think_s)
+
+    threads = [threading.Thread(target=user_loop, args=(int(u), k)) for k, u in enumerate(users)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return records, time.perf_counter() - t0, errors

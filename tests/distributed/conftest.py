@@ -1,0 +1,62 @@
+"""Fixtures of the distributed tests: the tiny Mixtral checkpoint, the lab3 deployment context, and one
+local Ray instance for the whole session (started and stopped here)."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+HERE = Path(__file__).resolve().parent
+LAB3 = HERE / "lab3.yaml"
+
+
+@pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory) -> Path:
+    from edgemoe.models.tiny import save_tiny
+
+    return save_tiny("mixtral", tmp_path_factory.mktemp("tiny") / "mixtral")
+
+
+def lab3_context(mode: str = "home"):
+    """lab3 with a placement where every expert sits on exactly two of the three servers
+    (node n lacks the experts e with e % 3 == n), so any one server can fail without losing an expert."""
+    from edgemoe.cluster import load_cluster, plan_problem
+    from edgemoe.plan.base import empty_hosts, make_placement
+    from edgemoe.profile.store import synthetic_profile
+    from edgemoe.runtime import make_context
+
+    profile = synthetic_profile(3, 8, 2, 400, 2, expert_bytes=18432, hidden_size=32, seed=1)
+    cluster = load_cluster(LAB3)
+    problem = plan_problem(profile, cluster)
+    hosts = empty_hosts(problem)
+    for n in range(3):
+        hosts[n, :, np.arange(8) % 3 != n] = True
+    return make_context(profile, cluster, make_placement(problem, "two-copies", hosts), mode=mode)
+
+
+@pytest.fixture(scope="session")
+def lab3():
+    """The `lab3_context(mode)` builder."""
+    return lab3_context
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """A local Ray instance (127.0.0.1, token auth) declaring lab3's server resources."""
+    pytest.importorskip("ray")
+    from edgemoe.distributed.serve import start_ray, stop_ray
+
+    info = start_ray(("a", "b", "c"))
+    yield info
+    stop_ray()
+
+
+@pytest.fixture(scope="session")
+def lab3_deployment(ray_session, tiny_path):
+    from edgemoe.distributed.serve import Deployment
+    from edgemoe.distributed.server import ServerConfig
+
+    dep = Deployment.launch(ServerConfig(lab3_context(), str(tiny_path), wire="fp32", call_timeout_s=3.0,
+                                         backoff_base_s=0.2, backoff_max_s=1.0))
+    yield dep
+    dep.shutdown()

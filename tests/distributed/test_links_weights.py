@@ -1,0 +1,90 @@
+"""Link arithmetic (hand-checked), expert loading by key (both checkpoint layouts), repair rules."""
+
+import numpy as np
+import pytest
+import torch
+
+from edgemoe.distributed.links import LinkTable
+from edgemoe.distributed.weights import ExpertWeights, checkpoint_files, expert_index
+from edgemoe.errors import EdgeMoEError
+
+LAT = np.array([[0.0, 0.01, 0.02], [0.01, 0.0, 0.03], [0.02, 0.03, 0.0]])
+BW = np.array([[np.inf, 1e6, 2e6], [1e6, np.inf, 1e6], [2e6, 1e6, np.inf]])
+
+
+def test_leg_is_the_slowest_parallel_message_and_counts_crossing_rows():
+    links = LinkTable(LAT, BW)
+    # rows from 0, 0, 2 and 1 (local) to node 1, 1000 bytes each:
+    # 0->1 carries 2000 B: 0.01 + 2000/1e6 = 0.012 s; 2->1 carries 1000 B: 0.03 + 0.001 = 0.031 s
+    seconds, nbytes = links.leg_s(np.array([0, 0, 2, 1]), np.array([1, 1, 1, 1]), 1000)
+    assert seconds == pytest.approx(0.031)
+    assert nbytes == 3000
+    assert links.leg_s(np.array([1, 1]), np.array([1, 1]), 1000) == (0.0, 0)
+
+
+def test_disabled_links_do_not_wait_but_still_count_bytes():
+    links = LinkTable(LAT, BW, enabled=False)
+    assert links.hold(np.array([0]), np.array([2]), 500) == (0.0, 500)
+
+
+def _adapter(path):
+    from edgemoe.models import load_moe
+
+    return load_moe(str(path))
+
+
+def test_per_expert_keys_reproduce_the_model_experts(tiny_path):
+    adapter = _adapter(tiny_path)
+    pairs = [(0, 1), (1, 4), (2, 7)]
+    weights = ExpertWeights.load(tiny_path, pairs)
+    assert weights.pairs == pairs
+    x = torch.randn(6, adapter.hidden_size)
+    for layer, e in pairs:
+        torch.testing.assert_close(weights.forward(layer, e, x), adapter.expert_output(layer, e, x), atol=1e-6, rtol=0)
+    # only what was asked for is held: 3 experts x (2I x H + H x I) fp32
+    H, inter = adapter.hidden_size, adapter.config.intermediate_size
+    assert weights.nbytes() == 3 * 3 * inter * H * 4
+    with pytest.raises(EdgeMoEError, match="not hosted"):
+        weights.forward(0, 0, x)
+
+
+def test_fused_layout_is_sliced_per_expert(tiny_path, tmp_path):
+    from safetensors.torch import save_file
+
+    adapter = _adapter(tiny_path)
+    state = {k: v.contiguous() for k, v in adapter.model.state_dict().items()}
+    assert any(k.endswith("experts.gate_up_proj") for k in state)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text((tiny_path / "config.json").read_text())
+    index = expert_index(checkpoint_files(tmp_path))
+    assert index.decoder_layers == (0, 1, 2) and set(index.fused) == {0, 1, 2} and not index.per_expert
+    weights = ExpertWeights.load(tmp_path, [(1, 3)])
+    x = torch.randn(4, adapter.hidden_size)
+    torch.testing.assert_close(weights.forward(1, 3, x), adapter.expert_output(1, 3, x), atol=1e-6, rtol=0)
+
+
+def test_checkpoint_without_experts_is_refused(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({"model.embed_tokens.weight": torch.zeros(2, 2)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(EdgeMoEError, match="no routed-expert weights"):
+        expert_index(checkpoint_files(tmp_path))
+    with pytest.raises(EdgeMoEError, match="no model.safetensors"):
+        checkpoint_files(tmp_path / "missing")
+
+
+def test_repair_prefers_live_replica_then_substitute_then_drop(lab3):
+    from edgemoe.distributed.repair import degraded_context, repair_slots
+
+    ctx = lab3()
+    alive = np.array([True, False, True])
+    # expert 0 is on nodes 1 and 2 (node 0 lacks e % 3 == 0); node 1 is dead -> node 2
+    experts, node, changed = repair_slots(ctx, 0, np.array([[0, 2]]), np.array([[1, 0]]), np.array([0]), np.array([0]), alive)
+    assert changed == 1 and experts.tolist() == [[0, 2]] and node.tolist() == [[2, 0]]
+    # with nodes 1 and 2 dead, expert 0 has no live copy: a group substitute that node 0 holds, or a drop
+    alive = np.array([True, False, False])
+    experts, node, _ = repair_slots(ctx, 0, np.array([[0, 1]]), np.array([[2, 0]]), np.array([0]), np.array([0]), alive)
+    subs = [s for s in ctx.groups.substitute_ids[0, 0] if s >= 0 and ctx.hosts[0, 0, s]]
+    assert experts[0, 0] == (subs[0] if subs else -1) and node[0, 0] == (0 if subs else -1)
+    deg = degraded_context(ctx, np.array([True, False, True]))
+    assert not deg.hosts[1].any() and not deg.usable[:, 1].any() and deg.hosts[0].sum() == ctx.hosts[0].sum()
