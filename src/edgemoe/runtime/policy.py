@@ -16,6 +16,7 @@ branch including the transfers to the meeting node (+ the trip home after the la
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
@@ -194,7 +195,26 @@ def choose_replicas(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray
     Cost of a replica n = round trip location <-> n + compute + load[n]. cloud: "fallback" (the cloud only
     when no usable non-cloud node holds the expert; `exact`) or "candidate" (the cloud competes on cost;
     `slimcaching`, whose objective takes the minimum over cloud and edges).
+
+    Speed: when every row may use every node, the answer is looked up among the few replicas that are
+    cheapest without load (`ReplicaShortlist`); rows whose winner the shortlist cannot prove fall back to
+    the full [T, K, N] comparison. Both give the same node (same sums, same first-index tie-break).
     """
+    T, K = experts.shape
+    if T and K and T * K * ctx.num_nodes >= _SHORTLIST_MIN_WORK and usable.all():
+        node, proven = replica_shortlist(ctx, cloud).pick(layer, location, experts, load)
+        rows = np.flatnonzero(~proven.all(axis=1))
+        if rows.size:
+            node[rows] = _choose_replicas_full(ctx, layer[rows], location[rows], usable[rows], experts[rows], load, cloud)
+    else:
+        node = _choose_replicas_full(ctx, layer, location, usable, experts, load, cloud)
+    at_home = ctx.hosts[location[:, None], layer[:, None], experts]  # [T, K]: the token's node holds it -> run it there
+    return np.where(at_home, location[:, None], node)
+
+
+def _choose_replicas_full(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, usable: np.ndarray,
+                          experts: np.ndarray, load: np.ndarray, cloud: str) -> np.ndarray:
+    """[T, K] cheapest usable replica by brute force over all N nodes (the definition)."""
     lk = layer[:, None]
     held = np.moveaxis(ctx.hosts[:, lk, experts], 0, -1) & usable[:, None, :]  # [T, K, N]
     rt = ctx.xfer_s[location] + ctx.xfer_s[:, location].T  # [T, N]
@@ -203,9 +223,73 @@ def choose_replicas(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray
         edge_held = held & ~ctx.is_cloud[None, None, :]
         held = np.where(edge_held.any(axis=2, keepdims=True), edge_held, held)
     cost = np.where(held, cost, np.inf)
-    node = cost.argmin(axis=2)
-    at_home = ctx.hosts[location[:, None], lk, experts]  # [T, K]: the token's node holds it -> run it there
-    return np.where(at_home, location[:, None], node)
+    return cost.argmin(axis=2)
+
+
+_SHORTLIST_MIN_WORK = 4096  # below this many (row, slot, node) cells the brute force is as fast
+SHORTLIST_SIZE = 4  # replicas kept per (location, layer, expert)
+
+
+class ReplicaShortlist:
+    """Per (location c, layer l, expert e): the m replicas with the smallest static cost s(n) = round trip
+    c <-> n + compute[n, l, e] (ties by node index), and the static cost of the (m+1)-th.
+
+    With load >= 0 the total s(n) + load[n] of any replica outside the list is >= that (m+1)-th static cost,
+    so when the best total inside the list is strictly below it, the list's winner is the global argmin.
+    Built lazily per location (every row may use every node: the candidate set does not depend on the user).
+    """
+
+    def __init__(self, ctx: RuntimeContext, cloud: str, size: int = SHORTLIST_SIZE):
+        N, L, E = ctx.compute_s.shape
+        self.cloud, self.size, self.num_nodes = cloud, int(min(size, N)), N
+        self.xfer_s = ctx.xfer_s  # no reference to ctx itself: the cache entry dies with the context
+        self.built = np.zeros(N, bool)
+        self.node = np.zeros((N, L, E, self.size), np.int64)  # [N, L, E, m] shortlisted replica
+        self.static = np.full((N, L, E, self.size), np.inf)  # [N, L, E, m] its static cost (inf: padding)
+        self.bound = np.full((N, L, E), np.inf)  # [N, L, E] static cost of the first replica left out
+        held = np.moveaxis(ctx.hosts, 0, -1)  # [L, E, N]
+        if cloud == "fallback" and ctx.is_cloud.any():
+            edge_held = held & ~ctx.is_cloud
+            held = np.where(edge_held.any(axis=2, keepdims=True), edge_held, held)
+        self.held = held
+        self.compute = np.moveaxis(ctx.compute_s, 0, -1)  # [L, E, N]
+
+    def _build(self, locations: np.ndarray) -> None:
+        xfer, m = self.xfer_s, self.size
+        for c in locations:
+            rt = xfer[c] + xfer[:, c]  # [N], the same sum as the brute force
+            static = np.where(self.held, rt + self.compute, np.inf)  # [L, E, N]
+            order = np.argsort(static, axis=2, kind="stable")  # ties: lower node index first
+            self.node[c] = order[..., :m]
+            self.static[c] = np.take_along_axis(static, order[..., :m], 2)
+            if static.shape[2] > m:
+                self.bound[c] = np.take_along_axis(static, order[..., m:m + 1], 2)[..., 0]
+        self.built[locations] = True
+
+    def pick(self, layer: np.ndarray, location: np.ndarray, experts: np.ndarray, load: np.ndarray):
+        """([T, K] node, [T, K] bool proven): the shortlist's cheapest replica and whether it is the global one."""
+        missing = np.unique(location[~self.built[location]])
+        if missing.size:
+            self._build(missing)
+        idx = (location[:, None], layer[:, None], experts)
+        cand, static = self.node[idx], self.static[idx]  # [T, K, m]
+        total = static + load[cand]
+        best = total.min(axis=2)
+        node = np.where(total == best[..., None], cand, self.num_nodes).min(axis=2)
+        return node, best < self.bound[idx]
+
+
+_SHORTLISTS: dict[tuple[int, str], ReplicaShortlist] = {}
+
+
+def replica_shortlist(ctx: RuntimeContext, cloud: str) -> ReplicaShortlist:
+    """The ReplicaShortlist of `ctx` for a cloud rule, built once and kept while the context lives."""
+    key = (id(ctx), cloud)
+    table = _SHORTLISTS.get(key)
+    if table is None:
+        table = _SHORTLISTS[key] = ReplicaShortlist(ctx, cloud)
+        weakref.finalize(ctx, _SHORTLISTS.pop, key, None)
+    return table
 
 
 def branch_ready_s(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, experts: np.ndarray, node: np.ndarray,

@@ -1,0 +1,79 @@
+"""Speed paths of the simulator and the policies give the same answers as the plain definitions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from edgemoe.cluster import generate, plan_problem
+from edgemoe.plan.base import plan
+from edgemoe.profile import synthetic_profile
+from edgemoe.runtime import make_context
+from edgemoe.runtime.policy import _choose_replicas_full, choose_replicas, replica_shortlist
+
+from .conftest import tiny_cluster, tiny_context, tiny_profile
+
+
+@pytest.fixture(scope="module")
+def cloud_ctx():
+    """24 servers + a cloud, experts replicated a few times: many replicas to choose from."""
+    profile = synthetic_profile(num_layers=3, num_experts=8, top_k=2, num_tokens=300, seed=1)
+    cluster = generate(24, 40, seed=2, copies=4, with_cloud=True)
+    placement = plan(plan_problem(profile, cluster, domain_fallback=True), "ordermoe")
+    return make_context(profile, cluster, placement, mode="migrate", domain_fallback=True)
+
+
+def brute_force(ctx, layer, location, experts, load, cloud):
+    node = _choose_replicas_full(ctx, layer, location, ctx.usable[np.zeros(len(layer), np.int64)], experts, load, cloud)
+    at_home = ctx.hosts[location[:, None], layer[:, None], experts]
+    return np.where(at_home, location[:, None], node)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10**6), load_scale=st.sampled_from([0.0, 1e-4, 3e-3, 0.05, 1.0]),
+       busy_share=st.sampled_from([0.1, 0.5, 1.0]), cloud=st.sampled_from(["fallback", "candidate"]))
+def test_replica_shortlist_picks_the_brute_force_node(cloud_ctx, seed, load_scale, busy_share, cloud):
+    ctx = cloud_ctx
+    rng = np.random.default_rng(seed)
+    T = 400  # T * K * N above the shortlist threshold
+    layer = rng.integers(0, ctx.num_layers, T)
+    location = rng.integers(0, ctx.num_nodes, T)
+    experts = rng.integers(0, ctx.num_experts, (T, ctx.top_k))
+    load = rng.exponential(load_scale, ctx.num_nodes) * (rng.random(ctx.num_nodes) < busy_share)
+    usable = np.ones((T, ctx.num_nodes), bool)
+    fast = choose_replicas(ctx, layer, location, usable, experts, load, cloud)
+    assert np.array_equal(fast, brute_force(ctx, layer, location, experts, load, cloud))
+
+
+def test_replica_shortlist_ties_go_to_the_lowest_node_index():
+    # Three identical nodes, expert 1 on b and c only: from a, b and c tie and b (index 1) must win; with load
+    # on b, c wins; with equal load on both, b again. The shortlist of 2 holds b and c.
+    profile = tiny_profile([[1]])
+    ctx = tiny_context(profile, tiny_cluster(("a", "b", "c")), {"a": [(0, 0)], "b": [(0, 1)], "c": [(0, 1)]})
+    T = 2000
+    args = (np.zeros(T, np.int64), np.zeros(T, np.int64), np.ones((T, 3), bool), np.ones((T, 1), np.int64))
+    for load, expected in (([0, 0, 0], 1), ([0, 1e-3, 0], 2), ([0, 1e-3, 1e-3], 1)):
+        node = choose_replicas(ctx, *args, np.array(load, float))
+        assert (node == expected).all()
+    table = replica_shortlist(ctx, "fallback")
+    assert table.node[0, 0, 1].tolist()[:2] == [1, 2]
+
+
+def test_replica_shortlist_unproven_rows_fall_back():
+    # Only the cheapest replica is kept; loading it makes the shortlist unable to prove its pick.
+    profile = synthetic_profile(num_layers=2, num_experts=4, top_k=2, num_tokens=200, seed=0)
+    cluster = generate(12, 20, seed=0, copies=6)
+    ctx = make_context(profile, cluster, plan(plan_problem(profile, cluster, domain_fallback=True), "ordermoe"),
+                       domain_fallback=True)
+    rng = np.random.default_rng(0)
+    T = 600
+    layer, location = rng.integers(0, 2, T), rng.integers(0, 12, T)
+    experts = rng.integers(0, 4, (T, 2))
+    load = rng.exponential(0.05, 12)
+    table = replica_shortlist(ctx, "fallback")
+    _, proven = table.pick(layer, location, experts, load)
+    assert not proven.all()  # the fallback path is exercised
+    fast = choose_replicas(ctx, layer, location, np.ones((T, 12), bool), experts, load)
+    assert np.array_equal(fast, brute_force(ctx, layer, location, experts, load, "fallback"))
