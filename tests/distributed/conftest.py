@@ -1,10 +1,13 @@
 """Fixtures of the distributed tests: the tiny Mixtral checkpoint, the lab3 deployment context, and one
 local Ray instance for the whole session (started and stopped here)."""
 
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "token")  # before any test module imports Ray
 
 HERE = Path(__file__).resolve().parent
 LAB3 = HERE / "lab3.yaml"

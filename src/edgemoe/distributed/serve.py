@@ -59,9 +59,7 @@ def start_ray(node_names=(), address: str | None = None, num_cpus: int = 2,
     """Start a local Ray instance bound to 127.0.0.1 with one unit of each server's resource, or join the
     cluster at `address`. Token authentication is switched on (RAY_AUTH_MODE=token) unless auth=False or
     the environment already chose; a local instance generates its own token. Returns what was done."""
-    import sys
-
-    if auth and "ray" not in sys.modules:  # Ray reads the mode when it is imported
+    if auth:  # before Ray is imported where possible: Ray reads the mode early (docs/distributed.md)
         os.environ.setdefault("RAY_AUTH_MODE", "token")
     ray = _ray()
     if ray.is_initialized():
@@ -70,9 +68,13 @@ def start_ray(node_names=(), address: str | None = None, num_cpus: int = 2,
     if address:
         ray.init(address=address, **common)
         return {"started": False, "address": address, "auth": os.environ.get("RAY_AUTH_MODE", "disabled")}
+    # No dashboard, no Ray client server, no job API: the only entry points are Ray's core RPCs, which
+    # token authentication guards. (Ray 2.60 replaces a loopback node address with the machine's
+    # reachable one, so a firewall must keep its ports private; docs/distributed.md "Security".)
     ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=int(object_store_bytes),
              _node_ip_address="127.0.0.1", resources={node_resource(n): 1.0 for n in node_names}, **common)
-    return {"started": True, "address": "127.0.0.1 (local)", "auth": os.environ.get("RAY_AUTH_MODE", "disabled")}
+    return {"started": True, "address": "local", "auth": os.environ.get("RAY_AUTH_MODE", "disabled"),
+            "dashboard": False}
 
 
 def stop_ray() -> None:

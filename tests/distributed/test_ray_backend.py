@@ -1,0 +1,123 @@
+"""The Ray backend on a local instance: link round trips, process memory per experts hosted, the same
+tokens as the model, a server killed mid-run (every request answered once), closed-loop load and the
+simulator's prediction of the same run, and the security settings."""
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+
+PROMPT = np.array([5, 6, 7, 8, 9, 10, 11])
+
+
+def test_local_instance_is_token_authenticated_without_dashboard(ray_session):
+    assert ray_session["started"] and ray_session["auth"] == "token" and ray_session["dashboard"] is False
+    assert os.environ["RAY_AUTH_MODE"] == "token"
+    assert len([n for n in ray.nodes() if n["Alive"]]) == 1  # one local node, nothing joined
+
+
+def test_round_trips_match_the_configured_links_within_10_percent(lab3_deployment):
+    from edgemoe.distributed.wire import ExpertCall
+
+    dep = lab3_deployment
+    ctx = dep.cfg.ctx
+    rows = 64
+    hidden = np.zeros((rows, 32), np.float32)  # 128 bytes a row, 8 KiB a message
+    for n in (1, 2):
+        e = int(np.flatnonzero(ctx.hosts[n, 0])[0])
+        call = ExpertCall(0, hidden, np.full(rows, e), np.zeros(rows, np.int64), np.zeros(rows, np.int64), "fp32")
+        configured = sum(ctx.lat_s[i, j] + rows * 128 / ctx.bw_Bps[i, j] for i, j in ((0, n), (n, 0)))
+        measured = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            ray.get(dep.handles[n].run_experts.remote(call))
+            measured.append(time.perf_counter() - t0)
+        assert abs(np.median(measured) - configured) / configured < 0.10, (n, measured, configured)
+
+
+def test_each_process_holds_only_its_experts(lab3_deployment):
+    mem = lab3_deployment.memory()
+    hosts = lab3_deployment.cfg.ctx.hosts
+    per_expert = 3 * 48 * 32 * 4  # gate+up [2I, H] and down [H, I], fp32
+    for m in mem:
+        assert m["experts"] == int(hosts[m["node"]].sum())
+        assert m["expert_bytes"] == m["experts"] * per_expert
+        assert m["backbone_bytes"] > 0 and m["rss_bytes"] > 0
+
+
+def test_ray_generation_matches_the_in_process_home(lab3_deployment, tiny_path, lab3):
+    from edgemoe.distributed.links import LinkTable
+    from edgemoe.distributed.serve import Client
+    from edgemoe.distributed.server import HomeEngine, LocalTransport, ServerConfig, ServerCore
+    from edgemoe.distributed.wire import GenerateRequest
+
+    res = Client(lab3_deployment).generate(1, PROMPT, 4)
+    ctx = lab3()
+    cfg = ServerConfig(ctx, str(tiny_path), wire="fp32", links_enabled=False)
+    servers = {n: ServerCore(n, cfg.model_path, ctx.hosts[n], LinkTable.from_context(ctx, False), 32) for n in range(3)}
+    local = HomeEngine(cfg, 1, LocalTransport(servers)).generate(GenerateRequest("x", 1, PROMPT, 4))
+    assert res.tokens.tolist() == local.tokens.tolist()
+    assert res.served_by == 1 and res.counts["link_bytes"] == local.counts["link_bytes"] > 0
+
+
+def test_killed_server_mid_run_every_request_answered_once(lab3_deployment):
+    from edgemoe.distributed.serve import Client
+
+    dep = lab3_deployment
+    client = Client(dep)
+    n_req = 9
+    results, errors = {}, []
+
+    def one(i):
+        try:
+            results[i] = client.generate(i % 3, PROMPT[: 3 + i % 4], 6, request_id=f"fault-{i}")
+        except Exception as exc:  # noqa: BLE001
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n_req)]
+    for t in threads:
+        t.start()
+    time.sleep(0.4)
+    dep.kill(1)  # server b crashes while requests are in flight (Ray restarts it)
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(results) == list(range(n_req)) and len(client.answers) == n_req and client.duplicates == 0
+    assert all(len(r.tokens) == 6 and r.request_id == f"fault-{i}" for i, r in results.items())
+    # requests of b's user failed over to another home; calls to b were re-routed to replicas
+    assert client.failovers + sum(r.counts["failed_calls"] for r in results.values()) >= 1
+    assert all(r.counts["dropped"] == 0 for r in results.values())  # every expert had a live replica
+    # b comes back (Ray restarts it, homes probe with backoff) and is readmitted everywhere
+    assert dep.wait_alive(1, timeout_s=60)
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        health = [dep.health(n) for n in (0, 2)]
+        if all(h["alive"] == [True, True, True] for h in health):
+            break
+        time.sleep(0.3)
+    assert all(h["alive"] == [True, True, True] for h in health)
+    events = [e[1] for h in health for e in h["events"] if e[2] == 1]
+    assert "excluded" in events and events[-1] == "readmitted"
+
+
+def test_closed_loop_load_and_the_simulators_prediction(lab3_deployment):
+    from edgemoe.distributed.measure import compare, measured_metrics, predicted_metrics
+    from edgemoe.distributed.serve import Client, closed_loop
+
+    dep = lab3_deployment
+    client = Client(dep)
+    prompts = [PROMPT[:5], PROMPT[2:]]
+    records, makespan, errors = closed_loop(client, [0, 1, 2, 0, 1, 2], prompts, gen_tokens=4, duration_s=3.0)
+    assert errors == [] and len(records) >= 6 and client.duplicates == 0
+    measured = measured_metrics(records, makespan, dep.cfg.ctx)
+    predicted = predicted_metrics(dep.cfg.ctx, "exact", {}, records, wire_bytes=128)
+    err = compare(measured, predicted)
+    assert measured["failed_calls"] == 0
+    # traffic and the remote ratio are counted from the same decisions: equal up to the replay's own choices
+    assert measured["traffic_bytes_per_1k_tokens"] == pytest.approx(measured["predicted_traffic_bytes_per_1k_tokens"])
+    assert abs(err["remote_ratio"]) < 0.25 and abs(err["traffic"]) < 0.25
+    assert np.isfinite(err["latency_mean"])
