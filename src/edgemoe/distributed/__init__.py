@@ -9,5 +9,11 @@ states really moving between them over emulated links, fault handling, load gene
 - `measure`: measured metrics of a run beside the simulator's prediction of the same run;
 - `cli`: `serve_command`, mounted as `edgemoe serve`.
 
-Nothing here imports Ray at module import time; Ray is the optional extra `edgemoe[ray]`.
+Nothing here imports Ray at module import time; Ray is the optional extra `edgemoe[ray]`. Ray reads
+its authentication mode when it is imported, so importing this package first switches token
+authentication on (RAY_AUTH_MODE=token) unless the environment already chose a mode.
 """
+
+import os
+
+os.environ.setdefault("RAY_AUTH_MODE", "token")

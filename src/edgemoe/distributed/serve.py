@@ -59,8 +59,13 @@ def start_ray(node_names=(), address: str | None = None, num_cpus: int = 2,
     """Start a local Ray instance bound to 127.0.0.1 with one unit of each server's resource, or join the
     cluster at `address`. Token authentication is switched on (RAY_AUTH_MODE=token) unless auth=False or
     the environment already chose; a local instance generates its own token. Returns what was done."""
-    if auth:  # before Ray is imported where possible: Ray reads the mode early (docs/distributed.md)
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
+    import sys
+
+    if auth and os.environ.get("RAY_AUTH_MODE") != "token":
+        if "ray" in sys.modules:  # Ray read the mode at import: too late to switch it on here
+            raise EdgeMoEError("Ray was imported before token authentication was chosen: import edgemoe.distributed "
+                               "before ray, or set RAY_AUTH_MODE=token (or pass auth=False knowingly)")
+        os.environ["RAY_AUTH_MODE"] = "token"
     ray = _ray()
     if ray.is_initialized():
         return {"started": False, "address": "already initialised"}
@@ -185,20 +190,24 @@ class Deployment:
 
     cfg: ServerConfig
     handles: list
+    cfg_ref: object = None  # keeps the constructor's argument alive for restarts
 
     @classmethod
     def launch(cls, cfg: ServerConfig, max_concurrency: int = 32, ready_timeout_s: float = 300.0) -> Deployment:
         """One actor per node (node-pinned by custom resource), then wait until every one answers."""
         ray = _ray()
         remote_cls = ray.remote(ServerActor)
+        # One pinned copy of the configuration: restarts rerun the constructor from it (Ray keeps the
+        # arguments while this reference lives, see ray-project/ray#53727).
+        cfg_ref = ray.put(cfg)
         handles = []
         for n, name in enumerate(cfg.ctx.node_names):
             handles.append(remote_cls.options(
                 name=actor_name(name), namespace=NAMESPACE, num_cpus=0, resources={node_resource(name): 1.0},
                 max_concurrency=max_concurrency, max_restarts=-1, max_task_retries=0, lifetime=None,
-            ).remote(n, cfg))
+            ).remote(n, cfg_ref))
         ray.get([h.ping.remote() for h in handles], timeout=ready_timeout_s)
-        return cls(cfg, handles)
+        return cls(cfg, handles, cfg_ref)
 
     @property
     def node_names(self) -> tuple[str, ...]:

@@ -1,0 +1,157 @@
+"""Distributed runtime benchmark: in-process servers vs Ray actors on edge8 with the default model.
+
+    python bench/runtime.py [--quick]
+
+Measures (2-core shared machine, 8 server actors, torch 1 thread each):
+- per remote call overhead: one expert call of one row with links off, in-process (threads) vs a Ray
+  actor call from another process;
+- tokens/s of one request (16-token prompt, 32 generated), in-process vs Ray, links off and on;
+- a closed loop of U users against the 8 actors for a bounded time, links on: throughput, latency
+  percentiles, errors, and the simulator's prediction of the same requests beside it;
+- memory of each actor against the experts it hosts.
+Writes bench/results/runtime.json and prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from edgemoe.io import atomic_write_json
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def setup(policy: str):
+    """(ctx, model path) for edge8 with the default model, the ordermoe placement, home mode."""
+    from edgemoe.cluster import load_cluster, plan_problem
+    from edgemoe.eval.experiment import ExperimentConfig, cached_profile, default_specs
+    from edgemoe.models import load_moe, load_tokenizer
+    from edgemoe.models.loader import resolve_model_path
+    from edgemoe.plan.base import plan
+    from edgemoe.runtime import make_context
+
+    cfg = ExperimentConfig(calib_tokens=8000)
+    adapter, tok = load_moe("default"), load_tokenizer("default")
+    profile = cached_profile(adapter, tok, default_specs(cfg)[1], cfg, print)
+    cluster = load_cluster("edge8")
+    fallback = any(u.domain not in profile.meta.domains for u in cluster.users)
+    problem = plan_problem(profile, cluster, domain_fallback=fallback)
+    placement = plan(problem, "ordermoe")
+    ctx = make_context(profile, cluster, placement, mode="home", domain_fallback=fallback)
+    return ctx, resolve_model_path("default")
+
+
+def call_overhead(transport_call, n: int) -> dict:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        transport_call()
+        times.append(time.perf_counter() - t0)
+    t = np.asarray(times[5:]) * 1e6
+    return {"mean_us": float(t.mean()), "p50_us": float(np.median(t)), "p99_us": float(np.percentile(t, 99))}
+
+
+def one_request_tps(generate, prompt, gen: int, repeats: int) -> dict:
+    rates = []
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        res = generate(prompt, gen, i)
+        rates.append(gen / (time.perf_counter() - t0))
+    return {"tokens_per_s": float(np.median(rates)), "decode_ms_mean": float(res.decode_s.mean() * 1e3)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--users", type=int, default=16)
+    ap.add_argument("--seconds", type=float, default=30.0)
+    args = ap.parse_args()
+    import ray  # after edgemoe.distributed, which switches Ray's token authentication on
+
+    from edgemoe.distributed.cli import load_prompts, run_load
+    from edgemoe.distributed.links import LinkTable
+    from edgemoe.distributed.serve import Client, Deployment, start_ray, stop_ray
+    from edgemoe.distributed.server import HomeEngine, LocalTransport, ServerConfig, ServerCore
+    from edgemoe.distributed.weights import checkpoint_hidden_size
+    from edgemoe.distributed.wire import ExpertCall, GenerateRequest
+
+    ctx, path = setup("exact")
+    H = checkpoint_hidden_size(path)
+    gen = 8 if args.quick else 32
+    prompt = load_prompts("default", 1, 16)[0]
+    n_calls = 100 if args.quick else 300
+    out: dict = {"machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores (shared)", "cluster": "edge8",
+                 "model": "default", "placement": ctx.placement_method, "policy": "exact", "mode": ctx.mode,
+                 "wire": "bf16", "gen_tokens": gen, "prompt_tokens": len(prompt)}
+
+    # ---- in-process
+    cfg_off = ServerConfig(ctx, path, links_enabled=False)
+    servers = {n: ServerCore(n, path, ctx.hosts[n], LinkTable.from_context(ctx, False), H) for n in range(ctx.num_nodes)}
+    local = HomeEngine(cfg_off, 0, LocalTransport(servers))
+    e = int(np.flatnonzero(ctx.hosts[1, 0])[0])
+    call = ExpertCall(0, np.zeros((1, H), np.int16), np.array([e]), np.array([0]), np.array([0]), "bf16")
+    transport = LocalTransport(servers)
+    out["call_overhead"] = {"in_process": call_overhead(lambda: transport.submit(1, call).result(), n_calls)}
+    out["one_request"] = {"in_process_links_off": one_request_tps(
+        lambda p, g, i: local.generate(GenerateRequest(f"l{i}", 0, p, g)), prompt, gen, 3)}
+    cfg_on = replace(cfg_off, links_enabled=True)
+    servers_on = {n: ServerCore(n, path, ctx.hosts[n], LinkTable.from_context(ctx, True), H) for n in range(ctx.num_nodes)}
+    local_on = HomeEngine(cfg_on, 0, LocalTransport(servers_on))
+    out["one_request"]["in_process_links_on"] = one_request_tps(
+        lambda p, g, i: local_on.generate(GenerateRequest(f"lo{i}", 0, p, g)), prompt, gen, 2)
+
+    # ---- Ray
+    t0 = time.perf_counter()
+    start_ray(ctx.node_names)
+    dep = Deployment.launch(cfg_off)
+    out["ray_startup_s"] = time.perf_counter() - t0
+    out["memory"] = dep.memory()
+    out["call_overhead"]["ray"] = call_overhead(lambda: ray.get(dep.handles[1].run_experts.remote(call)), n_calls)
+    client = Client(dep)
+    out["one_request"]["ray_links_off"] = one_request_tps(lambda p, g, i: client.generate(0, p, g), prompt, gen, 3)
+    dep.configure(cfg_on)
+    out["one_request"]["ray_links_on"] = one_request_tps(lambda p, g, i: client.generate(0, p, g), prompt, gen, 2)
+    out["load"] = run_load(dep, args.users, 8.0 if args.quick else args.seconds, 16 if args.quick else gen)
+    dep.shutdown()
+    stop_ray()
+    RESULTS.mkdir(exist_ok=True)
+    atomic_write_json(RESULTS / "runtime.json", out)
+    print_tables(out)
+
+
+def print_tables(out: dict) -> None:
+    co, one = out["call_overhead"], out["one_request"]
+    print(f"\nedge8, default model, {out['policy']} policy, {out['mode']} mode, {out['machine']}")
+    print(f"| | in-process | Ray |\n|---|---|---|\n| remote call overhead (1 row, links off), mean / p99 | "
+          f"{co['in_process']['mean_us']:.0f} / {co['in_process']['p99_us']:.0f} us | "
+          f"{co['ray']['mean_us']:.0f} / {co['ray']['p99_us']:.0f} us |")
+    print(f"| tokens/s, one request, links off | {one['in_process_links_off']['tokens_per_s']:.1f} | "
+          f"{one['ray_links_off']['tokens_per_s']:.1f} |")
+    print(f"| tokens/s, one request, links on | {one['in_process_links_on']['tokens_per_s']:.1f} | "
+          f"{one['ray_links_on']['tokens_per_s']:.1f} |")
+    load = out["load"]
+    m, p, err = load["measured"], load["predicted"], load["error_vs_simulator"]
+    print(f"\nclosed loop: {load['users']} users, {load['seconds']:.0f} s, 8 server actors, links on: "
+          f"{m['requests']} requests, errors {len(load['errors'])}, duplicates {load['duplicates']}")
+    print("| | measured (Ray) | simulator, same requests | error |\n|---|---|---|---|")
+    for label, key, sub in (("latency/token mean ms", "latency_ms", "mean"), ("latency/token p50 ms", "latency_ms", "p50"),
+                            ("latency/token p99 ms", "latency_ms", "p99"), ("TTFT mean ms", "ttft_ms", "mean")):
+        ek = {"mean": "latency_mean", "p50": "latency_p50", "p99": "latency_p99"}[sub] if key == "latency_ms" else "ttft_mean"
+        print(f"| {label} | {m[key][sub]:.1f} | {p[key][sub]:.1f} | {100 * err[ek]:+.0f}% |")
+    print(f"| throughput tokens/s | {m['throughput_tokens_per_s']:.1f} | {p['throughput_tokens_per_s']:.1f} | {100 * err['throughput']:+.0f}% |")
+    print(f"| traffic bytes / 1k tokens | {m['traffic_bytes_per_1k_tokens']:.0f} | {p['traffic_bytes_per_1k_tokens']:.0f} | {100 * err['traffic']:+.1f}% |")
+    print(f"| remote ratio | {m['remote_ratio']:.3f} | {p['remote_ratio']:.3f} | {100 * err['remote_ratio']:+.1f}% |")
+    print("\n| server | experts | expert MB | backbone MB | RSS MB |\n|---|---|---|---|---|")
+    for mem in out["memory"]:
+        print(f"| {mem['node']} | {mem['experts']} | {mem['expert_bytes'] / 1e6:.2f} | {mem['backbone_bytes'] / 1e6:.2f} | "
+              f"{mem['rss_bytes'] / 1e6:.0f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""`edgemoe serve`: start (or join) Ray, one actor per server of a cluster with a placement, then serve
+until interrupted, or run a closed-loop load for a bounded time and write measured vs predicted metrics.
+
+Mounted by the main CLI with one line: `app.command("serve")(serve_command)`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from edgemoe.errors import EdgeMoEError
+
+
+def _params(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise EdgeMoEError(f"--param {item!r}: expected key=value")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def serve_command(
+    cluster: Annotated[str, typer.Option(help="cluster preset name or YAML/TOML file")],
+    placement: Annotated[Path, typer.Option(help="placement.json written by `edgemoe plan`")],
+    profile: Annotated[Path, typer.Option(help="routing profile folder (`edgemoe profile`) of the same model")],
+    model: Annotated[str, typer.Option(help="model folder or 'default'")] = "default",
+    policy: Annotated[str, typer.Option(help="runtime policy: exact, ordermoe, drop, slimcaching")] = "exact",
+    param: Annotated[list[str], typer.Option(help="policy parameter key=value (repeatable)")] = [],  # noqa: B006
+    mode: Annotated[str, typer.Option(help="token location mode: migrate or home")] = "home",
+    ray_address: Annotated[str | None, typer.Option(help="join this Ray cluster (token in RAY_AUTH_TOKEN or ~/.ray/auth_token); default: a local instance")] = None,
+    links: Annotated[bool, typer.Option(help="emulate the cluster's links (turn off on a real cluster)")] = True,
+    wire: Annotated[str, typer.Option(help="hidden-state dtype on the wire: bf16, fp16, fp32")] = "bf16",
+    load_users: Annotated[int, typer.Option(help="run a closed-loop load with this many users, then stop (0: serve until Ctrl-C)")] = 0,
+    load_seconds: Annotated[float, typer.Option(help="duration of the closed-loop load")] = 20.0,
+    gen_tokens: Annotated[int, typer.Option(help="tokens generated per load request")] = 16,
+    out: Annotated[Path, typer.Option(help="where the load run's metrics go (JSON)")] = Path("runs/serve.json"),
+):
+    """Run the cluster's servers as Ray actors (one per node, pinned by the `edgemoe_node_<name>` resource)."""
+    from edgemoe.cluster import load_cluster
+    from edgemoe.io import atomic_write_text
+    from edgemoe.models.loader import resolve_model_path
+    from edgemoe.plan.base import load_placement
+    from edgemoe.profile import load_profile
+    from edgemoe.runtime import make_context
+
+    from .serve import Deployment, start_ray
+    from .server import ServerConfig
+
+    try:
+        cl = load_cluster(cluster)
+        prof = load_profile(profile)
+        fallback = any(u.domain not in prof.meta.domains for u in cl.users)
+        ctx = make_context(prof, cl, load_placement(placement), mode=mode, domain_fallback=fallback)
+        cfg = ServerConfig(ctx, resolve_model_path(model), policy=policy, policy_params=tuple(_params(param).items()),
+                           links_enabled=links and ray_address is None, wire=wire)
+        info = start_ray(ctx.node_names if ray_address is None else (), address=ray_address)
+        typer.echo(f"ray: {info}")
+        t0 = time.perf_counter()
+        dep = Deployment.launch(cfg)
+        typer.echo(f"{len(dep.handles)} servers up in {time.perf_counter() - t0:.1f} s")
+        for m in dep.memory():
+            typer.echo(f"  {ctx.node_names[m['node']]:<12} experts {m['experts']:4d}  expert MB {m['expert_bytes'] / 1e6:7.2f}  "
+                       f"backbone MB {m['backbone_bytes'] / 1e6:6.2f}  RSS MB {m['rss_bytes'] / 1e6:7.1f}")
+        if load_users <= 0:
+            typer.echo("serving; actors are named edgemoe-<node> in namespace 'edgemoe'. Ctrl-C stops.")
+            while True:
+                time.sleep(3600)
+        result = run_load(dep, load_users, load_seconds, gen_tokens, model)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out, json.dumps(result, indent=1, default=float))
+        typer.echo(json.dumps({k: result[k] for k in ("measured", "error_vs_simulator")}, indent=1, default=float))
+        typer.echo(f"wrote {out}")
+    except EdgeMoEError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=2) from None
+    except KeyboardInterrupt:
+        typer.echo("stopped")
+
+
+def load_prompts(model: str, count: int = 32, length: int = 16):
+    """Prompts of `length` tokens cut from the offline corpus (the stdlib docs) with the model's tokenizer."""
+    import numpy as np
+
+    from edgemoe.data import stdlib_docs
+    from edgemoe.models import load_tokenizer
+
+    text = "\n".join(t for _, t in stdlib_docs().split("heldout").docs)[:200_000]
+    ids = np.asarray(load_tokenizer(model)(text)["input_ids"], np.int64)
+    return [ids[i * length:(i + 1) * length] for i in range(count)]
+
+
+def run_load(dep, users: int, seconds: float, gen_tokens: int, model: str = "default", prompt_tokens: int = 16) -> dict:
+    """Closed loop of `users` users (cycling over the cluster's users) for `seconds`; measured metrics
+    beside the simulator's replay of the same requests."""
+    import numpy as np
+
+    from .measure import compare, measured_metrics, predicted_metrics
+    from .serve import Client, closed_loop
+    from .weights import checkpoint_hidden_size
+    from .wire import row_bytes
+
+    ctx = dep.cfg.ctx
+    client = Client(dep)
+    prompts = load_prompts(model, 32, prompt_tokens)
+    who = [int(u) % ctx.num_users for u in range(users)]
+    records, makespan, errors = closed_loop(client, who, prompts, gen_tokens, seconds)
+    measured = measured_metrics(records, makespan, ctx)
+    wire_bytes = row_bytes(checkpoint_hidden_size(dep.cfg.model_path), dep.cfg.wire)
+    predicted = predicted_metrics(ctx, dep.cfg.policy, dep.cfg.params, records, wire_bytes) if records else {}
+    return {"users": users, "seconds": seconds, "gen_tokens": gen_tokens, "prompt_tokens": prompt_tokens,
+            "policy": dep.cfg.policy, "mode": ctx.mode, "cluster": ctx.cluster_name, "errors": errors,
+            "duplicates": client.duplicates, "failovers": client.failovers, "measured": measured,
+            "predicted": predicted, "error_vs_simulator": compare(measured, predicted) if records else {},
+            "requests_per_user": np.bincount([r.user for r in records], minlength=ctx.num_users).tolist()}
