@@ -116,6 +116,7 @@ def demo(
     out: Annotated[Path, typer.Option(help="output folder (results JSON, plots, report)")] = Path("runs/demo"),
     quick: Annotated[bool, typer.Option(help="fewer tokens and requests (a smoke run)")] = False,
     eval_data: Annotated[str | None, typer.Option(help="evaluation text spec (default: WikiText-2 test, else offline)")] = None,
+    backend: Annotated[str, typer.Option(help="latency from the 'simulate' backend or measured on 'ray' actors")] = "simulate",
 ):
     """The main job: the default model on edge8 (OrderMoE's comparison) and device-edge-cloud (SlimCaching's),
     every method side by side; writes results JSON, plots and a Markdown/HTML report."""
@@ -132,7 +133,7 @@ def demo(
         cfg = ExperimentConfig(eval_data=eval_data, calib_tokens=4096, eval_tokens=2048, num_requests=16,
                                prompt_tokens=8, gen_tokens=8)
     try:
-        paths = run_experiment(cfg, [ordermoe_comparison(), slimcaching_comparison()], out)
+        paths = run_experiment(cfg, [ordermoe_comparison(), slimcaching_comparison()], out, backend=backend)
         report = render_report(paths, out)
     except EdgeMoEError as exc:
         _fail(exc)

@@ -146,8 +146,12 @@ def eval_trace(topk: np.ndarray, gates: np.ndarray, user_domain: np.ndarray, blo
 
 
 def run_comparison(adapter, profile, comp: Comparison, ids: np.ndarray, cfg: ExperimentConfig, nll_exact: np.ndarray,
-                   trace_topk: np.ndarray, trace_gates: np.ndarray, log: Callable[[str], None]) -> dict:
-    """Every method of `comp`: placement, local run (quality), simulation (latency). Returns a results dict."""
+                   trace_topk: np.ndarray, trace_gates: np.ndarray, log: Callable[[str], None],
+                   backend: str = "simulate") -> dict:
+    """Every method of `comp`: placement, local run (quality), simulation (latency). Returns a results dict.
+
+    backend="ray": latency, traffic and ratios are measured on Ray actors (edgemoe.distributed), one process
+    per node with emulated links; the simulator's numbers for the same requests stay beside them."""
     from edgemoe.cluster.cost import plan_problem
     from edgemoe.cluster.schema import load_cluster
     from edgemoe.eval.metrics import method_entry
@@ -170,6 +174,9 @@ def run_comparison(adapter, profile, comp: Comparison, ids: np.ndarray, cfg: Exp
     placements: dict = {}
     methods: dict = {}
     contexts: dict = {}
+    ray_state: dict = {}
+    if backend not in ("simulate", "ray"):
+        raise EdgeMoEError(f"backend={backend!r}; expected 'simulate' or 'ray'")
 
     def context_for(placement_name: str, params: dict):
         key = (placement_name, json.dumps(params, sort_keys=True))
@@ -189,6 +196,8 @@ def run_comparison(adapter, profile, comp: Comparison, ids: np.ndarray, cfg: Exp
         trace = eval_trace(trace_topk, trace_gates, ctx.user_domain, cfg.block_len)
         metrics = simulate(ctx, make_policy(spec.policy, ctx, **spec.policy_params), trace, workload)
         local_ms = dec.token_latency_s * 1e3
+        if backend == "ray":
+            metrics = _ray_measured(ray_state, ctx, spec, ids, cfg, log, metrics)
         return method_entry(
             metrics, spec.placement, spec.policy, ppl=ppl, quality_retention=ppl_exact / ppl,
             policy_params=spec.policy_params, mode=comp.mode, cluster=comp.cluster,
@@ -211,7 +220,9 @@ def run_comparison(adapter, profile, comp: Comparison, ids: np.ndarray, cfg: Exp
                           "ppl": m["ppl"], "quality_retention": m["quality_retention"],
                           "substitution_ratio": m["substitution_ratio"], "traffic_bytes_per_1k_tokens": m["traffic_bytes_per_1k_tokens"]})
             log(f"  sweep budget {b:<6g} mean {m['latency_ms']['mean']:8.2f} ms  ppl {m['ppl']:.3f}")
-    config = {"name": comp.name, "cluster": comp.cluster, "mode": comp.mode, **asdict(cfg),
+    if ray_state:
+        ray_state["deployment"].shutdown()
+    config = {"name": comp.name, "cluster": comp.cluster, "mode": comp.mode, "backend": backend, **asdict(cfg),
               "methods": [asdict(s) for s in comp.methods], "profile": {"model": profile.meta.model, "data": profile.meta.data,
               "tokens": profile.num_tokens, "weights_hash": profile.meta.weights_hash}}
     doc = results_dict(config, methods)
@@ -221,6 +232,43 @@ def run_comparison(adapter, profile, comp: Comparison, ids: np.ndarray, cfg: Exp
     doc["placements"] = placements
     doc["summary"] = summarise(doc)
     return doc
+
+
+def _ray_measured(state: dict, ctx, spec: MethodSpec, ids: np.ndarray, cfg: ExperimentConfig, log, simulated):
+    """Measure one method on Ray actors: the deployment is launched once per comparison and reconfigured
+    per method; each user runs closed-loop requests (prompts cut from the evaluation text) until
+    cfg.num_requests are done. Returns RunMetrics with the measured numbers and the simulator's in extra."""
+    from edgemoe.distributed.measure import measured_metrics
+    from edgemoe.distributed.serve import Client, Deployment, closed_loop, start_ray
+    from edgemoe.distributed.server import ServerConfig
+    from edgemoe.models.loader import resolve_model_path
+
+    server_cfg = ServerConfig(ctx, resolve_model_path(cfg.model), policy=spec.policy,
+                              policy_params=tuple(spec.policy_params.items()))
+    if not state:
+        start_ray(ctx.node_names)
+        state["deployment"] = Deployment.launch(server_cfg)
+        log(f"  ray: {ctx.num_nodes} server actors up")
+    else:
+        state["deployment"].configure(server_cfg)
+    dep = state["deployment"]
+    users = list(range(ctx.num_users))
+    per_user = max(1, -(-cfg.num_requests // len(users)))
+    prompts = [row[: cfg.prompt_tokens] for row in ids]
+    records, makespan, errors = closed_loop(Client(dep), users, prompts, cfg.gen_tokens, duration_s=3600.0,
+                                            max_requests_per_user=per_user)
+    if errors:
+        raise EdgeMoEError(f"ray backend, method {spec.name}: {len(errors)} requests failed: {errors[:3]}")
+    m = measured_metrics(records, makespan, ctx)
+    sim = {k: getattr(simulated, k) for k in ("latency_ms", "ttft_ms", "throughput_tokens_per_s",
+                                               "traffic_bytes_per_1k_tokens", "remote_ratio")}
+    return replace(simulated, latency_ms=m["latency_ms"], ttft_ms=m["ttft_ms"],
+                   throughput_tokens_per_s=m["throughput_tokens_per_s"],
+                   traffic_bytes_per_1k_tokens=m["traffic_bytes_per_1k_tokens"], remote_ratio=m["remote_ratio"],
+                   substitution_ratio=m["substitution_ratio"], drop_ratio=m["drop_ratio"], requests=m["requests"],
+                   generated_tokens=m["generated_tokens"], makespan_s=makespan,
+                   extra={**simulated.extra, "backend": "ray", "simulated": sim,
+                          "ray_calls": m["calls"], "ray_failed_calls": m["failed_calls"]})
 
 
 def summarise(doc: dict) -> list[str]:
@@ -259,7 +307,7 @@ def _pct(new: float, old: float) -> str:
 
 
 def run_experiment(cfg: ExperimentConfig, comparisons: list[Comparison], out_dir: str | Path,
-                   log: Callable[[str], None] = print) -> list[Path]:
+                   log: Callable[[str], None] = print, backend: str = "simulate") -> list[Path]:
     """Load the model, profile (cached), evaluate every comparison; write one results file per comparison."""
     from edgemoe.data import resolve, tokenize_blocks
     from edgemoe.eval.quality import token_nll
@@ -281,7 +329,7 @@ def run_experiment(cfg: ExperimentConfig, comparisons: list[Comparison], out_dir
     paths = []
     for comp in comparisons:
         log(f"comparison {comp.name} ({comp.cluster}, {comp.mode} mode)")
-        doc = run_comparison(adapter, profile, comp, ids, cfg, nll_exact, topk, gates, log)
+        doc = run_comparison(adapter, profile, comp, ids, cfg, nll_exact, topk, gates, log, backend=backend)
         doc["config"]["eval_data"], doc["config"]["calib_data"] = eval_spec, calib_spec
         paths.append(write_document(out_dir / f"{comp.name}.json", doc))
     return paths
