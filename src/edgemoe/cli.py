@@ -23,6 +23,9 @@ def _mount_subcommands() -> None:
 
     app.add_typer(cluster_app, name="cluster")
     app.command("plan")(plan_command)
+    from edgemoe.distributed.cli import serve_command
+
+    app.command("serve")(serve_command)
 
 
 _mount_subcommands()

@@ -12,8 +12,15 @@ states really moving between them over emulated links, fault handling, load gene
 Nothing here imports Ray at module import time; Ray is the optional extra `edgemoe[ray]`. Ray reads
 its authentication mode when it is imported, so importing this package first switches token
 authentication on (RAY_AUTH_MODE=token) unless the environment already chose a mode.
+
+
+Loopback only by default: with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (read at import, like the auth mode)
+Ray takes 127.0.0.1 as the node address, so every Ray server of a local instance listens on loopback
+(checked with `ss -ltn`: nothing else). To join or form a multi-machine cluster, export
+RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1 before starting (see docs/distributed.md).
 """
 
 import os
 
 os.environ.setdefault("RAY_AUTH_MODE", "token")
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
