@@ -1,0 +1,155 @@
+"""Print the README's results tables from the committed results files (nothing is re-measured).
+
+    python bench/tables.py            # Markdown on stdout
+Every figure in the README's results section is pasted from this output.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / "results"
+
+
+def _load(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def demo_tables() -> list[str]:
+    out = []
+    for path in sorted((RESULTS / "demo").glob("*.json")):
+        res = _load(path)
+        cfg = res["config"]
+        out.append(f"**{cfg['name']}** ({cfg['cluster']}, {cfg['mode']} mode; `{path.relative_to(ROOT.parent)}`; "
+                   f"exact perplexity {res.get('ppl_exact', float('nan')):.3f} on {cfg.get('eval_data')})\n")
+        rows = []
+        for name, m in res["methods"].items():
+            rows.append([name, f"{m['latency_ms']['mean']:.1f}", f"{m['latency_ms']['p99']:.1f}", f"{m['ttft_ms']['mean']:.1f}",
+                         f"{m['traffic_bytes_per_1k_tokens'] / 1e6:.2f}", f"{m['remote_ratio']:.3f}",
+                         f"{m['substitution_ratio']:.3f}", f"{m['ppl']:.3f}", f"{m['quality_retention']:.4f}",
+                         f"{m['throughput_tokens_per_s']:.0f}"])
+        out.append(_table(["method", "mean ms", "p99 ms", "TTFT ms", "MB/1k tok", "remote", "subst.", "ppl", "retention",
+                           "tok/s"], rows))
+        for line in res.get("summary", []):
+            out.append(f"- {line}")
+        for name, pts in (res.get("budget_sweep") or {}).items():
+            out.append(f"\nBudget sweep of {name}:\n")
+            out.append(_table(["budget", "mean ms", "p99 ms", "ppl", "retention", "subst."],
+                              [[f"{p['budget']:g}", f"{p['latency_ms_mean']:.1f}", f"{p['latency_ms_p99']:.1f}", f"{p['ppl']:.3f}",
+                                f"{p['quality_retention']:.4f}", f"{p['substitution_ratio']:.3f}"] for p in pts]))
+        out.append("")
+    return out
+
+
+def planner_tables() -> list[str]:
+    r = _load(RESULTS / "planners.json")
+    if not r:
+        return []
+    out = ["**Planners** (`bench/results/planners.json`, `python bench/planners.py`)\n"]
+    rows = []
+    for key, t in r["targets"].items():
+        s = t["slimcaching"]
+        sh = t["shape"]
+        rows.append([key, f"{sh['num_layers']}x{sh['num_experts']}, K={sh['top_k']}", f"{s['seconds']:.2f} s (limit {t['limit_s']:.0f} s)", f"{s['objective_s'] * 1e3:.0f}",
+                     f"{t['greedy']['objective_s'] * 1e3:.0f} ({t['greedy']['seconds']:.1f} s)", f"{t['lfu']['objective_s'] * 1e3:.0f}",
+                     "met" if t["met"] else "missed"])
+    out.append(_table(["scale", "shape", "slimcaching time", "slimcaching ms/token", "greedy ms/token (time)", "lfu ms/token",
+                       "time target"], rows))
+    gaps = r.get("ilp_gap") or []
+    if gaps:
+        keys = sorted({k for g in gaps for k in g if isinstance(g.get(k), dict) and "gap" in g[k] and k != "ilp"})
+        rows = []
+        for k in keys:
+            vals = [g[k]["gap"] for g in gaps if isinstance(g.get(k), dict) and g[k].get("gap") is not None]
+            if vals:
+                rows.append([k, f"{100 * sum(vals) / len(vals):.1f}%", f"{100 * max(vals):.1f}%", len(vals)])
+        out.append(f"\nGap to the ILP optimum on {len(gaps)} small instances:\n")
+        out.append(_table(["planner", "mean gap", "max gap", "instances"], rows))
+    p = r.get("preset")
+    if p:
+        pl = p["planners"]
+        s = pl["slimcaching"]["objective_s"]
+        rows = [[k, f"{v['objective_s'] * 1e3:.0f}", f"{100 * (s - v['objective_s']) / v['objective_s']:+.1f}%", f"{v['seconds']:.3f}"]
+                for k, v in sorted(pl.items(), key=lambda kv: kv[1]["objective_s"])]
+        out.append(f"\n{p['cluster']} with {p['profile']}: expected latency per token (K=2)\n")
+        out.append(_table(["planner", "ms/token", "slimcaching vs it", "plan s"], rows))
+    return out
+
+
+def runtime_tables() -> list[str]:
+    out = []
+    pol = _load(RESULTS / "policies.json")
+    if pol:
+        w = pol["summary"]["worst_batched"]
+        out.append(f"**Policies** (`bench/results/policies.json`): worst batched decision cost "
+                   f"{w['us_per_token_layer']:.1f} us per token-layer ({w['policy']}, {w['setup']}, {w['rows_per_call']} rows per call; "
+                   f"target 20 us: {'met' if pol['summary']['meets_target_batched'] else 'missed'}).\n")
+    sim = _load(RESULTS / "simulator.json")
+    if sim:
+        rows = [[r["scenario"], r["policy"], r["engine"], f"{r['token_layers']:,}", f"{r['events_per_s']:,.0f}"] for r in sim["rows"]]
+        out.append("**Simulator** (`bench/results/simulator.json`, `python bench/simulator.py`)\n")
+        out.append(_table(["scenario", "policy", "engine", "token-layers", "events/s"], rows))
+        out.append(f"\nTarget 1M events/s: {'met' if sim['meets_target'] else 'missed'} (best {sim['best']['events_per_s']:,.0f}).\n")
+    rt = _load(RESULTS / "runtime.json")
+    if rt:
+        co, one = rt["call_overhead"], rt["one_request"]
+        out.append("**Ray runtime** (`bench/results/runtime.json`, `python bench/runtime.py`)\n")
+        out.append(_table(["", "in-process", "Ray"], [
+            ["one remote call (mean / p99 us)", f"{co['in_process']['mean_us']:.0f} / {co['in_process']['p99_us']:.0f}",
+             f"{co['ray']['mean_us']:.0f} / {co['ray']['p99_us']:.0f}"],
+            ["tokens/s, links off", f"{one['in_process_links_off']['tokens_per_s']:.1f}", f"{one['ray_links_off']['tokens_per_s']:.1f}"],
+            ["tokens/s, links on", f"{one['in_process_links_on']['tokens_per_s']:.1f}", f"{one['ray_links_on']['tokens_per_s']:.1f}"],
+        ]))
+        load = rt.get("load", {})
+        if load.get("measured"):
+            m, s = load["measured"], load.get("simulated", {})
+            out.append(f"\nClosed loop, {load['users']} users, {load['seconds']:.0f} s on 8 actors: {m['requests']} requests, "
+                       f"errors {len(load['errors'])}, duplicates {load['duplicates']}; measured mean latency "
+                       f"{m['latency_ms']['mean']:.1f} ms/token vs simulator {s.get('latency_ms', {}).get('mean', float('nan')):.1f} ms.\n")
+    prof = _load(RESULTS / "profile_speed.json")
+    if prof:
+        out.append(f"**Profiling**: {prof['tokens']:,} tokens in {prof['seconds']:.1f} s ({prof['tokens_per_second']:,.0f} tok/s; "
+                   f"target 50k in 120 s: {'met' if prof['met'] else 'missed'}; `python bench/profile_speed.py`).\n")
+    return out
+
+
+def model_table() -> list[str]:
+    recipe = _load(ROOT.parent / "src" / "edgemoe" / "assets" / "default_model" / "recipe.json")
+    spec = _load(RESULTS / "default_model" / "specialisation.json")
+    out = []
+    if recipe:
+        c = recipe["config"]
+        out.append(f"**Default model** (`src/edgemoe/assets/default_model/recipe.json`): Mixtral format, {c['num_layers']} MoE layers x "
+                   f"{c['num_experts']} experts, top-{c['top_k']}, hidden {c['hidden_size']}, expert FFN {c['intermediate_size']}, "
+                   f"vocab {c['vocab_size']}, {recipe['parameters'] / 1e6:.2f}M parameters, {recipe['steps_done']} steps "
+                   f"({recipe['tokens_seen'] / 1e6:.1f}M tokens) in {recipe['train_minutes']:.1f} min on 2 CPU cores.\n")
+        out.append(_table(["held-out text"] + list(recipe["heldout_perplexity"]),
+                          [["perplexity"] + [f"{v:.1f}" for v in recipe["heldout_perplexity"].values()]]))
+    if spec:
+        out.append("\nRouter specialisation (`bench/results/default_model/specialisation.json`):\n")
+        L = len(spec["domain_expert_mutual_information_bits"])
+        out.append(_table(["MoE layer"] + [str(i) for i in range(L)], [
+            ["domain-expert MI (bits)"] + [f"{v:.3f}" for v in spec["domain_expert_mutual_information_bits"]],
+            ["same, shuffled domains"] + [f"{v:.4f}" for v in spec["shuffled_domain_mutual_information_bits"]],
+            ["usage entropy (bits, max 4)"] + [f"{v:.2f}" for v in spec["usage_entropy_bits"]],
+            ["share of expert pairs cos > 0.5"] + [f"{v:.3f}" for v in spec["similarity"]["share_of_pairs_above"]["0.5"]],
+        ]))
+    return out
+
+
+def main() -> None:
+    for block in (model_table(), demo_tables(), planner_tables(), runtime_tables()):
+        print("\n".join(block))
+        print()
+
+
+if __name__ == "__main__":
+    main()
