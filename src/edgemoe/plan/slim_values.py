@@ -45,12 +45,20 @@ def set_gains(tau: np.ndarray, call: np.ndarray, prob: np.ndarray, weight: np.nd
         return SetGains(np.zeros((0, 2**K)), np.zeros((0, K), np.int64), np.zeros(0, np.int64))
     cur, new = cur[:, useful_sets], new[:, useful_sets]
     mass = prob[:, useful_sets] * weight[:, None]  # [U, M']
-    base = cur.max(axis=2)
-    gain = np.empty((useful_sets.size, 2**K))
-    bits = (np.arange(2**K)[:, None] >> np.arange(K)[None]) & 1  # [2^K, K]
-    for mask in range(2**K):
-        served = np.where(bits[mask].astype(bool), new, cur).max(axis=2)  # [U, M']
-        gain[:, mask] = (mass * (base - served)).sum(axis=0)
+    # served(mask) = max(max of `new` over the members in mask, max of `cur` over the others). Both maxima
+    # are built for every mask from the mask without its lowest bit: one [U, M'] maximum per mask.
+    in_mask = np.zeros((2**K, *cur.shape[:2]))  # call times are >= 0, so 0 is the max of an empty set
+    out_mask = np.zeros((2**K, *cur.shape[:2]))
+    for mask in range(1, 2**K):
+        low = (mask & -mask).bit_length() - 1
+        in_mask[mask] = np.maximum(in_mask[mask & (mask - 1)], new[:, :, low])
+    full = 2**K - 1
+    for mask in range(full - 1, -1, -1):  # out_mask[mask] = max of cur over the members NOT in mask
+        low = ((full & ~mask) & -(full & ~mask)).bit_length() - 1
+        out_mask[mask] = np.maximum(out_mask[mask | (1 << low)], cur[:, :, low])
+    served = np.maximum(in_mask, out_mask)  # [2^K, U, M']
+    base = out_mask[0]
+    gain = np.einsum("um,sum->ms", mass, base[None] - served)
     members = sets[useful_sets]
     candidates = np.unique(members[useful_pos[useful_sets]])
     lookup = np.full(E + 1, -1, dtype=np.int64)
@@ -123,56 +131,96 @@ def _enumerate(g: SetGains, units: np.ndarray, capacity: int, chunk: int = 4096)
     return _best_by_size(values, sizes, member, capacity)
 
 
+def _by_candidate(cand: np.ndarray, items: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """CSR grouping: (ptr [n+1], items sorted by cand) so that group x is items[ptr[x]:ptr[x+1]]."""
+    order = np.argsort(cand, kind="stable")
+    return np.concatenate([[0], np.cumsum(np.bincount(cand, minlength=n))]), items[order]
+
+
+def _gather(ptr: np.ndarray, items: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(owner [T], item [T]): the items of each of `groups` [G] concatenated, owner = index into groups."""
+    lengths = ptr[groups + 1] - ptr[groups]
+    owner = np.repeat(np.arange(groups.size), lengths)
+    offset = np.arange(owner.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return owner, items[ptr[groups][owner] + offset]
+
+
+def _first_distinct(words: np.ndarray, limit: int) -> np.ndarray:
+    """Indices of the first `limit` rows of words [R, W] whose row has not occurred earlier."""
+    if words.shape[1] == 1:
+        _, first = np.unique(words[:, 0], return_index=True)
+    else:
+        _, first = np.unique(words, axis=0, return_index=True)
+    return np.sort(first)[:limit]
+
+
 def _beam(g: SetGains, units: np.ndarray, capacity: int, width: int):
     """Beam search: grow subsets one candidate at a time, keep the `width` best distinct subsets.
 
-    The gain of adding candidate x to a subset only involves the sets containing x; each beam member
-    carries its membership mask per set, so one step costs O(width * M * K).
+    Each beam member carries its membership mask per set and its delta (gain of adding each candidate).
+    Adding x only changes the masks of the sets containing x, so a child's deltas are its parent's plus
+    a correction over the positions of those sets: one step costs O(width * sets-per-candidate * K^2)
+    rather than O(width * M * K). Subsets are compared as bit words (64 candidates per word).
     """
     n = g.candidates.size
     M, K = g.cand_pos.shape
-    flat_set, flat_k = np.nonzero(g.cand_pos >= 0)
+    flat_set, flat_k = np.nonzero(g.cand_pos >= 0)  # [P] positions, sorted by set
     flat_cand = g.cand_pos[flat_set, flat_k]
+    flat_bit = (1 << flat_k).astype(np.int64)
+    own_ptr, own_pos = _by_candidate(flat_cand, np.arange(flat_set.size), n)
+    # Neighbours of x: every position q of every set containing x, with x's bit in that set.
+    first = np.searchsorted(flat_set, np.arange(M))
+    count = np.bincount(flat_set, minlength=M)
+    pairs = [(p, first[flat_set] + j) for j in range(K) for p in [np.flatnonzero(count[flat_set] > j)]]
+    nb_owner = np.concatenate([p for p, _ in pairs])  # position of x
+    nb_q = np.concatenate([q[p] for p, q in pairs])  # a position in the same set
+    nb_ptr, nb_order = _by_candidate(flat_cand[nb_owner], np.arange(nb_owner.size), n)
+    nb_q, nb_xbit = nb_q[nb_order], flat_bit[nb_owner[nb_order]]
+    word_of = np.arange(n) // 64
+    bit_of = np.left_shift(np.uint64(1), (np.arange(n) % 64).astype(np.uint64))
+    gain = g.gain
     masks = np.zeros((1, M), dtype=np.int64)
-    chosen = np.zeros((1, n), bool)
+    delta = np.bincount(flat_cand, weights=gain[flat_set, flat_bit] - gain[flat_set, 0], minlength=n)[None]
+    words = np.zeros((1, -(-n // 64)), dtype=np.uint64)
     value = np.zeros(1)
     size = np.zeros(1, dtype=np.int64)
-    seen_v, seen_s, seen_sub = [0.0], [0], [np.zeros(n, bool)]
+    chosen = np.zeros((1, n), bool)
+    seen_v, seen_s, seen_sub = [value], [size], [chosen]
     units = units.astype(np.int64)
     while True:
-        B = masks.shape[0]
-        old = g.gain[flat_set[None], masks[:, flat_set]]  # [B, P]
-        new = g.gain[flat_set[None], masks[:, flat_set] | (1 << flat_k)[None]]
-        delta = np.bincount((np.arange(B)[:, None] * n + flat_cand[None]).ravel(), weights=(new - old).ravel(),
-                            minlength=B * n).reshape(B, n)
         allowed = ~chosen & (size[:, None] + units[None] <= capacity)
         if not allowed.any():
             break
         score = np.where(allowed, value[:, None] + delta, -np.inf)
-        order = np.argsort(-score, axis=None)
-        keep, keys = [], set()
-        for flat in order:
-            b, x = divmod(int(flat), n)
-            if not np.isfinite(score[b, x]):
-                break
-            sub = chosen[b].copy()
-            sub[x] = True
-            key = sub.tobytes()
-            if key not in keys:
-                keys.add(key)
-                keep.append((b, x, sub))
-            if len(keep) == width:
-                break
-        b_idx = np.array([k[0] for k in keep])
-        x_idx = np.array([k[1] for k in keep])
-        chosen = np.stack([k[2] for k in keep])
+        # A subset of size s + 1 comes from at most B parents, so the best width * B (parent, candidate)
+        # pairs hold at least `width` distinct children: rank only those (ties by flat index).
+        flat_score = -score.ravel()
+        top = min(width * score.shape[0], int(allowed.sum()))
+        ranked = np.argpartition(flat_score, top - 1)[:top] if top < flat_score.size else np.arange(flat_score.size)
+        ranked = ranked[np.lexsort((ranked, flat_score[ranked]))]
+        ranked = ranked[np.isfinite(flat_score[ranked])]
+        b_all, x_all = np.divmod(ranked, n)
+        child_words = words[b_all]
+        child_words[np.arange(ranked.size), word_of[x_all]] |= bit_of[x_all]
+        pick = _first_distinct(child_words, width)
+        b_idx, x_idx = b_all[pick], x_all[pick]
+        B = pick.size
+        masks = masks[b_idx]
+        owner, own = _gather(own_ptr, own_pos, x_idx)
+        masks[owner, flat_set[own]] |= flat_bit[own]
+        child, nb = _gather(nb_ptr, np.arange(nb_q.size), x_idx)
+        qs, xbit = nb_q[nb], nb_xbit[nb]
+        sets, bit = flat_set[qs], flat_bit[qs]
+        after = masks[child, sets]
+        before = after & ~xbit
+        corr = (gain[sets, after | bit] - gain[sets, after]) - (gain[sets, before | bit] - gain[sets, before])
+        delta = delta[b_idx] + np.bincount(child * n + flat_cand[qs], weights=corr, minlength=B * n).reshape(B, n)
+        words = child_words[pick]
+        chosen = chosen[b_idx]
+        chosen[np.arange(B), x_idx] = True
         value = score[b_idx, x_idx]
         size = size[b_idx] + units[x_idx]
-        add = np.zeros((len(keep), M), dtype=np.int64)
-        hit = flat_cand[None] == x_idx[:, None]  # [B', P]
-        np.add.at(add, (np.nonzero(hit)[0], flat_set[np.nonzero(hit)[1]]), 1 << flat_k[np.nonzero(hit)[1]])
-        masks = masks[b_idx] | add
-        seen_v.extend(value.tolist())
-        seen_s.extend(size.tolist())
-        seen_sub.extend(chosen)
-    return _best_by_size(np.array(seen_v), np.array(seen_s), np.stack(seen_sub), capacity)
+        seen_v.append(value)
+        seen_s.append(size)
+        seen_sub.append(chosen)
+    return _best_by_size(np.concatenate(seen_v), np.concatenate(seen_s), np.concatenate(seen_sub), capacity)
