@@ -9,6 +9,8 @@ Objectives:
 - "slimcaching" (default): SlimCaching's expected latency with the max over the K parallel calls,
   linearised by one variable T[u, l, m] per (user, observed Top-K set, layer) with T >= z[u, l, e] for
   each member e, minimising sum w_u P_u(m) T.
+- coverage (default: exactly when there is no cloud): every expert on at least one edge server,
+  sum_n x[n, l, e] >= 1 over edge servers (a device copy serves only its owner).
 - "sum": expected total call latency, sum_u w_u sum_{l,e} p_u(l, e) z[u, l, e] (each remote call counts;
   the coverage / OrderMoE-style objective, and equal to "slimcaching" when K = 1).
 """
@@ -24,6 +26,7 @@ from scipy.sparse import coo_matrix
 from edgemoe.errors import EdgeMoEError
 
 from .base import Placement, PlanProblem, empty_hosts, make_placement, register
+from .baselines import resolve_coverage
 from .objective import expected_latency, marginal_prob, slim_model
 from .slim_k1 import cache_nodes
 
@@ -70,8 +73,10 @@ class _Builder:
 
 @register("exact")
 def exact(problem: PlanProblem, *, objective: str = "slimcaching", time_limit: float = 60.0,
-          mip_rel_gap: float = 1e-6) -> Placement:
+          mip_rel_gap: float = 1e-6, coverage: bool | None = None) -> Placement:
     """Optimal (or best found within `time_limit` seconds) placement for `objective` in OBJECTIVES.
+
+    coverage: require an edge-server copy of every expert; default (None) exactly when there is no cloud.
 
     Placement.params reports the solver status, the MIP gap, the dual bound and the objective value.
     """
@@ -86,6 +91,12 @@ def exact(problem: PlanProblem, *, objective: str = "slimcaching", time_limit: f
     for n in nodes:  # per-node storage
         b.row({x[int(n), layer, e]: float(problem.expert_bytes[layer, e]) for layer in range(L) for e in range(E)},
               -np.inf, float(problem.capacity_bytes[n]))
+    cover = resolve_coverage(problem, coverage)
+    edge_nodes = [int(n) for n in nodes if problem.node_kind[n] == "edge"]
+    if cover and edge_nodes:  # every expert reachable: at least one edge copy
+        for layer in range(L):
+            for e in range(E):
+                b.row({x[n, layer, e]: 1.0 for n in edge_nodes}, 1.0, np.inf)
     calls = {int(n): model.node_call(n) for n in nodes}
     marginal = marginal_prob(model, E)  # [U, L, E]
     z: dict[tuple[int, int, int], dict[int, float]] = {}  # (u, l, e) -> {y column: seconds}
@@ -125,7 +136,7 @@ def exact(problem: PlanProblem, *, objective: str = "slimcaching", time_limit: f
     for (n, layer, e), col in x.items():
         hosts[n, layer, e] = res.x[col] > 0.5
     return make_placement(
-        problem, "exact", hosts, objective=objective, time_limit=time_limit, status=int(res.status),
+        problem, "exact", hosts, objective=objective, time_limit=time_limit, coverage=cover, status=int(res.status),
         optimal=bool(res.status == 0), message=str(res.message),
         mip_gap=None if getattr(res, "mip_gap", None) is None else float(res.mip_gap),
         mip_dual_bound=None if getattr(res, "mip_dual_bound", None) is None else float(res.mip_dual_bound),

@@ -6,6 +6,10 @@ partner is cached), so stale gains are not upper bounds and lazy evaluation woul
 gains are exact at every step: the objective is a sum over layers and caching (l, e) only changes layer
 l, so after each choice only layer l's gains (for every node) are recomputed.
 
+Without a cloud (or with coverage=True) every expert left without an edge-server copy is then placed by
+the shared coverage repair (`slimcaching.cover_edges`: free memory first, else evicting the least demanded
+duplicate copy), so every expert stays reachable.
+
 Ties, including the start where every single addition saves nothing because a set's partner still comes
 from the cloud, are broken by the additive saving sum_A P(A) (t_before - t_after) of the calls themselves
 (the K = 1 gain); that is what lets the baseline start at all.
@@ -18,7 +22,9 @@ import time
 import numpy as np
 
 from .base import Placement, PlanProblem, empty_hosts, make_placement, register
+from .baselines import resolve_coverage
 from .objective import SlimModel, expert_latency, latency_per_user_from_tau, slim_model
+from .slimcaching import cover_edges
 
 TIE_TOL = 1e-12  # relative: ratios this close to the best count as ties
 CHUNK_ELEMENTS = 4_000_000  # bound on the temporary [X, U, M, K] array
@@ -79,8 +85,11 @@ def device_gains(model: SlimModel, tau_l: np.ndarray, layer: int, owners: np.nda
 
 
 @register("greedy")
-def greedy(problem: PlanProblem) -> Placement:
-    """Per-(node, expert) greedy by exact marginal latency reduction per byte (edge servers and devices)."""
+def greedy(problem: PlanProblem, coverage: bool | None = None) -> Placement:
+    """Per-(node, expert) greedy by exact marginal latency reduction per byte (edge servers and devices).
+
+    coverage: give every expert an edge-server copy afterwards; default (None) exactly when there is no cloud.
+    """
     start = time.perf_counter()
     model = slim_model(problem)
     L, E = problem.expert_bytes.shape
@@ -116,6 +125,10 @@ def greedy(problem: PlanProblem) -> Placement:
         tau[:, layer, e] = np.minimum(tau[:, layer, e], model.node_call(n)[:, layer, e])
         refresh(layer)
         steps += 1
+    cover = resolve_coverage(problem, coverage)
+    if cover:
+        cover_edges(problem, hosts)
+        tau = expert_latency(model, hosts)
     objective = float(model.weight @ latency_per_user_from_tau(model, tau))
-    return make_placement(problem, "greedy", hosts, objective_s=objective, steps=steps,
+    return make_placement(problem, "greedy", hosts, objective_s=objective, steps=steps, coverage=cover,
                           plan_seconds=time.perf_counter() - start)

@@ -21,12 +21,26 @@ import numpy as np
 from edgemoe.errors import EdgeMoEError
 
 from .base import Placement, PlanProblem, empty_hosts, make_placement, register
+from .baselines import ensure_coverage, global_demand, resolve_coverage
 from .maxconv import solve_layers
 from .objective import SlimModel, expert_latency, latency_per_user_from_tau, slim_model
 from .slim_k1 import cache_nodes, greedy_k1, slimcaching_k1
+from .slim_refine import SolverSettings, sole_copies
+from .slim_refine import refine as refine_hosts
 from .slim_values import set_gains, value_table
 
 ORDERS = ("edge-first", "devices-first", "covered-weight")
+REFINE_MIN_S = 1.0  # default refinement time cap: at least this long (small instances finish their kicks in it)
+REFINE_SHARE = 0.75  # ... or this share of the passes' own time (keeps Qwen scale under its 30 s target)
+
+
+def refine_budget(refine_seconds: float | None, passes_seconds: float) -> float:
+    """Seconds the refinement may take (see `slimcaching`'s refine_seconds)."""
+    if refine_seconds is None:
+        return max(REFINE_MIN_S, REFINE_SHARE * passes_seconds)
+    if not refine_seconds >= 0:
+        raise EdgeMoEError(f"slimcaching: refine_seconds must be >= 0 (or None for the default), got {refine_seconds}")
+    return float(refine_seconds)
 
 
 def capacity_units(expert_bytes: np.ndarray, capacity_bytes: int, max_units: int) -> tuple[int, np.ndarray]:
@@ -84,11 +98,26 @@ def solve_block(model: SlimModel, tau: np.ndarray, call: np.ndarray, users: np.n
     return held, {"method": method, "exact_tables": exact, "value": float(tables[np.arange(L), budgets].sum())}
 
 
+def cover_edges(problem: PlanProblem, hosts: np.ndarray) -> np.ndarray:
+    """Give every expert an edge-server copy (in place), evicting the least demanded duplicates if needed.
+
+    The shared repair of the other planners (`baselines.ensure_coverage`), on edge servers only: a device
+    serves only its owner, so a copy there does not make an expert reachable for everyone.
+    """
+    edge = np.array([k == "edge" for k in problem.node_kind])
+    if edge.any():
+        ensure_coverage(problem, hosts, edge, global_demand(problem))
+    return hosts
+
+
 def successive(problem: PlanProblem, model: SlimModel, passes: int = 1, order: str = "edge-first",
                maxconv: str = "auto", epsilon: float = 0.1, enum_max: int = 12, beam_width: int = 8,
-               max_units: int = 4096, start: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+               max_units: int = 4096, start: np.ndarray | None = None,
+               coverage: bool = False) -> tuple[np.ndarray, dict]:
     """Successive per-node decomposition from `start` hosts [N, L, E] (default: empty caches).
 
+    With `coverage`, every pass ends with `cover_edges`, and later passes keep each edge server's sole
+    copies (they are fixed in its block and its capacity shrinks by their size).
     Returns (hosts [N, L, E], info).
     """
     hosts = empty_hosts(problem) if start is None else start.copy()
@@ -105,16 +134,21 @@ def successive(problem: PlanProblem, model: SlimModel, passes: int = 1, order: s
             users = users_of[n]
             if users.size == 0:
                 continue
+            fixed = (sole_copies(hosts, model.edge_nodes, n) if coverage and n in model.edge_nodes \
+                else np.zeros_like(hosts[n]))
             if hosts[n].any():  # a later pass: take the node's own cache out before re-solving it
-                hosts[n] = False
+                hosts[n] = fixed
                 tau[users] = expert_latency(model, hosts, users)
             capacity, units = capacity_units(problem.expert_bytes, int(problem.capacity_bytes[n]), max_units)
-            held, info = solve_block(model, tau[users], calls[n], users, capacity, units, maxconv, epsilon,
-                                     enum_max, beam_width)
+            held, info = solve_block(model, tau[users], calls[n], users, capacity - int(units[fixed].sum()), units,
+                                     maxconv, epsilon, enum_max, beam_width)
             methods[info["method"]] = methods.get(info["method"], 0) + 1
             all_exact &= info["exact_tables"]
-            hosts[n] = held
+            hosts[n] = held | fixed
             tau[users] = np.minimum(tau[users], np.where(held[None], calls[n], np.inf))
+        if coverage:
+            cover_edges(problem, hosts)
+            tau = expert_latency(model, hosts)
         history.append(float(model.weight @ latency_per_user_from_tau(model, tau)))
         if history[-1] <= min(history[:-1]):
             best_hosts = hosts.copy()
@@ -128,7 +162,9 @@ def successive(problem: PlanProblem, model: SlimModel, passes: int = 1, order: s
 @register("slimcaching")
 def slimcaching(problem: PlanProblem, *, algorithm: str = "auto", passes: int = 1, order: str = "edge-first",
                 maxconv: str = "auto", epsilon: float = 0.1, enum_max: int = 12, beam_width: int = 8,
-                max_units: int = 4096, warm_start: str = "empty") -> Placement:
+                max_units: int = 4096, warm_start: str = "empty", refine: bool = True, kicks: int = 256,
+                forced: int = 2, seed: int = 0, refine_seconds: float | None = None,
+                coverage: bool | None = None) -> Placement:
     """SlimCaching placement of `problem` (devices and edge servers).
 
     algorithm: "auto" (K = 1 -> "greedy-k1", else "successive"), "greedy-k1" or "successive".
@@ -136,14 +172,22 @@ def slimcaching(problem: PlanProblem, *, algorithm: str = "auto", passes: int = 
     maxconv: "auto" | "naive" | "concave" | "fptas" (with `epsilon`). enum_max: largest number of useful
     experts per layer whose subsets are enumerated exactly; above it a beam of `beam_width` is used.
     max_units: finest capacity grid per node.
+    refine (successive only): after the passes, settle the blocks and run `kicks` seeded kicks of `forced`
+    experts each (`slim_refine`); refine=False with passes=1 is the paper-faithful variant. refine_seconds caps
+    the refinement's wall time (None: max(REFINE_MIN_S, REFINE_SHARE x the passes' time); inf: no cap, fully
+    deterministic); the best placement found when it runs out is returned.
+    coverage: give every expert an edge-server copy; default (None) exactly when there is no cloud.
     """
     start = time.perf_counter()
     model = slim_model(problem)
+    cover = resolve_coverage(problem, coverage)
     warm = None
     if warm_start == "sum-greedy":
         warm = greedy_k1(problem, model, "ratio")
     elif warm_start != "empty":
         raise EdgeMoEError(f"slimcaching: warm_start={warm_start!r}; expected empty or sum-greedy")
+    if kicks < 0 or forced < 1:
+        raise EdgeMoEError(f"slimcaching: kicks must be >= 0 and forced >= 1, got kicks={kicks}, forced={forced}")
     if algorithm == "auto":
         algorithm = "greedy-k1" if problem.profile.K == 1 else "successive"
     if algorithm == "greedy-k1":
@@ -152,10 +196,22 @@ def slimcaching(problem: PlanProblem, *, algorithm: str = "auto", passes: int = 
         if passes < 1:
             raise EdgeMoEError(f"slimcaching: passes must be >= 1, got {passes}")
         hosts, info = successive(problem, model, passes, order, maxconv, epsilon, enum_max, beam_width, max_units,
-                                 warm)
+                                 warm, cover)
+        if refine:
+            settings = SolverSettings(maxconv=maxconv, epsilon=epsilon, enum_max=enum_max, beam_width=beam_width)
+
+            def units_of(node: int):
+                return capacity_units(problem.expert_bytes, int(problem.capacity_bytes[node]), max_units)
+
+            hosts, refine_info = refine_hosts(problem, model, cover_edges(problem, hosts) if cover else hosts,
+                                              block_order(problem, model, order), units_of, settings, cover, kicks,
+                                              forced, seed, refine_budget(refine_seconds, time.perf_counter() - start))
+            info.update(refine_info)
     else:
         raise EdgeMoEError(f"slimcaching: algorithm={algorithm!r}; expected auto, greedy-k1 or successive")
+    if cover:
+        cover_edges(problem, hosts)
     objective = float(model.weight @ latency_per_user_from_tau(model, expert_latency(model, hosts)))
-    info.update(objective_s=objective, epsilon=epsilon, maxconv=maxconv, enum_max=enum_max,
-                beam_width=beam_width, plan_seconds=time.perf_counter() - start)
+    info.update(objective_s=objective, epsilon=epsilon, maxconv=maxconv, enum_max=enum_max, beam_width=beam_width,
+                refine=refine and algorithm == "successive", coverage=cover, plan_seconds=time.perf_counter() - start)
     return make_placement(problem, "slimcaching", hosts, **info)

@@ -11,6 +11,11 @@ Evaluated under the common per-expert objective (`objective.py`) a middle-block 
 trip to the fastest edge server holding it, the same as a real U-shaped split pays per layer boundary it
 crosses when consecutive layers sit on different nodes; a real split pays once per segment instead of
 once per layer, so `native_latency_s` (in params) also reports that segment-based figure.
+
+Without a cloud (or with coverage=True) the layers beyond the edge block would be held nowhere, so the
+shared coverage repair (`slimcaching.cover_edges`) then gives every expert an edge copy: free memory
+first, else in place of the least demanded duplicate (edge servers all hold the same middle block, so
+there are many). The result is then no longer made of whole layers only.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ import time
 import numpy as np
 
 from .base import Placement, PlanProblem, empty_hosts, make_placement, register
+from .baselines import resolve_coverage
 from .objective import expected_latency, slim_model
+from .slimcaching import cover_edges
 
 
 def _device_layers(layer_bytes: np.ndarray, capacity: int) -> list[int]:
@@ -40,8 +47,11 @@ def _device_layers(layer_bytes: np.ndarray, capacity: int) -> list[int]:
 
 
 @register("u-shaped")
-def ushaped(problem: PlanProblem) -> Placement:
-    """Device: head + tail layers; edge servers: the middle block of whole layers; cloud: the rest."""
+def ushaped(problem: PlanProblem, coverage: bool | None = None) -> Placement:
+    """Device: head + tail layers; edge servers: the middle block of whole layers; cloud: the rest.
+
+    coverage: repair so every expert has an edge copy; default (None) exactly when there is no cloud.
+    """
     start = time.perf_counter()
     layer_bytes = problem.expert_bytes.sum(axis=1)  # [L]
     L = layer_bytes.size
@@ -64,7 +74,10 @@ def ushaped(problem: PlanProblem) -> Placement:
                 break
             hosts[n, layer] = True
             used += int(layer_bytes[layer])
-    return make_placement(problem, "u-shaped", hosts, head_layers=head_len,
+    cover = resolve_coverage(problem, coverage)
+    if cover:
+        cover_edges(problem, hosts)
+    return make_placement(problem, "u-shaped", hosts, head_layers=head_len, coverage=cover,
                           objective_s=expected_latency(problem, hosts), native_latency_s=native_latency(problem, hosts),
                           plan_seconds=time.perf_counter() - start)
 
