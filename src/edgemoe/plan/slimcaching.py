@@ -8,7 +8,9 @@ what the edge already serves (devices first loses: with K >= 2 a lone device exp
 its partner still comes from the cloud; measured in docs/planners-slimcaching.md). Each block is solved with every other cache held fixed: per-layer
 subset values (`slim_values`), combined across layers by max-convolution (`maxconv`). Devices and edge
 servers are therefore decided together, each seeing the others' caches; `passes > 1` revisits every block
-(block-coordinate ascent) until the objective stops improving. One pass is the paper-faithful setting.
+(block-coordinate ascent) until the objective stops improving. One pass is the paper-faithful setting
+(`refine=False`); by default the passes are followed by `slim_refine`'s settle-and-kick local search.
+Without a cloud every expert keeps an edge-server copy (`cover_edges`, sole copies fixed in later blocks).
 """
 
 from __future__ import annotations
