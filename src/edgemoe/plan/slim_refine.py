@@ -230,15 +230,21 @@ def kick(search: BlockSearch, node: int, rng: np.random.Generator, weighted_prob
 def make_blocks(problem: PlanProblem, model: SlimModel, nodes: list[int], coverage: bool,
                 capacity_units) -> list[Block]:
     """Block descriptions for `nodes`; capacity_units(node) -> (C, units [L, E])."""
-    edge = set(model.edge_nodes.tolist())
-    serves = {n: np.isfinite(model.node_call(n)).any(axis=(1, 2)) for n in nodes}  # n -> [U] users it serves
+    if not nodes:
+        return []
+    edge = np.isin(nodes, model.edge_nodes)  # [B]
+    serves = np.stack([np.isfinite(model.node_call(n)).any(axis=(1, 2)) for n in nodes])  # [B, U]
+    shared = (serves.astype(np.int64) @ serves.T.astype(np.int64)) > 0  # [B, B]: some user uses both
+    if coverage:
+        shared |= edge[:, None] & edge[None, :]  # sole-copy status depends on every edge server
+    np.fill_diagonal(shared, False)
+    nodes_arr = np.asarray(nodes, dtype=np.int64)
     blocks = []
-    for n in nodes:
-        users = np.flatnonzero(serves[n])
-        related = [m for m in nodes if m != n and (serves[m][users].any() or (coverage and n in edge and m in edge))]
+    for i, n in enumerate(nodes):
         capacity, units = capacity_units(n)
+        users = np.flatnonzero(serves[i])
         blocks.append(Block(node=n, users=users, call=model.node_call(n)[users], capacity=capacity, units=units,
-                            related=np.array(related, dtype=np.int64), is_edge=n in edge))
+                            related=nodes_arr[shared[i]], is_edge=bool(edge[i])))
     return blocks
 
 
