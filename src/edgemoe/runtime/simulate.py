@@ -25,7 +25,8 @@ from edgemoe.errors import EdgeMoEError
 from edgemoe.eval.metrics import DecisionTally, RunMetrics, latency_summary_ms
 
 from .context import RuntimeContext
-from .policy import Policy
+from .policy import Decision, Policy
+from .waves import WaveEngine
 from .workload import Scenario, Trace, Workload, build_scenario
 
 DEFAULT_WINDOW_S = 1e-3  # fast engine's wave width: about the compute time of a few expert calls
@@ -126,145 +127,51 @@ def make_jobs(ctx: RuntimeContext, layer, dec, row_pass: np.ndarray, row_start: 
     return jpass, node, arrival, service, back, row_start + trip_home
 
 
-def fifo_finish(node: np.ndarray, arrival: np.ndarray, service: np.ndarray, seq: np.ndarray,
-                node_free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Serve jobs FIFO per node (by arrival, then seq): ([J] finish times, order). Updates node_free [N].
-
-    Segmented Lindley recursion: finish_i = max(free, max_{j<=i} (a_j - C_{j-1})) + C_i with C the running
-    service sum within the node's segment; the segmented running max uses a per-segment offset.
-    """
-    order = np.lexsort((seq, arrival, node))
-    n, a, s = node[order], arrival[order], service[order]
-    J = len(order)
-    new_seg = np.ones(J, bool)
-    new_seg[1:] = n[1:] != n[:-1]
-    seg_id = np.cumsum(new_seg) - 1
-    first = np.flatnonzero(new_seg)[seg_id]
-    cs = np.cumsum(s)
-    c_incl = cs - (cs[first] - s[first])
-    v = a - (c_incl - s)
-    span = float(v.max() - v.min()) + 1.0
-    running = np.maximum.accumulate(v + seg_id * span) - seg_id * span
-    fin = np.maximum(node_free[n], running) + c_incl
-    last = np.append(np.flatnonzero(new_seg[1:]), J - 1)
-    node_free[n[last]] = fin[last]
-    finish = np.empty(J)
-    finish[order] = fin
-    return finish, order
-
-
 # ------------------------------------------------------------------------------------------- fast engine
 
 
 def run_fast(ctx: RuntimeContext, policy: Policy, trace: Trace, sc: Scenario, window_s: float) -> Run:
-    """Windowed-wave engine (see the module docstring)."""
-    P, L, N = sc.num_passes, ctx.num_layers, ctx.num_nodes
+    """Windowed-wave engine (see the module docstring): per wave one policy call (numpy) for all its rows
+    and one compiled call (`edgemoe.runtime.waves`) for the jobs, the FIFO queues and the bookkeeping."""
     run = Run(ctx, sc)
     state = policy.start(sc.row_user)
     run.budget_total = float(state.budget_total.sum())
-    layer = np.zeros(P, np.int64)
-    start_t = np.zeros(P)
-    done_t = np.zeros(P)
-    outstanding = np.zeros(P, np.int64)
-    node_free = np.zeros(N)
-    first = sc.request_first_pass[np.isfinite(sc.request_arrival)]
-    ready_ids, ready_t = first.copy(), sc.request_arrival[np.isfinite(sc.request_arrival)].copy()
-    jobs = _Jobs()
-    while ready_ids.size or jobs.size:
-        t0 = min(ready_t.min() if ready_ids.size else np.inf, jobs.arrival.min() if jobs.size else np.inf)
-        horizon = t0 + window_s
-        pick = (ready_t < horizon) if window_s > 0 else (ready_t <= t0)
-        ids, t_ids = ready_ids[pick], ready_t[pick]
-        ready_ids, ready_t = ready_ids[~pick], ready_t[~pick]
-        start_t[ids] = t_ids
-        if ids.size:
-            load = np.maximum(node_free - t0, 0.0)
-            _decide(ctx, policy, trace, sc, run, state, layer, ids, start_t, done_t, outstanding, load, jobs)
-        take = (jobs.arrival < horizon) if window_s > 0 else (jobs.arrival <= t0)
-        committed = jobs.pop(take)
-        if committed is not None:
-            jpass, node, arrival, service, back, seq = committed
-            finish, _ = fifo_finish(node, arrival, service, seq, node_free)
-            np.add.at(run.node_busy, node, service)
-            np.maximum.at(done_t, jpass, finish + back)
-            np.subtract.at(outstanding, jpass, 1)
-            touched = np.unique(np.concatenate([ids, jpass]))
-        else:
-            touched = ids
-        finished = touched[outstanding[touched] == 0]
-        new_ids, new_t = _advance(sc, run, layer, done_t, finished, L)
-        ready_ids = np.concatenate([ready_ids, new_ids])
-        ready_t = np.concatenate([ready_t, new_t])
+    engine = WaveEngine(ctx, sc, run, window_s)
+    tally = _TallyBuffer(run.tally, sc.pass_prefill)
+    wave = engine.first()
+    while wave is not None:
+        rows, row_pass, lv, tok, load = wave
+        part = state.take(rows)
+        topk, gates = trace.topk[tok, lv], trace.gates[tok, lv]
+        dec = policy.decide(lv, topk, gates, part, load)
+        state.put(rows, part)
+        tally.add(dec, topk, lv, part.home, row_pass)
+        wave = engine.step(row_pass, lv, part.home, dec)
+    tally.flush()
     return run
 
 
-def _decide(ctx, policy, trace, sc, run, state, layer, pids, start_t, done_t, outstanding, load, jobs) -> None:
-    """One policy call for the passes `pids`, each at its own next layer; queue their jobs."""
-    rows = sc.rows_of(pids)
-    part = state.take(rows)
-    tok = sc.row_trace[rows]
-    row_pass = sc.row_pass[rows]
-    lv = layer[row_pass]
-    topk, gates = trace.topk[tok, lv], trace.gates[tok, lv]
-    dec = policy.decide(lv, topk, gates, part, load)
-    state.put(rows, part)
-    run.tally.add(dec, topk, lv, part.home, sc.pass_prefill[sc.row_pass[rows]])
-    begin = pids[layer[pids] == 0]
-    run.pass_begin[begin] = start_t[begin]
-    jpass, node, arrival, service, back, floor = make_jobs(ctx, lv, dec, row_pass, start_t[row_pass], part.home)
-    done_t[pids] = start_t[pids]
-    np.maximum.at(done_t, row_pass, floor)
-    outstanding[pids] = 0
-    np.add.at(outstanding, jpass, 1)
-    jobs.push(jpass, node, arrival, service, back)
+class _TallyBuffer:
+    """Feeds a DecisionTally in chunks of many waves (its per-call cost is fixed; the counts are sums)."""
 
+    def __init__(self, tally, pass_prefill: np.ndarray, chunk_rows: int = 1 << 16):
+        self.tally, self.pass_prefill, self.chunk_rows = tally, pass_prefill, chunk_rows
+        self.parts: list = []
+        self.rows = 0
 
-def _advance(sc: Scenario, run: Run, layer: np.ndarray, done_t: np.ndarray, finished: np.ndarray, L: int):
-    """Passes in `finished` completed their layer at done_t: next layer, next pass or next request."""
-    layer[finished] += 1
-    going = finished[layer[finished] < L]
-    ended = finished[layer[finished] >= L]
-    run.pass_end[ended] = done_t[ended]
-    nxt = sc.pass_next[ended]
-    has_next = nxt >= 0
-    ids = [going, nxt[has_next]]
-    ts = [done_t[going], done_t[ended[has_next]]]
-    if sc.closed:
-        last = ended[~has_next]
-        req_next = sc.request_next[sc.pass_request[last]]
-        ok = req_next >= 0
-        arrive = done_t[last[ok]] + sc.think_s
-        run.request_arrival[req_next[ok]] = arrive
-        ids.append(sc.request_first_pass[req_next[ok]])
-        ts.append(arrive)
-    return np.concatenate(ids).astype(np.int64), np.concatenate(ts)
+    def add(self, dec, topk, layer, home, row_pass) -> None:
+        self.parts.append((dec.experts, dec.node, dec.location, dec.next_location, dec.quality_cost, dec.latency_s,
+                           topk, layer, home, row_pass))
+        self.rows += len(layer)
+        if self.rows >= self.chunk_rows:
+            self.flush()
 
-
-class _Jobs:
-    """Pending jobs (decided, not yet served) as parallel arrays; seq = creation order (FIFO tie-break)."""
-
-    def __init__(self):
-        self.fields = [np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0),
-                       np.zeros(0, np.int64)]
-        self.next_seq = 0
-
-    @property
-    def size(self) -> int:
-        return int(self.fields[0].shape[0])
-
-    @property
-    def arrival(self) -> np.ndarray:
-        return self.fields[2]
-
-    def push(self, jpass, node, arrival, service, back) -> None:
-        seq = self.next_seq + np.arange(len(jpass))
-        self.next_seq += len(jpass)
-        new = [jpass, node, arrival, service, back, seq]
-        self.fields = [np.concatenate([old, n]) for old, n in zip(self.fields, new, strict=True)]
-
-    def pop(self, mask: np.ndarray):
-        if not mask.any():
-            return None
-        out = [f[mask] for f in self.fields]
-        self.fields = [f[~mask] for f in self.fields]
-        return out
+    def flush(self) -> None:
+        if not self.parts:
+            return
+        cols = [np.concatenate(c) for c in zip(*self.parts, strict=True)]
+        experts, node, location, next_location, quality, latency, topk, layer, home, row_pass = cols
+        dec = Decision(experts=experts, node=node, location=location, next_location=next_location,
+                       quality_cost=quality, latency_s=latency)
+        self.tally.add(dec, topk, layer, home, self.pass_prefill[row_pass])
+        self.parts, self.rows = [], 0
