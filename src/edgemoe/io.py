@@ -10,6 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 
+def _public_mode(path: Path, directory: bool = False) -> None:
+    """mkstemp/mkdtemp create private (0600/0700) entries; give outputs the usual umask-based mode."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, (0o777 if directory else 0o666) & ~mask)
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write `text` to `path` through a temporary file in the same folder, then rename."""
     path = Path(path)
@@ -18,6 +25,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        _public_mode(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -38,6 +46,7 @@ def atomic_write_with(path: str | os.PathLike, writer: Callable[[Path], None]) -
     os.close(fd)
     try:
         writer(Path(tmp))
+        _public_mode(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -52,6 +61,7 @@ def atomic_write_dir(path: str | os.PathLike, writer: Callable[[Path], None]) ->
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
         writer(tmp)
+        _public_mode(tmp, directory=True)
         if path.exists():
             old = path.with_name(f".{path.name}.old")
             shutil.rmtree(old, ignore_errors=True)
