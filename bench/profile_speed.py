@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from edgemoe.data import offline_default
+from edgemoe.data import shared_corpus, stdlib_code
 from edgemoe.io import atomic_write_json
 from edgemoe.models import load_moe, load_tokenizer
 from edgemoe.profile.collect import collect_profile, profile_blocks_for
@@ -26,9 +26,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=50_000)
     args = ap.parse_args()
     adapter, tok = load_moe("default"), load_tokenizer("default")
-    blocks = profile_blocks_for(adapter, offline_default(), tok, args.tokens, 256)
+    shared = Path(__file__).resolve().parents[2] / "shared" / "data"
+    # The shared corpus' held-out split (four domains) when present, else the stdlib sources alone.
+    sources = shared_corpus(shared, "heldout") if shared.is_dir() else [stdlib_code()]
+    blocks = profile_blocks_for(adapter, sources, tok, args.tokens, 256)
     t0 = time.perf_counter()
-    prof = collect_profile(adapter, blocks, "default", "offline", progress=False)
+    prof = collect_profile(adapter, blocks, "default", sources[0].name, progress=False)
     seconds = time.perf_counter() - t0
     result = {
         "what": "edgemoe profile collection on the default model (router sample, statistics, substitution error)",
