@@ -110,7 +110,7 @@ def runtime_tables() -> list[str]:
         ]))
         load = rt.get("load", {})
         if load.get("measured"):
-            m, s = load["measured"], load.get("simulated", {})
+            m, s = load["measured"], load.get("predicted", {})
             out.append(f"\nClosed loop, {load['users']} users, {load['seconds']:.0f} s on 8 actors: {m['requests']} requests, "
                        f"errors {len(load['errors'])}, duplicates {load['duplicates']}; measured mean latency "
                        f"{m['latency_ms']['mean']:.1f} ms/token vs simulator {s.get('latency_ms', {}).get('mean', float('nan')):.1f} ms.\n")
