@@ -140,7 +140,8 @@ def demo(
         report = render_report(paths, out)
     except EdgeMoEError as exc:
         _fail(exc)
-    from edgemoe.report.render import load_results, markdown_table, methods_table
+    from edgemoe.eval.results import load_results
+    from edgemoe.report.render import markdown_table, methods_table
 
     for p in paths:
         res = load_results(p)

@@ -74,3 +74,17 @@ def atomic_write_dir(path: str | os.PathLike, writer: Callable[[Path], None]) ->
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
+
+
+def read_json(path: str | os.PathLike, what: str = "file"):
+    """Parse a JSON file; a missing file or bad JSON is an EdgeMoEError naming the path and `what` it is."""
+    from edgemoe.errors import EdgeMoEError
+
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise EdgeMoEError(f"{path}: {what} not found") from None
+    except json.JSONDecodeError as exc:
+        raise EdgeMoEError(f"{path}: invalid JSON ({exc})") from None
+

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import platform
 import subprocess
@@ -23,7 +22,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from edgemoe.errors import EdgeMoEError
-from edgemoe.io import atomic_write_json
+from edgemoe.io import atomic_write_json, read_json
 
 SCHEMA = "edgemoe.results/1"
 
@@ -124,14 +123,7 @@ def validate_results(doc: dict, source: str = "results") -> dict:
 
 def load_results(path: str | Path) -> dict:
     """Read and validate a results file; returns the document as a dict."""
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise EdgeMoEError(f"{path}: results file not found") from None
-    except json.JSONDecodeError as exc:
-        raise EdgeMoEError(f"{path}: invalid JSON ({exc})") from None
-    return validate_results(doc, str(path))
+    return validate_results(read_json(path, "results file"), str(path))
 
 
 def _jsonable(obj):

@@ -7,7 +7,6 @@ Planners register by name with `@register("name")` and are called through `plan(
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from edgemoe.errors import EdgeMoEError
-from edgemoe.io import atomic_write_json
+from edgemoe.io import atomic_write_json, read_json
 from edgemoe.profile import Profile
 
 PLACEMENT_SCHEMA = "edgemoe.placement/1"
@@ -123,12 +122,7 @@ class Placement:
 def load_placement(path: str | Path) -> Placement:
     """Read a placement JSON written by `Placement.save`, checking its schema."""
     path = Path(path)
-    try:
-        d = json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise EdgeMoEError(f"{path}: placement file not found") from exc
-    except json.JSONDecodeError as exc:
-        raise EdgeMoEError(f"{path}: invalid JSON ({exc})") from exc
+    d = read_json(path, "placement file")
     if d.get("schema") != PLACEMENT_SCHEMA:
         raise EdgeMoEError(f"{path}: schema is {d.get('schema')!r}, expected {PLACEMENT_SCHEMA!r}")
     nodes = tuple(d["nodes"])

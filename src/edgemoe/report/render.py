@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 from pathlib import Path
 
 import numpy as np
 
-from edgemoe.errors import EdgeMoEError
+from edgemoe.eval.results import load_results
 from edgemoe.io import atomic_write_text, atomic_write_with
 
 TABLE_COLUMNS = (
@@ -30,20 +29,6 @@ TABLE_COLUMNS = (
     ("retention", "quality_retention", "{:.4f}"),
     ("tok/s", "throughput_tokens_per_s", "{:.1f}"),
 )
-
-
-def load_results(path: str | Path) -> dict:
-    """Read and check a results file (schema edgemoe.results/1)."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise EdgeMoEError(f"{path}: results file not found") from exc
-    except json.JSONDecodeError as exc:
-        raise EdgeMoEError(f"{path}: invalid JSON ({exc})") from exc
-    if data.get("schema") != "edgemoe.results/1" or not isinstance(data.get("methods"), dict):
-        raise EdgeMoEError(f"{path}: not an edgemoe results file (expected schema 'edgemoe.results/1' with 'methods')")
-    return data
 
 
 def _get(m: dict, key):
