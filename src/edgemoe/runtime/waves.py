@@ -28,12 +28,13 @@ _I = np.int64
 
 @njit(cache=True)
 def _push_jobs(dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc, dec_next, start_t, done_t,
-               outstanding, pass_begin, layer, wave_ids, xfer, flops, nbytes, peak, mem_bw, overhead, num_layers,
+               outstanding, pass_begin, layer, wave_ids, xfer, call1, flops, nbytes, peak, mem_bw, overhead, num_layers,
                jobs_f, jobs_i, counters):
-    """Jobs of one wave's decision (T rows, K slots; rows grouped by pass) appended to the job arrays.
+    """Jobs of one wave's decision (T rows, K slots; rows grouped by pass) merged into the pending queue.
 
-    jobs_f [C, 3]: arrival, service, back; jobs_i [C, 3]: pass, node, seq. A pass's slots for the same
-    expert on the same node share one batched call: each is charged roofline(count) / count.
+    The queue (rows counters[5] .. + counters[1] of jobs_f [C, 3] arrival, service, back and jobs_i [C, 3]
+    pass, node, seq) is kept sorted by (arrival, seq), the FIFO order of every node. A pass's slots for the
+    same expert on the same node share one batched call: each is charged roofline(count) / count.
     """
     T, K = dec_node.shape
     E = flops.shape[1]
@@ -43,7 +44,10 @@ def _push_jobs(dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc, de
             pass_begin[p] = start_t[p]
         done_t[p] = start_t[p]
         outstanding[p] = 0
-    n = counters[1]
+    new_f = np.empty((T * K, 3))
+    new_i = np.empty((T * K, 3), _I)
+    keys = np.empty(T * K, _I)
+    n = 0
     seq = counters[2]
     r = 0
     while r < T:  # one pass (a run of rows with the same pass) at a time
@@ -62,31 +66,61 @@ def _push_jobs(dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc, de
                 node = dec_node[t, k]
                 if node < 0:
                     continue
-                jobs_i[n, 0] = p
-                jobs_i[n, 1] = node
-                jobs_i[n, 2] = seq
-                jobs_f[n, 0] = start + xfer[dec_loc[t], node]
-                jobs_f[n, 2] = xfer[node, dec_next[t]] + trip_home
-                jobs_f[n, 1] = dec_layer[t] * E + dec_experts[t, k]  # (layer, expert) key; priced below
+                new_i[n, 0] = p
+                new_i[n, 1] = node
+                new_i[n, 2] = seq
+                new_f[n, 0] = start + xfer[dec_loc[t], node]
+                new_f[n, 2] = xfer[node, dec_next[t]] + trip_home
+                new_f[n, 1] = dec_layer[t] * E + dec_experts[t, k]  # (layer, expert) key; priced below
                 seq += 1
                 n += 1
-        _price_calls(jobs_f, jobs_i, first_job, n, flops, nbytes, peak, mem_bw, overhead)
+        _price_calls(new_f, new_i, first_job, n, keys, call1, flops, nbytes, peak, mem_bw, overhead)
         outstanding[p] += n - first_job
         r = r_end
-    counters[1] = n
     counters[2] = seq
+    _merge(jobs_f, jobs_i, counters, new_f, new_i, n)
 
 
 @njit(cache=True)
-def _price_calls(jobs_f, jobs_i, lo, hi, flops, nbytes, peak, mem_bw, overhead):
+def _merge(jobs_f, jobs_i, counters, new_f, new_i, m):
+    """Merge m new jobs (in creation order) into the sorted queue, from the back; equal arrivals keep the
+    older job first (its seq is smaller)."""
+    if m == 0:
+        return
+    head, n = counters[5], counters[1]
+    if head + n + m > jobs_f.shape[0]:  # no room after the live queue: move it to the front
+        for i in range(n):
+            for c in range(3):
+                jobs_f[i, c] = jobs_f[head + i, c]
+                jobs_i[i, c] = jobs_i[head + i, c]
+        head = counters[5] = 0
+    order = np.argsort(new_f[:m, 0], kind="mergesort")  # stable: ties in creation order
+    i, j, k = head + n - 1, m - 1, head + n + m - 1
+    while j >= 0:
+        if i >= head and jobs_f[i, 0] > new_f[order[j], 0]:
+            for c in range(3):
+                jobs_f[k, c] = jobs_f[i, c]
+                jobs_i[k, c] = jobs_i[i, c]
+            i -= 1
+        else:
+            for c in range(3):
+                jobs_f[k, c] = new_f[order[j], c]
+                jobs_i[k, c] = new_i[order[j], c]
+            j -= 1
+        k -= 1
+    counters[1] = n + m
+
+
+@njit(cache=True, inline="always")  # called per pass: a real call's refcounting would dominate
+def _price_calls(jobs_f, jobs_i, lo, hi, keys, call1, flops, nbytes, peak, mem_bw, overhead):
     """Service seconds of the jobs lo..hi of one pass: roofline(count) / count per (node, layer, expert).
 
-    On entry jobs_f[j, 1] holds the job's layer * E + expert; on exit its service seconds.
+    On entry jobs_f[j, 1] holds the job's layer * E + expert; on exit its service seconds. keys: scratch [>= m];
+    call1 [N * L * E]: `_call_s` of one-token calls, precomputed (`one_token_calls`).
     """
     m = hi - lo
     if m == 0:
         return
-    keys = np.empty(m, _I)
     for j in range(m):
         keys[j] = jobs_i[lo + j, 1] * flops.size + int(jobs_f[lo + j, 1])
     if m <= 16:  # a decode pass (K jobs): count equal keys pairwise rather than sort
@@ -95,9 +129,12 @@ def _price_calls(jobs_f, jobs_i, lo, hi, flops, nbytes, peak, mem_bw, overhead):
             for i in range(m):
                 if keys[i] == keys[j]:
                     count += 1
-            jobs_f[lo + j, 1] = _call_s(keys[j], count, flops, nbytes, peak, mem_bw, overhead)
+            if count == 1:
+                jobs_f[lo + j, 1] = call1[keys[j]]
+            else:
+                jobs_f[lo + j, 1] = _call_s(keys[j], count, flops, nbytes, peak, mem_bw, overhead)
         return
-    order = np.argsort(keys, kind="mergesort")
+    order = np.argsort(keys[:m], kind="mergesort")
     a = 0
     while a < m:
         b = a
@@ -109,7 +146,7 @@ def _price_calls(jobs_f, jobs_i, lo, hi, flops, nbytes, peak, mem_bw, overhead):
         a = b
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _call_s(key, count, flops, nbytes, peak, mem_bw, overhead):
     """Seconds per token of one call of `count` tokens; key = (node * L + layer) * E + expert.
 
@@ -126,54 +163,51 @@ def _call_s(key, count, flops, nbytes, peak, mem_bw, overhead):
 
 
 @njit(cache=True)
-def _serve(t0, horizon, windowed, jobs_f, jobs_i, counters, node_free, node_busy, done_t, outstanding, touched, n_touched):
+def one_token_calls(flops, nbytes, peak, mem_bw, overhead):
+    """[N * L * E] seconds of a one-token call of (layer, expert) on each node, by `_call_s`."""
+    N = peak.shape[0]
+    out = np.empty(N * flops.size)
+    for key in range(out.shape[0]):
+        out[key] = _call_s(key, 1, flops, nbytes, peak, mem_bw, overhead)
+    return out
+
+
+@njit(cache=True)
+def _serve(t0, horizon, windowed, jobs_f, jobs_i, counters, node_free, node_busy, done_t, outstanding, touched,
+           n_touched):
     """Pop the jobs arriving before the horizon (at t0 with window 0) and serve them FIFO per node.
 
-    Service order per node: arrival, then creation order (seq); finish = max(node free, arrival) + service.
+    The queue is sorted by (arrival, seq), each node's FIFO order; finish = max(node free, arrival) + service.
     Popped passes are appended to `touched`; returns the new count.
     """
-    n = counters[1]
+    head, n = counters[5], counters[1]
     m = 0
-    for i in range(n):
-        a = jobs_f[i, 0]
-        if (a < horizon) if windowed else (a <= t0):
-            m += 1
+    while m < n:
+        a = jobs_f[head + m, 0]
+        if not ((a < horizon) if windowed else (a <= t0)):
+            break
+        m += 1
     if m == 0:
         return n_touched
-    pf = np.empty((m, 3))
-    pi = np.empty((m, 3), _I)
-    w = 0
-    q = 0
-    for i in range(n):  # split, keeping creation order on both sides
-        a = jobs_f[i, 0]
-        if (a < horizon) if windowed else (a <= t0):
-            for c in range(3):
-                pf[q, c] = jobs_f[i, c]
-                pi[q, c] = jobs_i[i, c]
-            q += 1
-        else:
-            if w != i:
-                for c in range(3):
-                    jobs_f[w, c] = jobs_f[i, c]
-                    jobs_i[w, c] = jobs_i[i, c]
-            w += 1
-    counters[1] = w
-    for q in range(m):  # busy time in pop order (the order the numpy formulation adds it in)
-        node_busy[pi[q, 1]] += pf[q, 1]
-    order = np.argsort(pf[:, 0], kind="mergesort")  # stable: equal arrivals keep creation order
-    for q in range(m):
-        j = order[q]
-        node = pi[j, 1]
-        start = node_free[node] if node_free[node] > pf[j, 0] else pf[j, 0]
-        finish = start + pf[j, 1]
+    for j in range(head, head + m):
+        node = jobs_i[j, 1]
+        start = node_free[node] if node_free[node] > jobs_f[j, 0] else jobs_f[j, 0]
+        finish = start + jobs_f[j, 1]
         node_free[node] = finish
-        p = pi[j, 0]
-        done = finish + pf[j, 2]
+        p = jobs_i[j, 0]
+        done = finish + jobs_f[j, 2]
         if done > done_t[p]:
             done_t[p] = done
         outstanding[p] -= 1
         touched[n_touched] = p
         n_touched += 1
+    seqs = np.empty(m, _I)
+    for q in range(m):
+        seqs[q] = jobs_i[head + q, 2]
+    for q in np.argsort(seqs):  # busy time summed in creation order (the numpy formulation's order)
+        node_busy[jobs_i[head + q, 1]] += jobs_f[head + q, 1]
+    counters[5] = head + m
+    counters[1] = n - m
     return n_touched
 
 
@@ -249,9 +283,8 @@ def _pick(window, jobs_f, counters, ready_ids, ready_t, start_t, node_free, load
     for i in range(nr):
         if ready_t[i] < t0:
             t0 = ready_t[i]
-    for i in range(nj):
-        if jobs_f[i, 0] < t0:
-            t0 = jobs_f[i, 0]
+    if nj > 0 and jobs_f[counters[5], 0] < t0:  # the queue's head is its earliest arrival
+        t0 = jobs_f[counters[5], 0]
     horizon = t0 + window
     windowed = window > 0
     m = 0
@@ -307,22 +340,22 @@ def _rows(ids, layer, pass_row_start, pass_row_count, row_trace):
 def _wave_step(has_wave, window, times, wave_ids, dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc,
                dec_next, layer, start_t, done_t, outstanding, pass_begin, pass_end, mark, stamp, pass_next,
                pass_request, pass_row_start, pass_row_count, request_next, request_first_pass, request_arrival,
-               closed, think_s, row_trace, xfer, flops, nbytes, peak, mem_bw, overhead, num_layers, node_free,
+               closed, think_s, row_trace, xfer, call1, flops, nbytes, peak, mem_bw, overhead, num_layers, node_free,
                node_busy, ready_ids, ready_t, jobs_f, jobs_i, counters, load):
     """Finish the current wave (jobs of its decision, FIFO service, advance) and pick the next wave with
     decisions; waves without decisions are run through here. Returns (ids, rows, pass, layer, token, more)."""
     windowed = window > 0
     if has_wave:
         _push_jobs(dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc, dec_next, start_t, done_t,
-                   outstanding, pass_begin, layer, wave_ids, xfer, flops, nbytes, peak, mem_bw, overhead,
+                   outstanding, pass_begin, layer, wave_ids, xfer, call1, flops, nbytes, peak, mem_bw, overhead,
                    num_layers, jobs_f, jobs_i, counters)
     ids = wave_ids
     while True:
         if has_wave:
-            touched = np.empty(ids.shape[0] + counters[1], _I)
+            touched = np.empty(ids.shape[0] + counters[1], _I)  # decided passes + every job's pass
             touched[:ids.shape[0]] = ids
-            n_touched = _serve(times[0], times[1], windowed, jobs_f, jobs_i, counters, node_free, node_busy, done_t,
-                               outstanding, touched, ids.shape[0])
+            n_touched = _serve(times[0], times[1], windowed, jobs_f, jobs_i, counters, node_free, node_busy,
+                               done_t, outstanding, touched, ids.shape[0])
             stamp += 1
             _advance(touched, n_touched, ids.shape[0], mark, stamp, outstanding, layer, done_t, pass_end, pass_next,
                      pass_request, request_next, request_first_pass, request_arrival, closed, think_s, num_layers,
@@ -361,11 +394,10 @@ class WaveEngine:
             sc.pass_row_count.astype(_I), sc.request_next.astype(_I), sc.request_first_pass.astype(_I),
             run.request_arrival, bool(sc.closed), float(sc.think_s), sc.row_trace.astype(_I),
         )
-        self.cost_args = (
-            np.ascontiguousarray(ctx.xfer_s, float), np.ascontiguousarray(ctx.expert_flops, float),
-            np.ascontiguousarray(ctx.expert_bytes, float), np.asarray(ctx.peak_flops, float),
-            np.asarray(ctx.mem_bw_Bps, float), np.asarray(ctx.overhead_s, float), int(ctx.num_layers),
-        )
+        roofline = (np.ascontiguousarray(ctx.expert_flops, float), np.ascontiguousarray(ctx.expert_bytes, float),
+                    np.asarray(ctx.peak_flops, float), np.asarray(ctx.mem_bw_Bps, float), np.asarray(ctx.overhead_s, float))
+        self.cost_args = (np.ascontiguousarray(ctx.xfer_s, float), one_token_calls(*roofline), *roofline,
+                          int(ctx.num_layers))
         self.node_free = np.zeros(N)
         self.load = np.zeros(N)
         live = np.isfinite(sc.request_arrival)
@@ -374,7 +406,8 @@ class WaveEngine:
         first = sc.request_first_pass[live].astype(_I)
         self.ready_ids[:first.size] = first
         self.ready_t[:first.size] = sc.request_arrival[live]
-        self.counters = np.array([first.size, 0, 0], _I)  # ready passes, pending jobs, next job seq
+        # ready passes, pending jobs, next job seq, (unused), (unused), first pending job's row
+        self.counters = np.array([first.size, 0, 0, 0, 0, 0], _I)
         self.jobs_f = np.zeros((1024, 3))
         self.jobs_i = np.zeros((1024, 3), _I)
         self.ids = np.zeros(0, _I)
@@ -387,11 +420,11 @@ class WaveEngine:
 
     def step(self, row_pass, row_layer, home, dec):
         """Queue the jobs of `dec` (the Decision for the last wave's rows) and run to the next wave."""
-        need = int(self.counters[1]) + dec.node.size
+        need = int(self.counters[1]) + dec.node.size  # pending + new jobs (the merge first moves them to row 0)
         if need > self.jobs_f.shape[0]:
-            grow = max(need, 2 * self.jobs_f.shape[0])
-            self.jobs_f = np.concatenate([self.jobs_f, np.zeros((grow - self.jobs_f.shape[0], 3))])
-            self.jobs_i = np.concatenate([self.jobs_i, np.zeros((grow - self.jobs_i.shape[0], 3), _I)])
+            more = max(need, 2 * self.jobs_f.shape[0]) - self.jobs_f.shape[0]
+            self.jobs_f = np.concatenate([self.jobs_f, np.zeros((more, 3))])
+            self.jobs_i = np.concatenate([self.jobs_i, np.zeros((more, 3), _I)])
         return self._step(True, row_pass, row_layer, home.astype(_I, copy=False), dec.node.astype(_I, copy=False),
                           dec.experts.astype(_I, copy=False), dec.location.astype(_I, copy=False),
                           dec.next_location.astype(_I, copy=False))
