@@ -40,3 +40,28 @@ def test_profile_empty_data_is_one_clear_error(tmp_path):
     result = runner.invoke(app, ["profile", "--model", str(model), "--data", str(tmp_path / "empty.txt"),
                                  "--out", str(tmp_path / "p")])
     assert result.exit_code == 2 and "empty" in result.output
+
+
+def test_evaluate_and_report_end_to_end(tmp_path):
+    """Profile (cached), plan, local backend, simulator, results file, report: all from the CLI."""
+    model = save_tiny("mixtral", tmp_path / "model")
+    (tmp_path / "text.txt").write_text("The quick brown fox jumps over the lazy dog.\n" * 400)
+    out = tmp_path / "res.json"
+    result = runner.invoke(app, [
+        "evaluate", "--model", str(model), "--out", str(out), "--cluster", "edge8",
+        "--eval-data", str(tmp_path / "text.txt"), "--calib-data", str(tmp_path / "text.txt"),
+        "--eval-tokens", "512", "--calib-tokens", "1024", "--cache-dir", str(tmp_path / "cache"),
+        "--method", "exact=uniform:exact", "--method", "om=ordermoe:ordermoe:budget=0.0,horizon=1"])
+    assert result.exit_code == 0, result.output
+    res = json.loads(out.read_text())
+    assert res["schema"] == "edgemoe.results/1" and set(res["methods"]) == {"exact", "om"}
+    # budget 0: OrderMoE makes exact decisions, so the model's quality is untouched
+    assert res["methods"]["om"]["ppl"] == res["methods"]["exact"]["ppl"] == res["ppl_exact"]
+    rep = runner.invoke(app, ["report", str(out), "--out", str(tmp_path / "rep")])
+    assert rep.exit_code == 0, rep.output
+    assert "| exact |" in (tmp_path / "rep" / "report.md").read_text()
+
+
+def test_evaluate_bad_method_spec(tmp_path):
+    result = runner.invoke(app, ["evaluate", "--out", str(tmp_path / "r.json"), "--method", "nonsense"])
+    assert result.exit_code == 2 and "NAME=PLACEMENT:POLICY" in result.output

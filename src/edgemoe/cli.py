@@ -163,6 +163,7 @@ def evaluate(
     calib_data: Annotated[str | None, typer.Option(help="calibration text spec")] = None,
     eval_tokens: int = 16_384,
     calib_tokens: int = 20_000,
+    cache_dir: Annotated[Path, typer.Option(help="where calibration profiles are cached")] = Path("runs/cache"),
 ):
     """Evaluate chosen placements and policies on the real model (quality) and the simulator (latency)."""
     from edgemoe.eval.experiment import Comparison, ExperimentConfig, run_experiment
@@ -170,7 +171,7 @@ def evaluate(
     try:
         specs = tuple(_parse_method(m) for m in (method or ["exact=uniform:exact", "ordermoe=ordermoe:ordermoe"]))
         cfg = ExperimentConfig(model=model, eval_data=eval_data, calib_data=calib_data, eval_tokens=eval_tokens,
-                               calib_tokens=calib_tokens)
+                               calib_tokens=calib_tokens, cache_dir=str(cache_dir))
         comp = Comparison(name=out.stem, cluster=cluster, mode=mode, methods=specs)
         (path,) = run_experiment(cfg, [comp], out.parent)
         if path != out:
