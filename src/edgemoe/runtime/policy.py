@@ -244,6 +244,7 @@ class ReplicaShortlist:
         self.cloud, self.size, self.num_nodes = cloud, int(min(size, N)), N
         self.xfer_s = ctx.xfer_s  # no reference to ctx itself: the cache entry dies with the context
         self.built = np.zeros(N, bool)
+        self.all_built = False
         self.node = np.zeros((N, L, E, self.size), np.int64)  # [N, L, E, m] shortlisted replica
         self.static = np.full((N, L, E, self.size), np.inf)  # [N, L, E, m] its static cost (inf: padding)
         self.bound = np.full((N, L, E), np.inf)  # [N, L, E] static cost of the first replica left out
@@ -268,15 +269,18 @@ class ReplicaShortlist:
 
     def pick(self, layer: np.ndarray, location: np.ndarray, experts: np.ndarray, load: np.ndarray):
         """([T, K] node, [T, K] bool proven): the shortlist's cheapest replica and whether it is the global one."""
-        missing = np.unique(location[~self.built[location]])
-        if missing.size:
-            self._build(missing)
-        idx = (location[:, None], layer[:, None], experts)
-        cand, static = self.node[idx], self.static[idx]  # [T, K, m]
-        total = static + load[cand]
+        if not self.all_built:
+            missing = np.unique(location[~self.built[location]])
+            if missing.size:
+                self._build(missing)
+            self.all_built = bool(self.built.all())
+        _, L, E, m = self.node.shape
+        flat = (location * L + layer)[:, None] * E + experts  # [T, K] row of (c, l, e) in the tables
+        cand = self.node.reshape(-1, m).take(flat, axis=0)  # [T, K, m]
+        total = self.static.reshape(-1, m).take(flat, axis=0) + load[cand]
         best = total.min(axis=2)
         node = np.where(total == best[..., None], cand, self.num_nodes).min(axis=2)
-        return node, best < self.bound[idx]
+        return node, best < self.bound.reshape(-1).take(flat)
 
 
 _SHORTLISTS: dict[tuple[int, str], ReplicaShortlist] = {}
@@ -320,15 +324,20 @@ def meeting_node(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, h
     cand_ok = cand >= 0
     c = np.maximum(cand, 0)
     n = np.maximum(node, 0)
-    to = ctx.xfer_s[n[..., :, None], c[..., None, :]]  # [..., K, K+1] branch k -> candidate g
+    N = ctx.num_nodes
+    to = ctx.xfer_s.reshape(-1).take(n[..., :, None] * N + c[..., None, :])  # [..., K, K+1] branch k -> candidate g
     done = np.max(ready[..., :, None] + to, axis=-2)  # [..., K+1]
     done = np.maximum(done, 0.0)
-    last = (layer == ctx.num_layers - 1)[..., None]
-    done = done + np.where(last, ctx.xfer_s[c, home[..., None]], 0.0)
+    last = layer == ctx.num_layers - 1
+    if last.any():
+        done = done + np.where(last[..., None], ctx.xfer_s[c, home[..., None]], 0.0)
+    else:
+        done = done + 0.0  # (what adding the zero trip home gives, bit for bit)
     done = np.where(cand_ok, done, np.inf)
     pick = done.argmin(axis=-1)
-    nxt = np.take_along_axis(cand, pick[..., None], -1)[..., 0]
-    return nxt, np.take_along_axis(done, pick[..., None], -1)[..., 0]
+    rows = np.arange(pick.size)
+    nxt = cand.reshape(-1, cand.shape[-1])[rows, pick.reshape(-1)].reshape(pick.shape)
+    return nxt, done.reshape(-1, done.shape[-1])[rows, pick.reshape(-1)].reshape(pick.shape)
 
 
 def _jsonable(v):
