@@ -7,13 +7,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edgemoe.cluster import generate, plan_problem
+from edgemoe.cluster import generate, load_cluster, plan_problem
 from edgemoe.plan.base import plan
 from edgemoe.profile import synthetic_profile
-from edgemoe.runtime import make_context
+from edgemoe.runtime import make_context, make_policy
+from edgemoe.runtime.des import run_reference
 from edgemoe.runtime.policy import _choose_replicas_full, choose_replicas, replica_shortlist
+from edgemoe.runtime.simulate import run_fast, simulate_scenario
+from edgemoe.runtime.workload import Trace, Workload, build_scenario
 
-from .conftest import tiny_cluster, tiny_context, tiny_profile
+from .conftest import CALL, XFER, tiny_cluster, tiny_context, tiny_profile
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +80,53 @@ def test_replica_shortlist_unproven_rows_fall_back():
     assert not proven.all()  # the fallback path is exercised
     fast = choose_replicas(ctx, layer, location, np.ones((T, 12), bool), experts, load)
     assert np.array_equal(fast, brute_force(ctx, layer, location, experts, load, "fallback"))
+
+
+# ------------------------------------------------------------------------------ compiled fast engine
+
+
+@pytest.mark.parametrize("engine,window", [("reference", 0.0), ("fast", 0.0), ("fast", 1e-3)])
+def test_long_prompt_rides_one_batched_call(engine, window):
+    # 1500 prompt tokens all route to expert 1, held by b only: they travel together (11 ms), share one call
+    # (2 ms: the overhead; compute and weight reads are negligible) and come back (11 ms): TTFT 24 ms.
+    # (The fast engine prices a batch this size by sorting, and grows its job store past 1024 jobs.)
+    profile = tiny_profile([[1]])
+    ctx = tiny_context(profile, tiny_cluster(), {"a": [(0, 0)], "b": [(0, 1)]}, mode="home")
+    trace = Trace.from_profile(profile)
+    wl = Workload(num_requests=1, prompt_tokens=1500, gen_tokens=2, arrival="closed")
+    m = simulate_scenario(ctx, make_policy("exact", ctx), trace,
+                          build_scenario(ctx.user_weight, ctx.user_domain, trace, wl), engine, window)
+    assert m.ttft_ms["mean"] == pytest.approx(2 * XFER * 1e3 + CALL * 1e3)
+    assert m.latency_ms["mean"] == pytest.approx(24.0)
+    assert m.utilisation["b"] == pytest.approx(2 * CALL / m.makespan_s)
+
+
+@pytest.fixture(scope="module")
+def small_deployments():
+    profile = synthetic_profile(num_layers=3, num_experts=8, top_k=2, num_tokens=400, seed=4)
+    out = {}
+    for name, cluster in (("edge8", load_cluster("edge8")), ("generated", generate(12, 30, seed=5, copies=3, with_cloud=True))):
+        placement = plan(plan_problem(profile, cluster, domain_fallback=True), "ordermoe")
+        for mode in ("migrate", "home"):
+            out[name, mode] = make_context(profile, cluster, placement, mode=mode, domain_fallback=True)
+    return profile, out
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10**6), deployment=st.sampled_from(["edge8", "generated"]),
+       mode=st.sampled_from(["migrate", "home"]), policy=st.sampled_from(["exact", "ordermoe", "drop", "slimcaching"]),
+       arrival=st.sampled_from(["poisson", "closed"]))
+def test_fast_engine_with_window_0_is_the_reference(small_deployments, seed, deployment, mode, policy, arrival):
+    # Same event order, same arithmetic: every pass ends at the same time, every count is the same.
+    profile, contexts = small_deployments
+    ctx = contexts[deployment, mode]
+    trace = Trace.from_profile(profile)
+    wl = Workload(num_requests=12, prompt_tokens=3, gen_tokens=4, arrival=arrival, rate_per_s=50.0, seed=seed)
+    sc = build_scenario(ctx.user_weight, ctx.user_domain, trace, wl)
+    ref = run_reference(ctx, make_policy(policy, ctx), trace, sc)
+    fast = run_fast(ctx, make_policy(policy, ctx), trace, sc, 0.0)
+    np.testing.assert_allclose(fast.pass_end, ref.pass_end, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(fast.request_arrival, ref.request_arrival, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(fast.node_busy, ref.node_busy, rtol=1e-12, atol=1e-15)
+    for field in ("slots", "remote", "substituted", "dropped", "token_layers", "prefill_bytes", "decode_bytes"):
+        assert getattr(fast.tally, field) == getattr(ref.tally, field), field
