@@ -11,10 +11,11 @@ starts when the previous one ends; the next request of a closed-loop user `think
 Two engines give the same model:
 - `engine="reference"` (`edgemoe.runtime.des`): an exact heapq event loop, one decision / job at a time;
 - `engine="fast"` (default): windowed waves. Each wave takes the earliest pending time t0, decides every
-  pass whose layer starts before t0 + window (one vectorised policy call per layer), and serves every job
-  arriving before t0 + window with a vectorised per-node FIFO (Lindley) recursion. With window 0 it is the
-  reference's event order; a window w lets jobs arriving within w of each other be served out of arrival
-  order, so waits can be off by about w (tested against the reference).
+  pass whose layer starts before t0 + window (one vectorised policy call, rows at different layers), and
+  serves every job arriving before t0 + window in per-node FIFO order. The bookkeeping of a wave (jobs,
+  queues, passes) is one compiled call (`edgemoe.runtime.waves`); the policy call stays numpy. With window 0
+  it is the reference's event order and arithmetic (tested equal); a window w lets jobs arriving within w of
+  each other be served out of arrival order, so waits can be off by about w (tested against the reference).
 """
 
 from __future__ import annotations

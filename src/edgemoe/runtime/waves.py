@@ -7,8 +7,10 @@ policy call in between stays in numpy (`edgemoe.runtime.simulate.run_fast`). The
 are those of the module docstring of `edgemoe.runtime.simulate`; this module only makes them cheap: per
 wave one compiled call instead of ~100 numpy calls, so a wave of a few rows costs microseconds.
 
-Numbers are the same as the numpy formulation up to float rounding: the FIFO recursion here is the plain
-sequential `finish = max(free, arrival) + service` of the reference engine (exact), not a closed form.
+Numbers: the event order is that of the earlier numpy formulation (same waves, same ready-list order, same
+job seq), and the FIFO recursion is the reference engine's sequential `finish = max(free, arrival) +
+service`, so with window 0 every pass ends exactly when the reference says. Busy time is summed per node in
+service order, which can differ from creation order in the last bit (utilisation to ~1e-16).
 """
 
 from __future__ import annotations
@@ -199,13 +201,9 @@ def _serve(t0, horizon, windowed, jobs_f, jobs_i, counters, node_free, node_busy
         if done > done_t[p]:
             done_t[p] = done
         outstanding[p] -= 1
+        node_busy[node] += jobs_f[j, 1]
         touched[n_touched] = p
         n_touched += 1
-    seqs = np.empty(m, _I)
-    for q in range(m):
-        seqs[q] = jobs_i[head + q, 2]
-    for q in np.argsort(seqs):  # busy time summed in creation order (the numpy formulation's order)
-        node_busy[jobs_i[head + q, 1]] += jobs_f[head + q, 1]
     counters[5] = head + m
     counters[1] = n - m
     return n_touched
