@@ -65,20 +65,21 @@ def test_replica_shortlist_ties_go_to_the_lowest_node_index():
 
 
 def test_replica_shortlist_unproven_rows_fall_back():
-    # Only the cheapest replica is kept; loading it makes the shortlist unable to prove its pick.
+    # More replicas than the shortlist keeps, and heavy load on some: the shortlist cannot prove every pick.
     profile = synthetic_profile(num_layers=2, num_experts=4, top_k=2, num_tokens=200, seed=0)
-    cluster = generate(12, 20, seed=0, copies=6)
+    cluster = generate(40, 60, seed=0, copies=30)
     ctx = make_context(profile, cluster, plan(plan_problem(profile, cluster, domain_fallback=True), "ordermoe"),
                        domain_fallback=True)
     rng = np.random.default_rng(0)
-    T = 600
-    layer, location = rng.integers(0, 2, T), rng.integers(0, 12, T)
+    T, N = 600, ctx.num_nodes
+    layer, location = rng.integers(0, 2, T), rng.integers(0, N, T)
     experts = rng.integers(0, 4, (T, 2))
-    load = rng.exponential(0.05, 12)
+    load = rng.exponential(0.5, N)  # every node busy, by far more than the link differences
     table = replica_shortlist(ctx, "fallback")
+    assert table.size < ctx.hosts.sum(axis=0).max()  # some (layer, expert) has replicas left out
     _, proven = table.pick(layer, location, experts, load)
     assert not proven.all()  # the fallback path is exercised
-    fast = choose_replicas(ctx, layer, location, np.ones((T, 12), bool), experts, load)
+    fast = choose_replicas(ctx, layer, location, np.ones((T, N), bool), experts, load)
     assert np.array_equal(fast, brute_force(ctx, layer, location, experts, load, "fallback"))
 
 

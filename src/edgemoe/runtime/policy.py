@@ -227,7 +227,8 @@ def _choose_replicas_full(ctx: RuntimeContext, layer: np.ndarray, location: np.n
 
 
 _SHORTLIST_MIN_WORK = 4096  # below this many (row, slot, node) cells the brute force is as fast
-SHORTLIST_SIZE = 4  # replicas kept per (location, layer, expert)
+SHORTLIST_SIZE = 16  # replicas kept per (location, layer, expert): 89% of rows proven on 256 busy servers (8: 82%)
+_SHORTLIST_MAX_CELLS = 1 << 22  # table cells N * L * E * m at most (2 tables of 8 bytes: 64 MiB)
 
 
 class ReplicaShortlist:
@@ -241,7 +242,8 @@ class ReplicaShortlist:
 
     def __init__(self, ctx: RuntimeContext, cloud: str, size: int = SHORTLIST_SIZE):
         N, L, E = ctx.compute_s.shape
-        self.cloud, self.size, self.num_nodes = cloud, int(min(size, N)), N
+        size = max(1, min(size, N, _SHORTLIST_MAX_CELLS // (N * L * E)))
+        self.cloud, self.size, self.num_nodes = cloud, int(size), N
         self.xfer_s = ctx.xfer_s  # no reference to ctx itself: the cache entry dies with the context
         self.built = np.zeros(N, bool)
         self.all_built = False
