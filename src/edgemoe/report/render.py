@@ -62,7 +62,11 @@ def markdown_table(rows: list[list[str]]) -> str:
 
 
 def _savefig(fig, path: Path) -> Path:
+    """Write `fig` as PNG atomically and release it."""
+    import matplotlib.pyplot as plt
+
     atomic_write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"))
+    plt.close(fig)
     return path
 
 
@@ -84,9 +88,7 @@ def plot_latency_cdf(results: dict, path: Path) -> Path | None:
     ax.set_xscale("log")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    out = _savefig(fig, path)
-    plt.close(fig)
-    return out
+    return _savefig(fig, path)
 
 
 def plot_traffic(results: dict, path: Path) -> Path:
@@ -104,9 +106,7 @@ def plot_traffic(results: dict, path: Path) -> Path:
     ax.set_yticks(y, names, fontsize=8)
     ax.set_xlabel("cross-server traffic (MB per 1000 tokens)")
     ax.legend(fontsize=8)
-    out = _savefig(fig, path)
-    plt.close(fig)
-    return out
+    return _savefig(fig, path)
 
 
 def plot_budget_sweep(results: dict, path: Path) -> Path | None:
@@ -129,9 +129,7 @@ def plot_budget_sweep(results: dict, path: Path) -> Path | None:
     ax.set_ylabel("perplexity")
     ax.set_title("latency-quality trade-off (labels: budget)")
     ax.legend(fontsize=8)
-    out = _savefig(fig, path)
-    plt.close(fig)
-    return out
+    return _savefig(fig, path)
 
 
 def plot_group_sizes(results: dict, path: Path) -> Path | None:
@@ -147,9 +145,7 @@ def plot_group_sizes(results: dict, path: Path) -> Path | None:
     ax.set_ylabel("mean group size (experts)")
     ax.set_title("similarity groups by depth")
     ax.legend(fontsize=8)
-    out = _savefig(fig, path)
-    plt.close(fig)
-    return out
+    return _savefig(fig, path)
 
 
 def plot_placements(results: dict, path: Path) -> Path | None:
@@ -167,9 +163,7 @@ def plot_placements(results: dict, path: Path) -> Path | None:
         ax.set_ylabel("layer")
         fig.colorbar(im, ax=ax, fraction=0.03)
     axes[-1, 0].set_xlabel("expert")
-    out = _savefig(fig, path)
-    plt.close(fig)
-    return out
+    return _savefig(fig, path)
 
 
 def render_report(paths: list[str | Path], out_dir: str | Path) -> Path:
