@@ -41,14 +41,16 @@ def train(
     data: Annotated[Path, typer.Option(help="the shared data folder (wikitext-2/, gutenberg/, tinyshakespeare/)")] = SHARED_DATA,
     out: Annotated[Path, typer.Option(help="output model folder")] = Path("src/edgemoe/assets/default_model"),
     steps: Annotated[int, typer.Option(help="optimizer steps")] = 3000,
-    max_minutes: Annotated[float, typer.Option(help="wall-clock budget; training stops early when spent")] = 30.0,
+    max_minutes: Annotated[float, typer.Option(help="wall-clock budget; training stops early when spent (0: none)")] = 30.0,
+    stop_after: Annotated[int | None, typer.Option(help="stop after this many steps (the schedule still spans --steps); "
+                                                       "with --max-minutes 0 this replays a budget-cut run exactly")] = None,
     seed: int = 0,
 ):
     """Train the default model (Mixtral format) on the multi-domain corpus and save it with its recipe."""
     from edgemoe.models.train import TrainConfig, train_default_model
 
     try:
-        recipe = train_default_model(data, out, TrainConfig(steps=steps, max_minutes=max_minutes, seed=seed))
+        recipe = train_default_model(data, out, TrainConfig(steps=steps, max_minutes=max_minutes, stop_after=stop_after, seed=seed))
     except EdgeMoEError as exc:
         _fail(exc)
     typer.echo(f"saved {out} after {recipe['steps_done']} steps, {recipe['train_minutes']} min; "

@@ -35,7 +35,8 @@ class TrainConfig:
     block_len: int = 256
     batch_size: int = 16
     steps: int = 3000
-    max_minutes: float = 30.0  # stop early when the wall-clock budget is spent
+    max_minutes: float = 30.0  # stop early when the wall-clock budget is spent (<= 0: no budget)
+    stop_after: int | None = None  # stop after this many steps; the LR schedule still spans `steps`
     lr: float = 3e-3
     warmup: int = 100
     weight_decay: float = 0.05
@@ -137,8 +138,10 @@ def train_default_model(data_root: str | Path, out: str | Path, cfg: TrainConfig
         losses.append(float(out_.loss))
         if step % 50 == 0:
             log(f"step {step}/{cfg.steps} loss {np.mean(losses[-50:]):.3f} ({(time.time() - t_start) / 60:.1f} min)")
-        if time.time() > deadline:
+        if cfg.max_minutes > 0 and time.time() > deadline:
             log(f"wall-clock budget of {cfg.max_minutes} min reached at step {step}")
+            break
+        if cfg.stop_after is not None and step >= cfg.stop_after:
             break
     train_minutes = (time.time() - t_start) / 60
 
