@@ -43,7 +43,7 @@ def train(
     steps: Annotated[int, typer.Option(help="optimizer steps")] = 3000,
     max_minutes: Annotated[float, typer.Option(help="wall-clock budget; training stops early when spent (0: none)")] = 30.0,
     stop_after: Annotated[int | None, typer.Option(help="stop after this many steps (the schedule still spans --steps); "
-                                                       "with --max-minutes 0 this replays a budget-cut run exactly")] = None,
+                                                       "with --max-minutes 0 this replays a budget-cut run")] = None,
     seed: int = 0,
 ):
     """Train the default model (Mixtral format) on the multi-domain corpus and save it with its recipe."""
