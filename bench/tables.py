@@ -23,9 +23,9 @@ def _table(head: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
-def demo_tables() -> list[str]:
+def demo_tables(folder: str = "demo") -> list[str]:
     out = []
-    for path in sorted((RESULTS / "demo").glob("*.json")):
+    for path in sorted((RESULTS / folder).glob("*.json")):
         res = _load(path)
         cfg = res["config"]
         out.append(f"**{cfg['name']}** ({cfg['cluster']}, {cfg['mode']} mode; `{path.relative_to(ROOT.parent)}`; "
@@ -145,8 +145,17 @@ def model_table() -> list[str]:
     return out
 
 
+def ray_demo_tables() -> list[str]:
+    tables = demo_tables("demo-ray")
+    if not tables:
+        return []
+    return ["**The same comparisons measured on Ray actors** (`edgemoe demo --backend ray --quick --out "
+            "bench/results/demo-ray`: quick mode, every server a process on this one 2-core machine, links "
+            "emulated; latency, traffic and ratios measured, perplexity from the local backend)\n"] + tables
+
+
 def main() -> None:
-    for block in (model_table(), demo_tables(), planner_tables(), runtime_tables()):
+    for block in (model_table(), demo_tables(), planner_tables(), runtime_tables(), ray_demo_tables()):
         print("\n".join(block))
         print()
 

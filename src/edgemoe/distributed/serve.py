@@ -74,8 +74,8 @@ def start_ray(node_names=(), address: str | None = None, num_cpus: int = 2,
         ray.init(address=address, **common)
         return {"started": False, "address": address, "auth": os.environ.get("RAY_AUTH_MODE", "disabled")}
     # No dashboard, no Ray client server, no job API: the only entry points are Ray's core RPCs, which
-    # token authentication guards. (Ray 2.60 replaces a loopback node address with the machine's
-    # reachable one, so a firewall must keep its ports private; docs/distributed.md "Security".)
+    # token authentication guards; with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (set by edgemoe.distributed)
+    # they listen on 127.0.0.1 only (docs/distributed.md "Security").
     ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=int(object_store_bytes),
              _node_ip_address="127.0.0.1", resources={node_resource(n): 1.0 for n in node_names}, **common)
     return {"started": True, "address": "local", "auth": os.environ.get("RAY_AUTH_MODE", "disabled"),

@@ -227,7 +227,12 @@ def run_comparison(adapter, profile, comp: Comparison, ids: np.ndarray, cfg: Exp
                           "substitution_ratio": m["substitution_ratio"], "traffic_bytes_per_1k_tokens": m["traffic_bytes_per_1k_tokens"]})
             log(f"  sweep budget {b:<6g} mean {m['latency_ms']['mean']:8.2f} ms  ppl {m['ppl']:.3f}")
     if ray_state:
+        from edgemoe.distributed.serve import stop_ray
+
         ray_state["deployment"].shutdown()
+        # Each comparison's Ray instance carries its own cluster's node resources: stop it, so the next
+        # comparison (another cluster) starts one with the resources its actors need.
+        stop_ray()
     config = {"name": comp.name, "cluster": comp.cluster, "mode": comp.mode, "backend": backend, **asdict(cfg),
               "methods": [asdict(s) for s in comp.methods], "profile": {"model": profile.meta.model, "data": profile.meta.data,
               "tokens": profile.num_tokens, "weights_hash": profile.meta.weights_hash}}
