@@ -83,7 +83,7 @@ def profile(
         adapter = load_moe(model)
         tokenizer = load_tokenizer(model)
         sources = resolve(spec)
-        blocks = profile_blocks_for(adapter, sources, tokenizer, tokens, block_len)
+        blocks = profile_blocks_for(sources, tokenizer, tokens, block_len)
         prof = collect_profile(adapter, blocks, model, spec, subst_tokens=subst_tokens)
         prof.save(out)
     except EdgeMoEError as exc:
@@ -184,30 +184,16 @@ def evaluate(
 
 
 def _parse_method(text: str):
-    """'name=placement:policy[:k=v,k=v]' -> MethodSpec (values parsed as numbers where they are)."""
+    """'name=placement:policy[:k=v,k=v]' -> MethodSpec (values read by edgemoe.params.parse_value)."""
     from edgemoe.eval.experiment import MethodSpec
+    from edgemoe.params import parse_params
 
     name, sep, rest = text.partition("=")
     parts = rest.split(":", 2)
     if not sep or len(parts) < 2 or not name:
         raise EdgeMoEError(f"--method {text!r}: expected NAME=PLACEMENT:POLICY[:key=value,...]")
-    params = {}
-    if len(parts) == 3 and parts[2]:
-        for kv in parts[2].split(","):
-            k, eq, v = kv.partition("=")
-            if not eq:
-                raise EdgeMoEError(f"--method {text!r}: policy parameter {kv!r} is not key=value")
-            params[k] = _number(v)
+    params = parse_params(parts[2].split(",") if len(parts) == 3 and parts[2] else [], flag=f"--method {name!r} parameter")
     return MethodSpec(name, parts[0], parts[1], params)
-
-
-def _number(v: str):
-    for cast in (int, float):
-        try:
-            return cast(v)
-        except ValueError:
-            pass
-    return v
 
 
 @app.command()

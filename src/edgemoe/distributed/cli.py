@@ -14,19 +14,7 @@ from typing import Annotated
 import typer
 
 from edgemoe.errors import EdgeMoEError
-
-
-def _params(items: list[str]) -> dict:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise EdgeMoEError(f"--param {item!r}: expected key=value")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
+from edgemoe.params import parse_params
 
 
 def serve_command(
@@ -61,7 +49,7 @@ def serve_command(
         prof = load_profile(profile)
         fallback = any(u.domain not in prof.meta.domains for u in cl.users)
         ctx = make_context(prof, cl, load_placement(placement), mode=mode, domain_fallback=fallback)
-        cfg = ServerConfig(ctx, resolve_model_path(model), policy=policy, policy_params=tuple(_params(param).items()),
+        cfg = ServerConfig(ctx, resolve_model_path(model), policy=policy, policy_params=tuple(parse_params(param).items()),
                            links_enabled=links and ray_address is None, wire=wire)
         info = start_ray(ctx.node_names if ray_address is None else (), address=ray_address)
         typer.echo(f"ray: {info}")

@@ -14,43 +14,11 @@ from typing import Annotated
 import typer
 
 from edgemoe.errors import EdgeMoEError
+from edgemoe.params import parse_params
 
 from .base import Placement, PlanProblem
 
 EXPERT_MAP_SCHEMA = "edgemoe.expert_map/1"
-
-
-def parse_params(items: list[str] | None) -> dict:
-    """["k=v", ...] -> {k: v}, each value read as bool, None, int, float, or else kept as a string.
-
-    true/false/yes/no (any case) are booleans, none/null is None; "1e-3" is a float, "007" the int 7.
-    """
-    params: dict = {}
-    for item in items or []:
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise EdgeMoEError(f"--param {item!r}: expected key=value")
-        if key in params:
-            raise EdgeMoEError(f"--param {key!r} given twice")
-        params[key] = _parse_value(raw.strip())
-    return params
-
-
-def _parse_value(raw: str):
-    lowered = raw.lower()
-    if lowered in {"true", "yes"}:
-        return True
-    if lowered in {"false", "no"}:
-        return False
-    if lowered in {"none", "null"}:
-        return None
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            pass
-    return raw
 
 
 def check_params(method: str, params: dict) -> None:
