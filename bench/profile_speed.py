@@ -29,7 +29,7 @@ def main() -> None:
     shared = Path(__file__).resolve().parents[2] / "shared" / "data"
     # The shared corpus' held-out split (four domains) when present, else the stdlib sources alone.
     sources = shared_corpus(shared, "heldout") if shared.is_dir() else [stdlib_code()]
-    blocks = profile_blocks_for(adapter, sources, tok, args.tokens, 256)
+    blocks = profile_blocks_for(sources, tok, args.tokens, 256)
     t0 = time.perf_counter()
     prof = collect_profile(adapter, blocks, "default", sources[0].name, progress=False)
     seconds = time.perf_counter() - t0

@@ -125,7 +125,7 @@ def cached_profile(adapter, tokenizer, spec: str, cfg: ExperimentConfig, log: Ca
         log(f"profile: cached {path}")
         return prof
     log(f"profile: {cfg.calib_tokens} tokens of {spec}")
-    blocks = profile_blocks_for(adapter, resolve(spec), tokenizer, cfg.calib_tokens, cfg.block_len)
+    blocks = profile_blocks_for(resolve(spec), tokenizer, cfg.calib_tokens, cfg.block_len)
     prof = collect_profile(adapter, blocks, cfg.model, spec, seed=cfg.seed)
     prof.save(path)
     return prof

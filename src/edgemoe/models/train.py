@@ -7,7 +7,6 @@ The result is a plain HF folder (config.json, model.safetensors, tokenizer.json,
 from __future__ import annotations
 
 import json
-import math
 import platform
 import time
 from dataclasses import asdict, dataclass
@@ -83,19 +82,18 @@ def build_model(cfg: TrainConfig):
     return MixtralForCausalLM(config)
 
 
-@torch.no_grad()
-def perplexity(model, ids: np.ndarray, batch_size: int = 16) -> float:
-    """Token-level perplexity of `model` on blocks ids [B, S] (each block scored on its own)."""
+def heldout_perplexity(model, ids: np.ndarray, batch_size: int = 16) -> float:
+    """Token-level perplexity of `model` on blocks ids [B, S], through the same scorer as every evaluation."""
+    from edgemoe.eval.quality import perplexity, token_nll
+
+    from .loader import adapter_for
+
     model.eval()
-    total, count = 0.0, 0
-    for i in range(0, len(ids), batch_size):
-        x = torch.from_numpy(ids[i:i + batch_size])
-        logits = model(input_ids=x).logits.float()
-        nll = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1),
-                                                reduction="sum")
-        total += float(nll)
-        count += x[:, 1:].numel()
-    return math.exp(total / max(count, 1))
+    adapter = adapter_for(model, "training run")
+    try:
+        return perplexity(token_nll(adapter, ids, batch_size=batch_size))
+    finally:
+        adapter.remove_hooks()
 
 
 def train_default_model(data_root: str | Path, out: str | Path, cfg: TrainConfig = TrainConfig(), log=print) -> dict:
@@ -145,8 +143,8 @@ def train_default_model(data_root: str | Path, out: str | Path, cfg: TrainConfig
             break
     train_minutes = (time.time() - t_start) / 60
 
-    ppl = {d: perplexity(model, heldout.ids[heldout.domain == i]) for i, d in enumerate(domains)}
-    ppl["wikitext2_test"] = perplexity(model, wiki_test.ids)
+    ppl = {d: heldout_perplexity(model, heldout.ids[heldout.domain == i]) for i, d in enumerate(domains)}
+    ppl["wikitext2_test"] = heldout_perplexity(model, wiki_test.ids)
     log("held-out perplexity: " + ", ".join(f"{k}={v:.1f}" for k, v in ppl.items()))
     recipe = {
         "what": "edgemoe default model: Mixtral-format MoE causal LM trained from scratch on four domains",

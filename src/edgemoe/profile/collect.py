@@ -120,7 +120,7 @@ def _versions() -> dict:
             "transformers": transformers.__version__, "numpy": np.__version__}
 
 
-def profile_blocks_for(adapter: MoEAdapter, sources: Sequence, tokenizer, num_tokens: int, block_len: int = 256):
+def profile_blocks_for(sources: Sequence, tokenizer, num_tokens: int, block_len: int = 256):
     """Tokenise `sources` into blocks giving about `num_tokens` tokens split evenly across sources."""
     from edgemoe.data import tokenize_blocks
 
