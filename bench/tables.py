@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from edgemoe.report.render import markdown_table
+
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"
 
@@ -17,10 +19,8 @@ def _load(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _table(head: list[str], rows: list[list[str]]) -> str:
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(out)
+def _table(head: list[str], rows: list[list]) -> str:
+    return markdown_table([head] + [[str(c) for c in r] for r in rows])
 
 
 def demo_tables(folder: str = "demo") -> list[str]:

@@ -76,6 +76,17 @@ def atomic_write_dir(path: str | os.PathLike, writer: Callable[[Path], None]) ->
     return path
 
 
+def atomic_write_figure(fig, path: str | os.PathLike, **savefig_kwargs) -> Path:
+    """Save a matplotlib figure as PNG (dpi 110 unless given) atomically, then release it."""
+    import matplotlib.pyplot as plt
+
+    kwargs = {"format": "png", "dpi": 110, **savefig_kwargs}
+    try:
+        return atomic_write_with(path, lambda tmp: fig.savefig(tmp, **kwargs))
+    finally:
+        plt.close(fig)
+
+
 def read_json(path: str | os.PathLike, what: str = "file"):
     """Parse a JSON file; a missing file or bad JSON is an EdgeMoEError naming the path and `what` it is."""
     from edgemoe.errors import EdgeMoEError

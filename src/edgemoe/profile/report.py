@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgemoe.io import atomic_write_json, atomic_write_with
+from edgemoe.io import atomic_write_figure, atomic_write_json
 
 from .store import Profile
 
@@ -88,8 +88,7 @@ def _plot_usage(profile: Profile, path: Path) -> None:
         fig.colorbar(im, ax=ax, fraction=0.046)
     fig.suptitle("activations per token by domain")
     fig.tight_layout()
-    atomic_write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-    plt.close(fig)
+    atomic_write_figure(fig, path)
 
 
 def _plot_similarity(profile: Profile, path: Path) -> None:
@@ -114,5 +113,4 @@ def _plot_similarity(profile: Profile, path: Path) -> None:
     ax.set_title("similarity by depth")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    atomic_write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-    plt.close(fig)
+    atomic_write_figure(fig, path)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from edgemoe.eval.results import load_results
-from edgemoe.io import atomic_write_text, atomic_write_with
+from edgemoe.io import atomic_write_figure, atomic_write_text
 
 TABLE_COLUMNS = (
     ("placement", "placement", "{}"),
@@ -61,15 +61,6 @@ def markdown_table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _savefig(fig, path: Path) -> Path:
-    """Write `fig` as PNG atomically and release it."""
-    import matplotlib.pyplot as plt
-
-    atomic_write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"))
-    plt.close(fig)
-    return path
-
-
 def plot_latency_cdf(results: dict, path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
@@ -88,7 +79,7 @@ def plot_latency_cdf(results: dict, path: Path) -> Path | None:
     ax.set_xscale("log")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return _savefig(fig, path)
+    return atomic_write_figure(fig, path, bbox_inches="tight")
 
 
 def plot_traffic(results: dict, path: Path) -> Path:
@@ -106,7 +97,7 @@ def plot_traffic(results: dict, path: Path) -> Path:
     ax.set_yticks(y, names, fontsize=8)
     ax.set_xlabel("cross-server traffic (MB per 1000 tokens)")
     ax.legend(fontsize=8)
-    return _savefig(fig, path)
+    return atomic_write_figure(fig, path, bbox_inches="tight")
 
 
 def plot_budget_sweep(results: dict, path: Path) -> Path | None:
@@ -129,7 +120,7 @@ def plot_budget_sweep(results: dict, path: Path) -> Path | None:
     ax.set_ylabel("perplexity")
     ax.set_title("latency-quality trade-off (labels: budget)")
     ax.legend(fontsize=8)
-    return _savefig(fig, path)
+    return atomic_write_figure(fig, path, bbox_inches="tight")
 
 
 def plot_group_sizes(results: dict, path: Path) -> Path | None:
@@ -145,7 +136,7 @@ def plot_group_sizes(results: dict, path: Path) -> Path | None:
     ax.set_ylabel("mean group size (experts)")
     ax.set_title("similarity groups by depth")
     ax.legend(fontsize=8)
-    return _savefig(fig, path)
+    return atomic_write_figure(fig, path, bbox_inches="tight")
 
 
 def plot_placements(results: dict, path: Path) -> Path | None:
@@ -163,7 +154,7 @@ def plot_placements(results: dict, path: Path) -> Path | None:
         ax.set_ylabel("layer")
         fig.colorbar(im, ax=ax, fraction=0.03)
     axes[-1, 0].set_xlabel("expert")
-    return _savefig(fig, path)
+    return atomic_write_figure(fig, path, bbox_inches="tight")
 
 
 def render_report(paths: list[str | Path], out_dir: str | Path) -> Path:
