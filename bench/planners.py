@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgemoe.eval.results import environment
 from edgemoe.io import atomic_write_json, atomic_write_with
 from edgemoe.plan import planners
 from edgemoe.plan.base import empty_hosts
@@ -248,8 +249,7 @@ def main() -> None:
     results = {
         "schema": "edgemoe.bench.planners/1", "mode": "quick" if args.quick else "full",
         "command": "python bench/planners.py" + (" --quick" if args.quick else ""),
-        "environment": {"python": platform.python_version(), "numpy": np.__version__, "machine": platform.machine(),
-                        "processor": platform.processor()},
+        "environment": {**environment(), "processor": platform.processor()},
         "objective": "expected per-token MoE latency (s), edgemoe.plan.objective.expected_latency",
         "base_problem": BASE, "planners": list(labels),
         "sweeps": {name: run_sweep(name, xs, make, labels) for name, (xs, make) in sweeps(args.quick).items()},

@@ -11,14 +11,13 @@ build time (look-ahead tables) is reported separately. Writes bench/results/poli
 from __future__ import annotations
 
 import argparse
-import platform
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from edgemoe.cluster import generate, load_cluster, plan_problem
+from edgemoe.eval.results import environment
 from edgemoe.io import atomic_write_json
 from edgemoe.plan.base import plan
 from edgemoe.profile import synthetic_profile
@@ -82,8 +81,7 @@ def main() -> None:
                "meets_target_batched": worst["us_per_token_layer"] <= 20.0}
     atomic_write_json(RESULTS / "policies.json", {
         "benchmark": "policies", "quick": args.quick, "summary": summary, "rows": rows_out,
-        "environment": {"python": platform.python_version(), "numpy": np.__version__, "platform": platform.platform(),
-                        "argv": sys.argv},
+        "environment": environment(),
     })
     print(f"\nworst at T >= 64: {worst['us_per_token_layer']:.2f} us/token-layer ({worst['policy']}, {worst['setup']}, "
           f"{worst['mode']}); target <= 20 us: {'met' if summary['meets_target_batched'] else 'MISSED'}")

@@ -7,13 +7,14 @@ Writes bench/results/profile_speed.json and prints a table. Target: 50k tokens i
 from __future__ import annotations
 
 import argparse
-import platform
+import os
 import time
 from pathlib import Path
 
 import torch
 
 from edgemoe.data import shared_corpus, stdlib_code
+from edgemoe.eval.results import environment
 from edgemoe.io import atomic_write_json
 from edgemoe.models import load_moe, load_tokenizer
 from edgemoe.profile.collect import collect_profile, profile_blocks_for
@@ -42,8 +43,8 @@ def main() -> None:
         "target": "50k tokens in under 120 s",
         "seconds_per_50k_tokens": round(seconds * 50_000 / prof.num_tokens, 2),
         "met": bool(seconds * 50_000 / prof.num_tokens < 120),
-        "environment": {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-                        "cpu_count": __import__("os").cpu_count()},
+        "environment": {**environment(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+                        "cpu_count": os.cpu_count()},
     }
     atomic_write_json(OUT, result)
     print(f"{'tokens':>8} {'seconds':>8} {'tok/s':>8} target met")

@@ -14,14 +14,11 @@ up (compiled or loaded from numba's cache) before anything is timed. Writes benc
 from __future__ import annotations
 
 import argparse
-import platform
-import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from edgemoe.cluster import generate, load_cluster, plan_problem
+from edgemoe.eval.results import environment
 from edgemoe.io import atomic_write_json
 from edgemoe.plan.base import plan
 from edgemoe.profile import synthetic_profile
@@ -83,8 +80,7 @@ def main() -> None:
     atomic_write_json(RESULTS / "simulator.json", {
         "benchmark": "simulator", "quick": args.quick, "target_events_per_s": 1e6,
         "best": best, "meets_target": best["events_per_s"] >= 1e6, "rows": rows,
-        "environment": {"python": platform.python_version(), "numpy": np.__version__, "platform": platform.platform(),
-                        "argv": sys.argv},
+        "environment": environment(),
     })
     print(f"\nbest {best['events_per_s']:.0f} token-layer events/s ({best['scenario']}, {best['policy']}); "
           f"target >= 1M: {'met' if best['events_per_s'] >= 1e6 else 'MISSED'}")
