@@ -1,17 +1,79 @@
-"""The `edgemoe` command line: thin typer commands over the library; every command writes files."""
+"""The `edgemoe` command line: thin typer commands over the library; every command writes files.
+
+The console entry point is `main` (pyproject's [project.scripts]): every failure ends as one
+`error: ...` line on stderr. Bad input (EdgeMoEError, a usage mistake, a file the system refuses) exits
+with status 2; anything else is a bug: a short line names the file holding the full traceback and the
+exit status is 1 (set EDGEMOE_DEBUG=1 to get the raw traceback instead). Outputs follow edgemoe.io's
+rules: written beside and renamed, symlinks written through, foreign folders never replaced.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
 
-from edgemoe.errors import EdgeMoEError
+try:  # typer >= 0.20 vendors click as typer._click; its exception classes are the ones raised
+    from typer import _click as click
+except ImportError:  # pragma: no cover - older typer on the real click
+    import click
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+from edgemoe.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EdgeMoEError, describe, fail, one_line
+
+
+class EdgeMoEGroup(TyperGroup):
+    """The root command group: runs click in non-standalone mode and turns every outcome into an exit
+    status and at most one line on stderr (also under typer's CliRunner, which calls `main` too)."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        code = run_guarded(lambda: super(EdgeMoEGroup, self).main(
+            args, prog_name or "edgemoe", complete_var, standalone_mode=False, **extra))
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+def run_guarded(call) -> int:
+    """Run `call()` (a click main in non-standalone mode); return the exit status, printing errors."""
+    try:
+        rv = call()
+    except click.exceptions.NoArgsIsHelpError as exc:
+        print(exc.ctx.get_help())
+        return 0
+    except click.exceptions.UsageError as exc:
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        print(f"error: {one_line(exc.format_message())}{hint}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except click.exceptions.ClickException as exc:
+        print(f"error: {one_line(exc.format_message())}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (typer.Abort, KeyboardInterrupt):
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        if os.environ.get("EDGEMOE_DEBUG"):
+            raise
+        message, code = describe(exc)
+        print(message, file=sys.stderr)
+        return code
+    if rv == EXIT_INTERRUPTED:
+        print("interrupted", file=sys.stderr)
+    return rv if isinstance(rv, int) else 0
+
+
+app = typer.Typer(cls=EdgeMoEGroup, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Mixture-of-Experts inference across heterogeneous edge servers.")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: `edgemoe ...`."""
+    sys.exit(typer.main.get_command(app).main(argv, prog_name="edgemoe", standalone_mode=False))
 
 SHARED_DATA = Path("../shared/data")
 
@@ -31,24 +93,44 @@ def _mount_subcommands() -> None:
 _mount_subcommands()
 
 
-def _fail(exc: Exception) -> None:
-    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code=2)
+_fail = fail  # commands may still catch EdgeMoEError themselves; the group catches everything else
+
+
+def _choice(value: str, options: tuple[str, ...] | list[str], flag: str) -> str:
+    """`value` if it is one of `options`, else EdgeMoEError naming the flag and the valid values."""
+    if value not in options:
+        raise EdgeMoEError(f"{flag} {value!r}: expected one of {', '.join(options)}")
+    return value
+
+
+def _is_report_folder(path: Path) -> bool:
+    """A report/demo folder written before output markers: our report.md beside plots and results only."""
+    try:
+        names = [p for p in path.iterdir()]
+        head = (path / "report.md").read_text(encoding="utf-8")[:20]
+    except (OSError, UnicodeDecodeError):
+        return False
+    return head.startswith("# edgemoe report") and all(
+        p.is_file() and p.suffix in {".md", ".html", ".png", ".json"} for p in names)
+
+
+REPORT_FILES = ("report.md", "report.html", "*.png")
 
 
 @app.command()
 def train(
     data: Annotated[Path, typer.Option(help="the shared data folder (wikitext-2/, gutenberg/, tinyshakespeare/)")] = SHARED_DATA,
     out: Annotated[Path, typer.Option(help="output model folder")] = Path("src/edgemoe/assets/default_model"),
-    steps: Annotated[int, typer.Option(help="optimizer steps")] = 3000,
-    max_minutes: Annotated[float, typer.Option(help="wall-clock budget; training stops early when spent (0: none)")] = 30.0,
-    stop_after: Annotated[int | None, typer.Option(help="stop after this many steps (the schedule still spans --steps); "
-                                                       "with --max-minutes 0 this replays a budget-cut run")] = None,
-    seed: int = 0,
+    steps: Annotated[int, typer.Option(min=1, help="optimizer steps")] = 3000,
+    max_minutes: Annotated[float, typer.Option(min=0, help="wall-clock budget; training stops early when spent (0: none)")] = 30.0,
+    stop_after: Annotated[int | None, typer.Option(min=1, help="stop after this many steps (the schedule still spans --steps); "
+                                                              "with --max-minutes 0 this replays a budget-cut run")] = None,
+    seed: Annotated[int, typer.Option(min=0, help="random seed")] = 0,
 ):
     """Train the default model (Mixtral format) on the multi-domain corpus and save it with its recipe."""
     from edgemoe.models.train import TrainConfig, train_default_model
 
+    _finite(max_minutes, "--max-minutes")
     try:
         recipe = train_default_model(data, out, TrainConfig(steps=steps, max_minutes=max_minutes, stop_after=stop_after, seed=seed))
     except EdgeMoEError as exc:
@@ -68,16 +150,24 @@ def profile(
     model: Annotated[str, typer.Option(help="'default', an HF folder, or a hub id")] = "default",
     data: Annotated[str | None, typer.Option(help="'offline', 'shared:PATH', 'wikitext-test:PATH', 'hf:ID[:SPLIT]' or a file/folder "
                                                   "(default: shared:../shared/data when present, else offline)")] = None,
-    tokens: Annotated[int, typer.Option(help="calibration tokens (split evenly across the data's domains)")] = 50_000,
-    block_len: Annotated[int, typer.Option(help="tokens per sequence")] = 256,
-    subst_tokens: Annotated[int, typer.Option(help="tokens per layer whose hidden states measure substitution error")] = 1024,
+    tokens: Annotated[int, typer.Option(min=1, help="calibration tokens (split evenly across the data's domains)")] = 50_000,
+    block_len: Annotated[int, typer.Option(min=2, help="tokens per sequence")] = 256,
+    subst_tokens: Annotated[int, typer.Option(min=1, help="tokens per layer whose hidden states measure substitution error")] = 1024,
     report: Annotated[Path | None, typer.Option(help="also write the specialisation report (JSON + PNG) here")] = None,
 ):
     """Record router logits, Top-K and gates on calibration text and derive the routing statistics."""
     from edgemoe.data import resolve
+    from edgemoe.io import check_distinct_outputs, check_replaceable_dir, claim_output_dir
     from edgemoe.models import load_moe, load_tokenizer
     from edgemoe.profile.collect import collect_profile, profile_blocks_for
+    from edgemoe.profile.store import is_profile_folder
 
+    if tokens < block_len:
+        raise EdgeMoEError(f"--tokens {tokens} is less than --block-len {block_len}; give at least one block of tokens")
+    check_distinct_outputs(out=out, report=report)
+    check_replaceable_dir(out, "profile", is_profile_folder)  # before the model is loaded, not after
+    if report is not None:
+        claim_output_dir(report, "profile report", ("specialisation.json", "*.png"))
     try:
         spec = data or default_data_spec()
         adapter = load_moe(model)
@@ -131,8 +221,11 @@ def demo(
         run_experiment,
         slimcaching_comparison,
     )
+    from edgemoe.io import claim_output_dir
     from edgemoe.report.render import render_report
 
+    _choice(backend, ("simulate", "ray"), "--backend")
+    claim_output_dir(out, "demo", ("*.json", *REPORT_FILES), recognise=_is_report_folder)
     cfg = ExperimentConfig(eval_data=eval_data)
     if quick:
         cfg = ExperimentConfig(eval_data=eval_data, calib_tokens=4096, eval_tokens=2048, num_requests=16,
@@ -160,27 +253,45 @@ def evaluate(
     model: Annotated[str, typer.Option(help="'default', an HF folder, or a hub id")] = "default",
     cluster: Annotated[str, typer.Option(help="cluster file or preset")] = "edge8",
     mode: Annotated[str, typer.Option(help="token location: migrate | home")] = "migrate",
-    method: Annotated[list[str], typer.Option(help="NAME=PLACEMENT:POLICY[:key=value,...] (repeatable)")] = None,
+    method: Annotated[list[str] | None, typer.Option(help="NAME=PLACEMENT:POLICY[:key=value,...] (repeatable)")] = None,
     eval_data: Annotated[str | None, typer.Option(help="evaluation text spec")] = None,
     calib_data: Annotated[str | None, typer.Option(help="calibration text spec")] = None,
-    eval_tokens: int = 16_384,
-    calib_tokens: int = 20_000,
+    eval_tokens: Annotated[int, typer.Option(min=1, help="evaluation tokens")] = 16_384,
+    calib_tokens: Annotated[int, typer.Option(min=1, help="calibration tokens (profile)")] = 20_000,
     cache_dir: Annotated[Path, typer.Option(help="where calibration profiles are cached")] = Path("runs/cache"),
 ):
     """Evaluate chosen placements and policies on the real model (quality) and the simulator (latency)."""
+    from edgemoe.cluster import load_cluster
     from edgemoe.eval.experiment import Comparison, ExperimentConfig, run_experiment
+    from edgemoe.io import file_target, publish_file
 
+    _choice(mode, ("migrate", "home"), "--mode")
+    specs = _parse_methods(method or ["exact=uniform:exact", "ordermoe=ordermoe:ordermoe"])
+    load_cluster(cluster)  # a bad cluster fails now, not after the model ran
+    target = file_target(out)
+    cfg = ExperimentConfig(model=model, eval_data=eval_data, calib_data=calib_data, eval_tokens=eval_tokens,
+                           calib_tokens=calib_tokens, cache_dir=str(cache_dir))
+    comp = Comparison(name=out.stem, cluster=cluster, mode=mode, methods=specs)
+    # The experiment names its file after the comparison; it writes into a private folder beside the
+    # target, so nothing next to --out (e.g. X.json beside X.md) is touched.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
     try:
-        specs = tuple(_parse_method(m) for m in (method or ["exact=uniform:exact", "ordermoe=ordermoe:ordermoe"]))
-        cfg = ExperimentConfig(model=model, eval_data=eval_data, calib_data=calib_data, eval_tokens=eval_tokens,
-                               calib_tokens=calib_tokens, cache_dir=str(cache_dir))
-        comp = Comparison(name=out.stem, cluster=cluster, mode=mode, methods=specs)
-        (path,) = run_experiment(cfg, [comp], out.parent)
-        if path != out:
-            path.replace(out)
-    except EdgeMoEError as exc:
-        _fail(exc)
+        (path,) = run_experiment(cfg, [comp], work)
+        publish_file(path, out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     typer.echo(f"wrote {out}")
+
+
+def _parse_methods(texts: list[str]) -> tuple:
+    """Every --method parsed and checked: names unique, placement and policy known, parameters typed."""
+    specs = tuple(_parse_method(m) for m in texts)
+    names = [s.name for s in specs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise EdgeMoEError(f"--method names must be unique; {', '.join(map(repr, twice))} given more than once")
+    return specs
 
 
 def _parse_method(text: str):
@@ -192,8 +303,37 @@ def _parse_method(text: str):
     parts = rest.split(":", 2)
     if not sep or len(parts) < 2 or not name:
         raise EdgeMoEError(f"--method {text!r}: expected NAME=PLACEMENT:POLICY[:key=value,...]")
-    params = parse_params(parts[2].split(",") if len(parts) == 3 and parts[2] else [], flag=f"--method {name!r} parameter")
-    return MethodSpec(name, parts[0], parts[1], params)
+    flag = f"--method {name!r} parameter"
+    params = parse_params(parts[2].split(",") if len(parts) == 3 and parts[2] else [], flag=flag)
+    return MethodSpec(name, _check_placement_name(parts[0], text), parts[1], check_policy_params(parts[1], params, flag))
+
+
+def _check_placement_name(placement: str, text: str) -> str:
+    from edgemoe.plan.base import planners
+
+    valid = sorted(planners()) + ["all-local"]
+    if placement not in valid:
+        raise EdgeMoEError(f"--method {text!r}: unknown placement {placement!r}; expected one of {', '.join(valid)}")
+    return placement
+
+
+def check_policy_params(policy: str, params: dict, flag: str = "--param") -> dict:
+    """`params` typed and range-checked for runtime policy `policy` (names the valid ones when wrong)."""
+    from edgemoe.params import validate_params
+    from edgemoe.runtime.policy import _POLICIES, policy_names
+
+    names = policy_names()
+    if policy not in names:
+        raise EdgeMoEError(f"unknown policy {policy!r}; expected one of {', '.join(names)}")
+    return validate_params(_POLICIES[policy], params, f"policy {policy!r}", flag=flag)
+
+
+def _finite(value: float, flag: str) -> float:
+    import math
+
+    if not math.isfinite(value):
+        raise EdgeMoEError(f"{flag} {value}: expected a finite number")
+    return value
 
 
 @app.command()
@@ -202,18 +342,13 @@ def report(
     out: Annotated[Path, typer.Option(help="output folder")] = Path("runs/report"),
 ):
     """Re-render plots and the Markdown/HTML report from results files."""
+    from edgemoe.io import claim_output_dir
     from edgemoe.report.render import render_report
 
+    claim_output_dir(out, "report", REPORT_FILES, recognise=_is_report_folder)
     try:
         path = render_report(results, out)
     except EdgeMoEError as exc:
         _fail(exc)
     typer.echo(f"wrote {path} and {path.with_suffix('.html')}")
 
-
-def main() -> None:  # pragma: no cover - console entry
-    try:
-        app()
-    except EdgeMoEError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)

@@ -1,79 +1,166 @@
-"""Atomic file and folder writes: a crash never leaves a half-written output behind."""
+"""Safe output writes: a crash or a mistake never loses a file the user had.
+
+Rules every output of edgemoe follows (files, folders, figures, reports):
+
+- Written beside the target under a temporary name, flushed and fsync'ed, then renamed onto it; the
+  folder is fsync'ed after the rename. An interrupted run (Ctrl-C, SIGKILL, power loss) leaves the
+  previous output whole; at worst a `.NAME.*.tmp` entry is left beside it.
+- A symlink is written through (its target is replaced, the link stays); a FIFO, device, socket or a
+  folder where a file is expected is refused with an EdgeMoEError, never replaced.
+- Output folders (a profile, a trained model, a report) carry a marker file, `.edgemoe-output.json`,
+  listing what edgemoe wrote there. An existing folder is replaced only when it is empty or one of ours
+  (marker present, nothing foreign added); anything else is refused and left untouched. The swap is one
+  atomic `renameat2(RENAME_EXCHANGE)` on Linux, so the path never stops existing.
+- Only the named target is touched: no sibling is created, renamed or removed.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
+import fnmatch
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from edgemoe.errors import EdgeMoEError
 
-def _public_mode(path: Path, directory: bool = False) -> None:
-    """mkstemp/mkdtemp create private (0600/0700) entries; give outputs the usual umask-based mode."""
+MARKER = ".edgemoe-output.json"
+MARKER_SCHEMA = "edgemoe.output/1"
+
+
+# ------------------------------------------------------------------------------------------- targets
+
+
+def _kind_of(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return "not a regular file"
+
+
+def resolve_target(path: str | os.PathLike) -> Path:
+    """The real path an output named `path` is written to: symlinks are followed (written through).
+
+    A dangling symlink is written through too (its target is created). Parent folders are not created.
+    """
+    path = Path(path)
+    if path.is_symlink():
+        return Path(os.path.realpath(path))
+    return path
+
+
+def file_target(path: str | os.PathLike) -> Path:
+    """Check that `path` may receive a file and return where to write it (symlinks followed).
+
+    Raises EdgeMoEError when it exists as anything but a regular file (a folder, FIFO, device, socket).
+    """
+    real = resolve_target(path)
+    try:
+        mode = real.stat().st_mode
+    except FileNotFoundError:
+        return real
+    if not stat.S_ISREG(mode):
+        via = f" (through the symlink {path})" if real != Path(path) else ""
+        raise EdgeMoEError(f"{real}{via} is {_kind_of(mode)}; edgemoe writes only regular files: give a file path")
+    return real
+
+
+def _make_parent(path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise EdgeMoEError(f"{path}: a parent of the output path is a file, not a folder") from None
+    except NotADirectoryError:
+        raise EdgeMoEError(f"{path}: a parent of the output path is a file, not a folder") from None
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename inside `folder` durable (no-op where folders cannot be opened, e.g. Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _output_mode(existing: Path | None, directory: bool = False) -> int:
+    """The mode a new output gets: the replaced file's, else the umask-based default.
+
+    mkstemp/mkdtemp create private (0600/0700) entries, which is not what a user expects of an output.
+    """
+    if existing is not None:
+        try:
+            return stat.S_IMODE(existing.stat().st_mode)
+        except OSError:
+            pass
     mask = os.umask(0)
     os.umask(mask)
-    os.chmod(path, (0o777 if directory else 0o666) & ~mask)
+    return (0o777 if directory else 0o666) & ~mask
+
+
+# --------------------------------------------------------------------------------------------- files
+
+
+def atomic_write_with(path: str | os.PathLike, writer: Callable[[Path], None]) -> Path:
+    """Call `writer(tmp_path)` to produce a file beside `path`, fsync it, rename it onto `path`.
+
+    Returns `path` as given. A symlink at `path` is written through; a non-regular file is refused.
+    """
+    target = file_target(path)
+    _make_parent(target)
+    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        writer(tmp)
+        os.chmod(tmp, _output_mode(target if target.exists() else None))
+        _fsync_file(tmp)
+        file_target(path)  # still a regular file (or absent) at the last moment
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(target.parent)
+    return Path(path)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write `data` to `path` atomically (see `atomic_write_with`)."""
+    return atomic_write_with(path, lambda tmp: tmp.write_bytes(data))
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write `text` to `path` through a temporary file in the same folder, then rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        _public_mode(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write `text` (UTF-8) to `path` atomically (see `atomic_write_with`)."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_json(path: str | os.PathLike, obj, indent: int = 2) -> Path:
     """Serialise `obj` as JSON and write it atomically."""
     return atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=False) + "\n")
-
-
-def atomic_write_with(path: str | os.PathLike, writer: Callable[[Path], None]) -> Path:
-    """Call `writer(tmp_path)` to produce a file, then rename it onto `path`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        writer(Path(tmp))
-        _public_mode(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def atomic_write_dir(path: str | os.PathLike, writer: Callable[[Path], None]) -> Path:
-    """Call `writer(tmp_dir)` to fill a fresh folder, then swap it in place of `path`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
-    try:
-        writer(tmp)
-        _public_mode(tmp, directory=True)
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path
 
 
 def atomic_write_figure(fig, path: str | os.PathLike, **savefig_kwargs) -> Path:
@@ -87,15 +174,207 @@ def atomic_write_figure(fig, path: str | os.PathLike, **savefig_kwargs) -> Path:
         plt.close(fig)
 
 
-def read_json(path: str | os.PathLike, what: str = "file"):
-    """Parse a JSON file; a missing file or bad JSON is an EdgeMoEError naming the path and `what` it is."""
-    from edgemoe.errors import EdgeMoEError
+def publish_file(src: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """Move a finished file `src` (on the same file system) onto `path` with the output rules.
 
+    Used when a library function chose its own file name: the file is fsync'ed and renamed onto the
+    target (written through a symlink), and `src` no longer exists afterwards.
+    """
+    src = Path(src)
+    target = file_target(path)
+    _make_parent(target)
+    os.chmod(src, _output_mode(target if target.exists() else None))
+    _fsync_file(src)
+    os.replace(src, target)
+    _fsync_dir(target.parent)
+    return Path(path)
+
+
+def check_distinct_outputs(**paths: str | os.PathLike | None) -> None:
+    """Raise EdgeMoEError if two named outputs (e.g. out=..., expert_map=...) are the same file."""
+    seen: dict[str, str] = {}
+    for name, p in paths.items():
+        if p is None:
+            continue
+        key = os.path.realpath(p)
+        if key in seen:
+            raise EdgeMoEError(f"--{seen[key].replace('_', '-')} and --{name.replace('_', '-')} name the same file "
+                               f"{p}; give each output its own path")
+        seen[key] = name
+
+
+# ------------------------------------------------------------------------------------------- folders
+
+
+def read_marker(folder: Path) -> dict | None:
+    """The folder's edgemoe output marker, or None when it has none (or an unreadable one)."""
+    try:
+        d = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) and d.get("schema") == MARKER_SCHEMA else None
+
+
+def _entries(folder: Path) -> set[str]:
+    return {p.name for p in folder.iterdir()}
+
+
+def _leftover(name: str) -> bool:
+    """Our own temporaries, left beside a target by a killed run (never the user's)."""
+    return name.startswith(".") and (name.endswith(".tmp") or name.endswith(".old"))
+
+
+def _listed(name: str, patterns: list[str]) -> bool:
+    return _leftover(name) or any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def folder_is_ours(folder: Path, kind: str | None = None,
+                   recognise: Callable[[Path], bool] | None = None) -> bool:
+    """True when `folder` is an edgemoe output that may be replaced: its marker lists every entry in it
+    (and names `kind`, when given), or it has no marker and `recognise(folder)` says it is ours."""
+    marker = read_marker(folder)
+    if marker is not None:
+        if kind is not None and marker.get("kind") != kind:
+            return False
+        patterns = list(marker.get("files", []))
+        return all(_listed(n, patterns) for n in _entries(folder) - {MARKER})
+    return bool(recognise is not None and recognise(folder))
+
+
+def check_replaceable_dir(path: str | os.PathLike, kind: str,
+                          recognise: Callable[[Path], bool] | None = None) -> None:
+    """Raise EdgeMoEError now (before long work) if `atomic_write_dir(path, ..., kind)` would refuse."""
+    target = resolve_target(path)
+    if target.exists():
+        _refuse_foreign(target, kind, recognise)
+
+
+def _refuse_foreign(folder: Path, kind: str, recognise: Callable[[Path], bool] | None) -> None:
+    if not folder.is_dir():
+        raise EdgeMoEError(f"{folder} exists and is {_kind_of(folder.stat().st_mode)}; "
+                           f"the {kind} output must be a folder: give a new folder path")
+    if not _entries(folder) or folder_is_ours(folder, kind, recognise):
+        return
+    marker = read_marker(folder)
+    if marker is not None and marker.get("kind") != kind:
+        why = f"it holds an edgemoe {marker.get('kind')!r} output, not a {kind}"
+    elif marker is not None:
+        extra = sorted(n for n in _entries(folder) - {MARKER} if not _listed(n, list(marker.get("files", []))))
+        why = f"it holds files edgemoe did not write there ({', '.join(extra[:5])})"
+    else:
+        why = f"it is not an edgemoe {kind} output (no {MARKER})"
+    raise EdgeMoEError(f"--out {folder}: refusing to replace an existing folder: {why}; "
+                       "give a new or empty folder, or remove it yourself")
+
+
+def _write_marker(folder: Path, kind: str) -> None:
+    files = sorted(_entries(folder) - {MARKER})
+    (folder / MARKER).write_text(json.dumps({"schema": MARKER_SCHEMA, "kind": kind, "files": files}, indent=1) + "\n",
+                                 encoding="utf-8")
+
+
+def _fsync_tree(folder: Path) -> None:
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            _fsync_file(Path(root) / name)
+        _fsync_dir(Path(root))
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def atomic_write_dir(path: str | os.PathLike, writer: Callable[[Path], None], kind: str = "output",
+                     recognise: Callable[[Path], bool] | None = None) -> Path:
+    """Call `writer(tmp_dir)` to fill a fresh folder beside `path`, mark it as ours, swap it into place.
+
+    kind: what the folder is ("profile", "model", ...), recorded in the marker. An existing `path` is
+    replaced only if it is empty or ours (`folder_is_ours`; `recognise` identifies outputs written before
+    markers existed); otherwise EdgeMoEError and nothing is touched. A symlink is followed.
+    Returns `path` as given.
+    """
+    target = resolve_target(path)
+    if target.exists():
+        _refuse_foreign(target, kind, recognise)
+    _make_parent(target)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    try:
+        writer(tmp)
+        _write_marker(tmp, kind)
+        os.chmod(tmp, _output_mode(target if target.is_dir() else None, directory=True))
+        _fsync_tree(tmp)
+        if target.exists():
+            _refuse_foreign(target, kind, recognise)  # re-check: it may have changed while we worked
+            if not _exchange(tmp, target):
+                # No atomic swap on this platform: move the old one aside first (a short window).
+                aside = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".old"))
+                os.rmdir(aside)
+                os.replace(target, aside)
+                os.replace(tmp, target)
+                tmp = aside
+            _fsync_dir(target.parent)
+            shutil.rmtree(tmp)  # the previous output (ours, checked twice) now sits at tmp
+        else:
+            os.replace(tmp, target)
+            _fsync_dir(target.parent)
+    except BaseException:
+        if tmp.exists() and tmp != target:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(tmp)
+        raise
+    return Path(path)
+
+
+def claim_output_dir(path: str | os.PathLike, kind: str, files: list[str] | tuple[str, ...] = (),
+                     recognise: Callable[[Path], bool] | None = None) -> Path:
+    """Make `path` a folder edgemoe may write named files into (a report, a demo run), or refuse.
+
+    A new or empty folder is created and marked; an existing folder must be ours (`folder_is_ours`),
+    else EdgeMoEError. `files` (names or fnmatch patterns of what will be written there, e.g. "*.png")
+    are recorded in the marker first, so a run killed half-way still leaves a folder we recognise.
+    Returns the real folder (symlinks followed).
+    """
+    target = resolve_target(path)
+    if target.exists():
+        _refuse_foreign(target, kind, recognise)
+    _make_parent(target)
+    target.mkdir(exist_ok=True)
+    marker = read_marker(target) or {"schema": MARKER_SCHEMA, "kind": kind, "files": []}
+    marker["files"] = sorted(set(marker.get("files", [])) | set(files))
+    atomic_write_json(target / MARKER, marker, indent=1)
+    return target
+
+
+# --------------------------------------------------------------------------------------------- reads
+
+
+def read_json(path: str | os.PathLike, what: str = "file"):
+    """Parse a JSON file; a missing, unreadable, non-UTF-8 or invalid file is an EdgeMoEError naming the
+    path and `what` it is."""
     path = Path(path)
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise EdgeMoEError(f"{path}: {what} not found") from None
+    except IsADirectoryError:
+        raise EdgeMoEError(f"{path}: is a folder, expected a {what} (JSON)") from None
+    except UnicodeDecodeError:
+        raise EdgeMoEError(f"{path}: {what} is not UTF-8 text") from None
     except json.JSONDecodeError as exc:
         raise EdgeMoEError(f"{path}: invalid JSON ({exc})") from None
-

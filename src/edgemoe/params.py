@@ -45,3 +45,108 @@ def parse_value(raw: str):
         except json.JSONDecodeError as exc:
             raise EdgeMoEError(f"parameter value {raw!r} looks like JSON but is not ({exc})") from None
     return raw
+
+
+# ------------------------------------------------------------------------------------------ validation
+
+def _param_types() -> dict:
+    """Type and range of every planner/policy parameter name, shared by all that take it.
+
+    A name listed here overrides the function's own annotation (which says the type but not the range);
+    other names are checked against the annotation alone. Every float must be finite.
+    """
+    from typing import Annotated
+
+    from pydantic import Field
+
+    def num(kind, **limits):
+        return Annotated[kind, Field(**limits)]
+
+    nonneg_float = num(float, ge=0)
+    return {
+        # planners
+        "time_limit": num(float, gt=0), "refine_seconds": num(float, gt=0) | None, "mip_rel_gap": num(float, ge=0, lt=1),
+        "seed": num(int, ge=0), "kicks": num(int, ge=0), "forced": num(int, ge=0), "passes": num(int, ge=1),
+        "enum_max": num(int, ge=1), "beam_width": num(int, ge=1), "max_units": num(int, ge=1),
+        "epsilon": num(float, gt=0, le=1),
+        "theta_hi": num(float, ge=-1, le=1), "theta_lo": num(float, ge=-1, le=1), "theta": num(float, ge=-1, le=1) | None,
+        "groups_per_layer": num(int, ge=1) | None, "max_group_size": num(int, ge=1) | None,
+        "eta": nonneg_float, "gamma": nonneg_float, "rep_weight": nonneg_float,
+        # runtime policies
+        "budget": nonneg_float | list[nonneg_float], "horizon": num(int, ge=0, le=16), "levels": num(int, ge=2, le=4096),
+        "quality_price": nonneg_float | None, "pressure_gain": nonneg_float, "sets_per_prev": num(int, ge=1),
+        "max_enum_k": num(int, ge=1), "ewma": num(float, gt=0, le=1),
+    }
+
+
+def _signature_fields(fn, skip: int) -> dict:
+    """name -> (annotation, default) of `fn`'s parameters after the first `skip` (for a class: __init__'s)."""
+    import inspect
+    import typing
+
+    target = fn.__init__ if inspect.isclass(fn) else fn
+    params = list(inspect.signature(target).parameters.values())[skip + (1 if inspect.isclass(fn) else 0):]
+    try:
+        hints = typing.get_type_hints(target)
+    except Exception:  # an annotation that cannot be resolved: fall back to "any value"
+        hints = {}
+    fields = {}
+    for p in params:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        fields[p.name] = (hints.get(p.name, typing.Any), p.default)
+    return fields
+
+
+def validate_params(fn, params: dict, owner: str, flag: str = "--param", skip: int = 1) -> dict:
+    """Check `params` against what `fn` (a planner function or a policy class) takes; return them typed.
+
+    Unknown names are an error that lists the valid ones; each value must have the parameter's type and
+    lie in its range (`_param_types`), floats finite. `owner` names fn in messages ("planner 'exact'").
+    """
+    import typing
+
+    from pydantic import ConfigDict, ValidationError, create_model
+
+    fields = _signature_fields(fn, skip)
+    unknown = sorted(set(params) - set(fields))
+    if unknown:
+        raise EdgeMoEError(f"{owner} does not take {flag} {', '.join(unknown)}; valid: {', '.join(fields) or '(none)'}")
+    types = _param_types()
+    spec = {}
+    for name in params:
+        annotation, _default = fields[name]
+        spec[name] = (types.get(name, annotation), ...)
+    model = create_model("Params", __config__=ConfigDict(allow_inf_nan=False, arbitrary_types_allowed=True), **spec)
+    try:
+        checked = model(**params)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = str(err["loc"][0]) if err.get("loc") else "?"
+        expected = _describe_type(types.get(name, fields.get(name, (typing.Any,))[0]))
+        raise EdgeMoEError(f"{flag} {name}={params.get(name)!r} for {owner}: {err['msg'].lower()} "
+                           f"(expected {expected})") from None
+    return {name: getattr(checked, name) for name in params}
+
+
+def _describe_type(annotation) -> str:
+    """A short human description of a parameter type, e.g. 'int >= 0' or 'float > 0, or none'."""
+    import typing
+
+    args = typing.get_args(annotation)
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        base, *meta = args
+        limits = []
+        for m in meta:
+            for item in getattr(m, "metadata", []):
+                for attr, sym in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
+                    if getattr(item, attr, None) is not None:
+                        limits.append(f"{sym} {getattr(item, attr)}")
+        return f"{base.__name__} {' and '.join(limits)}".strip()
+    if args and origin is not list:
+        parts = [("none" if a is type(None) else _describe_type(a)) for a in args]
+        return " or ".join(parts)
+    if origin is list:
+        return f"a list of {_describe_type(args[0])}" if args else "a list"
+    return getattr(annotation, "__name__", str(annotation))

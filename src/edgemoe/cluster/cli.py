@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from edgemoe.errors import EdgeMoEError
+from edgemoe.errors import EdgeMoEError, fail
 
 app = typer.Typer(help="Describe and inspect clusters (nodes, links, users).", no_args_is_help=True)
 
@@ -38,8 +38,7 @@ def show(
         if out is not None:
             console.print(f"topology written to {draw_topology(c, out)}")
     except EdgeMoEError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(code=2) from None
+        fail(exc)
 
 
 @app.command("presets")

@@ -116,19 +116,21 @@ def node_queue_s(cluster: Cluster, compute_s: np.ndarray, freq: np.ndarray | Non
 def user_domain_index(cluster: Cluster, domains: list[str] | tuple[str, ...], fallback: bool = False) -> tuple[np.ndarray, dict]:
     """[U] index of each user's domain in `domains` and the name map used.
 
-    With `fallback`, domains not among `domains` are mapped round-robin (in order of first appearance)
-    onto `domains` (for synthetic profiles whose domains are "domain0", ...); otherwise they are an error.
+    A profile with a single domain serves every user (there is nothing to choose). With `fallback`,
+    domains not among `domains` are mapped round-robin (in order of first appearance) onto `domains` (for
+    synthetic profiles whose domains are "domain0", ...); otherwise they are an error.
     """
     domains = list(domains)
     if not domains:
         raise EdgeMoEError("profile.meta.domains is empty; a profile needs at least one domain")
     mapping: dict[str, str] = {d: d for d in domains}
     unknown = [u for u in dict.fromkeys(u.domain for u in cluster.users) if u not in mapping]
-    if unknown and not fallback:
+    if unknown and not fallback and len(domains) > 1:
         i = next(i for i, u in enumerate(cluster.users) if u.domain == unknown[0])
         raise EdgeMoEError(
             f"cluster {cluster.name!r}: users[{i}].domain is {unknown[0]!r}, not among the profile's domains "
-            f"{domains}; name one of them, or pass domain_fallback=True to map unknown domains round-robin")
+            f"{domains}; name one of them in the cluster file, or pass --domain-fallback to map unknown domains "
+            "round-robin onto the profile's")
     for k, name in enumerate(unknown):
         mapping[name] = domains[k % len(domains)]
     index = np.array([domains.index(mapping[u.domain]) for u in cluster.users], dtype=np.int64)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from edgemoe.data import TextSource, shared_corpus, tokenize_blocks, wikitext_test
-from edgemoe.io import atomic_write_dir
+from edgemoe.io import atomic_write_dir, check_replaceable_dir
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,7 @@ def train_default_model(data_root: str | Path, out: str | Path, cfg: TrainConfig
     """Train tokenizer and model on the shared corpus at `data_root`, save to `out`, return the recipe."""
     from transformers import get_cosine_schedule_with_warmup
 
+    check_replaceable_dir(out, "model", is_trained_model_folder)  # refuse before hours of training, not after
     t_start = time.time()
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
@@ -172,5 +173,19 @@ def train_default_model(data_root: str | Path, out: str | Path, cfg: TrainConfig
         tokenizer.save_pretrained(tmp)
         (tmp / "recipe.json").write_text(json.dumps(recipe, indent=2) + "\n")
 
-    atomic_write_dir(out, write)
+    atomic_write_dir(out, write, kind="model", recognise=is_trained_model_folder)
     return recipe
+
+
+TRAINED_MODEL_FILES = frozenset({"config.json", "generation_config.json", "model.safetensors", "recipe.json",
+                                 "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+
+
+def is_trained_model_folder(path: Path) -> bool:
+    """A folder `edgemoe train` wrote before output markers existed: the HF files and our recipe only."""
+    try:
+        names = {p.name for p in Path(path).iterdir()}
+        recipe = json.loads((Path(path) / "recipe.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return names <= TRAINED_MODEL_FILES and str(recipe.get("command", "")).startswith("edgemoe train")

@@ -6,14 +6,13 @@
 
 from __future__ import annotations
 
-import inspect
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from edgemoe.errors import EdgeMoEError
+from edgemoe.errors import EdgeMoEError, fail
 from edgemoe.params import parse_params
 
 from .base import Placement, PlanProblem
@@ -21,20 +20,17 @@ from .base import Placement, PlanProblem
 EXPERT_MAP_SCHEMA = "edgemoe.expert_map/1"
 
 
-def check_params(method: str, params: dict) -> None:
-    """Raise EdgeMoEError if `method` is unknown or does not take one of `params` (names the accepted ones)."""
+def check_params(method: str, params: dict) -> dict:
+    """`params` typed and range-checked for planner `method` (edgemoe.params.validate_params); raises
+    EdgeMoEError if the method is unknown, a name is not one it takes (listing those), or a value is bad."""
+    from edgemoe.params import validate_params
+
     from .base import planners
 
     table = planners()
     if method not in table:
         raise EdgeMoEError(f"unknown planner method {method!r}; expected one of {sorted(table)}")
-    signature = inspect.signature(table[method])
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()):
-        return
-    accepted = list(signature.parameters)[1:]  # the first is the problem
-    unknown = sorted(set(params) - set(accepted))
-    if unknown:
-        raise EdgeMoEError(f"planner {method!r} does not take --param {', '.join(unknown)}; it takes {accepted}")
+    return validate_params(table[method], params, f"planner {method!r}")
 
 
 def placement_summary(problem: PlanProblem, placement: Placement) -> dict:
@@ -108,13 +104,17 @@ def plan_command(
 
     from edgemoe.cluster.cost import plan_problem
     from edgemoe.cluster.schema import load_cluster
+    from edgemoe.io import check_distinct_outputs, file_target
     from edgemoe.plan.base import plan
     from edgemoe.profile import load_profile
 
     console = Console()
     try:
-        params = parse_params(param)
-        check_params(method, params)
+        params = check_params(method, parse_params(param))
+        check_distinct_outputs(out=out, expert_map=expert_map)
+        file_target(out)
+        if expert_map is not None:
+            file_target(expert_map)
         prof = load_profile(profile)
         problem = plan_problem(prof, load_cluster(cluster), domain_fallback=domain_fallback)
         start = time.perf_counter()
@@ -130,8 +130,7 @@ def plan_command(
         if expert_map is not None:
             console.print(f"wrote {write_expert_map(placement, expert_map)}")
     except EdgeMoEError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(code=2) from None
+        fail(exc)
 
 
 __all__ = ["EXPERT_MAP_SCHEMA", "check_params", "parse_params", "placement_summary", "plan_command", "write_expert_map"]

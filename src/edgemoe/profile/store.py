@@ -90,7 +90,7 @@ class Profile:
             save_file(arrays, str(tmp / "arrays.safetensors"))
             (tmp / "meta.json").write_text(json.dumps(asdict(self.meta), indent=2) + "\n")
 
-        return atomic_write_dir(path, write)
+        return atomic_write_dir(path, write, kind="profile", recognise=is_profile_folder)
 
     def check_matches(self, num_layers: int, num_experts: int, top_k: int, weights_hash: str | None = None) -> None:
         """Raise EdgeMoEError unless this profile was measured on a model of this shape (and weights)."""
@@ -106,6 +106,19 @@ class Profile:
                 f"profile weights_hash {self.meta.weights_hash[:12]}... does not match the model's "
                 f"{weights_hash[:12]}...; re-run `edgemoe profile` on this model"
             )
+
+
+PROFILE_FILES = frozenset({"meta.json", "arrays.safetensors"})
+
+
+def is_profile_folder(path: Path) -> bool:
+    """A profile folder written before output markers: only meta.json (our schema) and the arrays."""
+    try:
+        names = {p.name for p in Path(path).iterdir()}
+        schema = json.loads((Path(path) / "meta.json").read_text(encoding="utf-8")).get("schema")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return names <= PROFILE_FILES and schema == SCHEMA
 
 
 ARRAY_FIELDS = (
