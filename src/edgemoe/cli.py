@@ -297,7 +297,7 @@ def _parse_methods(texts: list[str]) -> tuple:
 def _parse_method(text: str):
     """'name=placement:policy[:k=v,k=v]' -> MethodSpec (values read by edgemoe.params.parse_value)."""
     from edgemoe.eval.experiment import MethodSpec
-    from edgemoe.params import parse_params
+    from edgemoe.params import parse_params, policy_params
 
     name, sep, rest = text.partition("=")
     parts = rest.split(":", 2)
@@ -305,7 +305,7 @@ def _parse_method(text: str):
         raise EdgeMoEError(f"--method {text!r}: expected NAME=PLACEMENT:POLICY[:key=value,...]")
     flag = f"--method {name!r} parameter"
     params = parse_params(parts[2].split(",") if len(parts) == 3 and parts[2] else [], flag=flag)
-    return MethodSpec(name, _check_placement_name(parts[0], text), parts[1], check_policy_params(parts[1], params, flag))
+    return MethodSpec(name, _check_placement_name(parts[0], text), parts[1], policy_params(parts[1], params, flag))
 
 
 def _check_placement_name(placement: str, text: str) -> str:
@@ -315,17 +315,6 @@ def _check_placement_name(placement: str, text: str) -> str:
     if placement not in valid:
         raise EdgeMoEError(f"--method {text!r}: unknown placement {placement!r}; expected one of {', '.join(valid)}")
     return placement
-
-
-def check_policy_params(policy: str, params: dict, flag: str = "--param") -> dict:
-    """`params` typed and range-checked for runtime policy `policy` (names the valid ones when wrong)."""
-    from edgemoe.params import validate_params
-    from edgemoe.runtime.policy import _POLICIES, policy_names
-
-    names = policy_names()
-    if policy not in names:
-        raise EdgeMoEError(f"unknown policy {policy!r}; expected one of {', '.join(names)}")
-    return validate_params(_POLICIES[policy], params, f"policy {policy!r}", flag=flag)
 
 
 def _finite(value: float, flag: str) -> float:

@@ -25,33 +25,30 @@ def serve_command(
     policy: Annotated[str, typer.Option(help="runtime policy: exact, ordermoe, drop, slimcaching")] = "exact",
     param: Annotated[list[str], typer.Option(help="policy parameter key=value (repeatable)")] = [],  # noqa: B006
     mode: Annotated[str, typer.Option(help="token location mode: migrate or home")] = "home",
+    domain_fallback: Annotated[bool, typer.Option(
+        "--domain-fallback", help="map cluster user domains the profile lacks round-robin onto its domains")] = False,
     ray_address: Annotated[str | None, typer.Option(help="join this Ray cluster (token in RAY_AUTH_TOKEN or ~/.ray/auth_token); default: a local instance")] = None,
     links: Annotated[bool, typer.Option(help="emulate the cluster's links (turn off on a real cluster)")] = True,
     wire: Annotated[str, typer.Option(help="hidden-state dtype on the wire: bf16, fp16, fp32")] = "bf16",
-    load_users: Annotated[int, typer.Option(help="run a closed-loop load with this many users, then stop (0: serve until Ctrl-C)")] = 0,
-    load_seconds: Annotated[float, typer.Option(help="duration of the closed-loop load")] = 20.0,
-    gen_tokens: Annotated[int, typer.Option(help="tokens generated per load request")] = 16,
+    load_users: Annotated[int, typer.Option(min=0, help="run a closed-loop load with this many users, then stop (0: serve until Ctrl-C)")] = 0,
+    load_seconds: Annotated[float, typer.Option(min=0.001, max=86_400, help="duration of the closed-loop load (seconds)")] = 20.0,
+    gen_tokens: Annotated[int, typer.Option(min=1, help="tokens generated per load request")] = 16,
     out: Annotated[Path, typer.Option(help="where the load run's metrics go (JSON)")] = Path("runs/serve.json"),
 ):
     """Run the cluster's servers as Ray actors (one per node, pinned by the `edgemoe_node_<name>` resource)."""
-    from edgemoe.cluster import load_cluster
-    from edgemoe.io import atomic_write_text
-    from edgemoe.models.loader import resolve_model_path
-    from edgemoe.plan.base import load_placement
-    from edgemoe.profile import load_profile
-    from edgemoe.runtime import make_context
+    from edgemoe.io import atomic_write_text, file_target
 
     from .serve import Deployment, start_ray
-    from .server import ServerConfig
 
     try:
-        cl = load_cluster(cluster)
-        prof = load_profile(profile)
-        fallback = any(u.domain not in prof.meta.domains for u in cl.users)
-        ctx = make_context(prof, cl, load_placement(placement), mode=mode, domain_fallback=fallback)
-        cfg = ServerConfig(ctx, resolve_model_path(model), policy=policy, policy_params=tuple(parse_params(param).items()),
-                           links_enabled=links and ray_address is None, wire=wire)
-        info = start_ray(ctx.node_names if ray_address is None else (), address=ray_address)
+        ctx, cfg = _checked_inputs(cluster, placement, profile, model, policy, param, mode, wire, domain_fallback,
+                                   links and ray_address is None)
+        file_target(out)
+        try:
+            info = start_ray(ctx.node_names if ray_address is None else (), address=ray_address)
+        except (TimeoutError, ConnectionError) as exc:
+            raise EdgeMoEError(f"Ray did not start or could not be reached at {ray_address or 'a local instance'} "
+                               f"({type(exc).__name__}: {exc}); check --ray-address and that Ray runs") from None
         typer.echo(f"ray: {info}")
         t0 = time.perf_counter()
         dep = Deployment.launch(cfg)
@@ -73,6 +70,59 @@ def serve_command(
         raise typer.Exit(code=2) from None
     except KeyboardInterrupt:
         typer.echo("stopped")
+
+
+def _checked_inputs(cluster: str, placement: Path, profile: Path, model: str, policy: str, param: list[str],
+                    mode: str, wire: str, domain_fallback: bool, links: bool):
+    """Load and cross-check everything `serve` is given before any actor starts: the placement must fit
+    the profile's model and the cluster's memory, the model's checkpoint must match the profile's (L, E),
+    the policy parameters must be valid. Returns (RuntimeContext, ServerConfig)."""
+    from edgemoe.cluster import load_cluster
+    from edgemoe.cluster.cost import plan_problem
+    from edgemoe.models.loader import resolve_model_path
+    from edgemoe.params import policy_params
+    from edgemoe.plan.base import check_placement_fits, load_placement
+    from edgemoe.profile import load_profile
+    from edgemoe.runtime import make_context
+
+    from .server import ServerConfig
+    from .wire import WIRE_DTYPES
+
+    if mode not in ("migrate", "home"):
+        raise EdgeMoEError(f"--mode {mode!r}: expected one of migrate, home")
+    if wire not in WIRE_DTYPES:
+        raise EdgeMoEError(f"--wire {wire!r}: expected one of {', '.join(WIRE_DTYPES)}")
+    params = policy_params(policy, parse_params(param))
+    cl = load_cluster(cluster)
+    prof = load_profile(profile)
+    if params.get("horizon", 0) >= prof.L:
+        raise EdgeMoEError(f"--param horizon={params['horizon']}: the model has {prof.L} MoE layers; "
+                           f"expected at most {prof.L - 1}")
+    plan = load_placement(placement)
+    check_placement_fits(plan, plan_problem(prof, cl, domain_fallback=domain_fallback), str(placement))
+    model_path = resolve_model_path(model)
+    _check_checkpoint_matches(model_path, prof)
+    ctx = make_context(prof, cl, plan, mode=mode, domain_fallback=domain_fallback)
+    cfg = ServerConfig(ctx, model_path, policy=policy, policy_params=tuple(params.items()), links_enabled=links, wire=wire)
+    return ctx, cfg
+
+
+def _check_checkpoint_matches(model_path: str, prof) -> None:
+    """Raise EdgeMoEError unless the checkpoint's MoE layers and experts per layer are the profile's."""
+    from .weights import checkpoint_files, expert_index
+
+    try:
+        index = expert_index(checkpoint_files(model_path).keys())
+    except EdgeMoEError as exc:
+        raise EdgeMoEError(f"--model {model_path}: {exc}") from None
+    except Exception as exc:  # a damaged safetensors header
+        raise EdgeMoEError(f"--model {model_path}: cannot read the checkpoint ({type(exc).__name__}: {exc})") from None
+    L = len(index.decoder_layers)
+    experts = {e for (_, e) in index.per_expert}
+    E = max(experts) + 1 if experts else prof.E
+    if (L, E) != (prof.L, prof.E):
+        raise EdgeMoEError(f"--model {model_path} has (L, E) = ({L}, {E}) but --profile {prof.meta.model!r} has "
+                           f"({prof.L}, {prof.E}); give the model the profile was measured on")
 
 
 def load_prompts(model: str, count: int = 32, length: int = 16):

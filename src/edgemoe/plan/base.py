@@ -120,29 +120,88 @@ class Placement:
 
 
 def load_placement(path: str | Path) -> Placement:
-    """Read a placement JSON written by `Placement.save`, checking its schema."""
+    """Read a placement JSON written by `Placement.save`, checking schema, fields, ids and memory.
+
+    Every problem is an EdgeMoEError naming the file and the field. `check_placement_fits` then checks
+    a loaded placement against the profile and cluster it is used with.
+    """
     path = Path(path)
     d = read_json(path, "placement file")
-    if d.get("schema") != PLACEMENT_SCHEMA:
-        raise EdgeMoEError(f"{path}: schema is {d.get('schema')!r}, expected {PLACEMENT_SCHEMA!r}")
-    nodes = tuple(d["nodes"])
-    expert_bytes = np.asarray(d["expert_bytes"], dtype=np.int64)
+    if not isinstance(d, dict) or d.get("schema") != PLACEMENT_SCHEMA:
+        got = d.get("schema") if isinstance(d, dict) else type(d).__name__
+        raise EdgeMoEError(f"{path}: schema is {got!r}, expected {PLACEMENT_SCHEMA!r}")
+    missing = [k for k in ("method", "nodes", "capacity_bytes", "expert_bytes", "hosts") if k not in d]
+    if missing:
+        raise EdgeMoEError(f"{path}: missing fields {missing}")
+    nodes = d["nodes"]
+    if not isinstance(nodes, list) or not nodes or not all(isinstance(n, str) for n in nodes):
+        raise EdgeMoEError(f"{path}: nodes must be a non-empty list of node names")
+    if len(set(nodes)) != len(nodes):
+        raise EdgeMoEError(f"{path}: nodes {nodes} names a node twice")
+    nodes = tuple(nodes)
+    try:
+        expert_bytes = np.asarray(d["expert_bytes"], dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        raise EdgeMoEError(f"{path}: expert_bytes must be an [L][E] table of integers") from None
+    if expert_bytes.ndim != 2 or expert_bytes.size == 0 or (expert_bytes <= 0).any():
+        raise EdgeMoEError(f"{path}: expert_bytes must be an [L][E] table of positive integers")
     L, E = expert_bytes.shape
+    for key in ("hosts", "capacity_bytes"):
+        if not isinstance(d[key], dict) or set(d[key]) != set(nodes):
+            raise EdgeMoEError(f"{path}: {key} must map exactly the nodes {list(nodes)}")
     hosts = np.zeros((len(nodes), L, E), dtype=bool)
     for i, n in enumerate(nodes):
-        layers = d["hosts"].get(n)
-        if layers is None or len(layers) != L:
+        layers = d["hosts"][n]
+        if not isinstance(layers, list) or len(layers) != L:
             raise EdgeMoEError(f"{path}: hosts[{n!r}] must list {L} layers of expert ids")
         for layer, ids in enumerate(layers):
+            if not isinstance(ids, list) or not all(isinstance(e, int) and not isinstance(e, bool) for e in ids):
+                raise EdgeMoEError(f"{path}: hosts[{n!r}][{layer}] must be a list of integer expert ids")
             if any(not 0 <= e < E for e in ids):
                 raise EdgeMoEError(f"{path}: hosts[{n!r}][{layer}] has an expert id outside [0, {E})")
             hosts[i, layer, ids] = True
+    capacity = []
+    for n in nodes:
+        c = d["capacity_bytes"][n]
+        if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+            raise EdgeMoEError(f"{path}: capacity_bytes[{n!r}] is {c!r}, expected a non-negative integer")
+        capacity.append(c)
     kinds = d.get("node_kind", {})
-    return Placement(
+    if not isinstance(kinds, dict) or any(k not in ("device", "edge", "cloud") for k in kinds.values()):
+        raise EdgeMoEError(f"{path}: node_kind must map node names to 'device', 'edge' or 'cloud'")
+    if not isinstance(d["method"], str) or not isinstance(d.get("params", {}), dict):
+        raise EdgeMoEError(f"{path}: method must be a string and params an object")
+    placement = Placement(
         method=d["method"], params=d.get("params", {}), node_names=nodes,
-        capacity_bytes=np.array([d["capacity_bytes"][n] for n in nodes], dtype=np.int64),
+        capacity_bytes=np.array(capacity, dtype=np.int64),
         hosts=hosts, expert_bytes=expert_bytes, node_kind=tuple(kinds.get(n, "edge") for n in nodes),
     )
+    try:
+        placement.check_capacity()
+    except EdgeMoEError as exc:
+        raise EdgeMoEError(f"{path}: {exc}") from None
+    return placement
+
+
+def check_placement_fits(placement: Placement, problem: PlanProblem, source: str = "placement") -> None:
+    """Raise EdgeMoEError (naming `source`) unless `placement` was made for this model and cluster:
+    the same (L, E) and expert sizes as the profile, the cluster's nodes in order, and every non-cloud
+    node's experts within the memory the cluster gives it now."""
+    prof = problem.profile
+    if placement.expert_bytes.shape != (prof.L, prof.E):
+        raise EdgeMoEError(f"{source}: planned for a model with (L, E) = {placement.expert_bytes.shape}, but the "
+                           f"profile {prof.meta.model!r} has ({prof.L}, {prof.E}); plan again for this model")
+    if not np.array_equal(placement.expert_bytes, problem.expert_bytes):
+        raise EdgeMoEError(f"{source}: expert sizes differ from the profile's ({prof.meta.model!r}): it was planned "
+                           "for another model; plan again for this model")
+    if tuple(placement.node_names) != tuple(problem.node_names):
+        raise EdgeMoEError(f"{source}: nodes {list(placement.node_names)} do not match the cluster's "
+                           f"{list(problem.node_names)} (same names, same order)")
+    used = placement.bytes_used()
+    for n, name in enumerate(problem.node_names):
+        if problem.node_kind[n] != "cloud" and used[n] > problem.capacity_bytes[n]:
+            raise EdgeMoEError(f"{source}: node {name!r} holds {int(used[n]):,} bytes of experts, more than the "
+                               f"{int(problem.capacity_bytes[n]):,} the cluster gives it; plan again for this cluster")
 
 
 Planner = Callable[..., Placement]

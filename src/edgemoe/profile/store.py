@@ -128,35 +128,61 @@ ARRAY_FIELDS = (
 
 
 def load_profile(path: str | Path) -> Profile:
-    """Read a profile folder written by `Profile.save`, checking schema and shapes."""
+    """Read a profile folder written by `Profile.save`, checking schema, fields, shapes and values.
+
+    Every problem is an EdgeMoEError naming the file and the field (see `validate_meta`, `validate_shapes`,
+    `validate_values`), so a damaged or foreign profile never reaches a planner.
+    """
     from safetensors.numpy import load_file
 
     path = Path(path)
     meta_path, arr_path = path / "meta.json", path / "arrays.safetensors"
     if not meta_path.is_file() or not arr_path.is_file():
         raise EdgeMoEError(f"{path}: not a profile folder (expected meta.json and arrays.safetensors)")
-    try:
-        meta_dict = json.loads(meta_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise EdgeMoEError(f"{meta_path}: invalid JSON ({exc})") from exc
-    if meta_dict.get("schema") != SCHEMA:
-        raise EdgeMoEError(f"{meta_path}: schema is {meta_dict.get('schema')!r}, expected {SCHEMA!r}")
+    from edgemoe.io import read_json
+
+    meta_dict = read_json(meta_path, "profile meta.json")
+    if not isinstance(meta_dict, dict) or meta_dict.get("schema") != SCHEMA:
+        got = meta_dict.get("schema") if isinstance(meta_dict, dict) else type(meta_dict).__name__
+        raise EdgeMoEError(f"{meta_path}: schema is {got!r}, expected {SCHEMA!r}")
     try:
         meta = ProfileMeta(**meta_dict)
     except TypeError as exc:
-        raise EdgeMoEError(f"{meta_path}: unexpected fields ({exc})") from exc
-    arrays = load_file(str(arr_path))
+        raise EdgeMoEError(f"{meta_path}: unexpected or missing fields ({exc})") from None
+    validate_meta(meta, str(meta_path))
+    try:
+        arrays = load_file(str(arr_path))
+    except Exception as exc:  # safetensors raises its own SafetensorError (and OSError) for damaged files
+        raise EdgeMoEError(f"{arr_path}: not a readable safetensors file ({exc}); re-run `edgemoe profile`") from None
     missing = [n for n in ARRAY_FIELDS if n not in arrays]
     if missing:
         raise EdgeMoEError(f"{arr_path}: missing arrays {missing}")
     profile = Profile(meta=meta, **{n: arrays[n] for n in ARRAY_FIELDS})
-    validate_shapes(profile)
+    validate_shapes(profile, str(arr_path))
+    validate_values(profile, str(arr_path))
     return profile
 
 
-def validate_shapes(p: Profile) -> None:
+def validate_meta(meta: ProfileMeta, source: str = "profile") -> None:
+    """Raise EdgeMoEError (naming `source` and the field) if meta.json's fields have the wrong type or range."""
+    for name in ("num_layers", "num_experts", "top_k", "hidden_size", "hidden_bytes"):
+        v = getattr(meta, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise EdgeMoEError(f"{source}: {name} is {v!r}, expected a positive integer")
+    if meta.top_k > meta.num_experts:
+        raise EdgeMoEError(f"{source}: top_k {meta.top_k} exceeds num_experts {meta.num_experts}")
+    if not isinstance(meta.domains, list) or not meta.domains or not all(isinstance(d, str) for d in meta.domains):
+        raise EdgeMoEError(f"{source}: domains is {meta.domains!r}, expected a non-empty list of names")
+    if len(set(meta.domains)) != len(meta.domains):
+        raise EdgeMoEError(f"{source}: domains {meta.domains} has a name twice")
+    for name in ("model", "family", "weights_hash"):
+        if not isinstance(getattr(meta, name), str):
+            raise EdgeMoEError(f"{source}: {name} is {getattr(meta, name)!r}, expected a string")
+
+
+def validate_shapes(p: Profile, source: str = "profile") -> None:
     """Raise EdgeMoEError if any array disagrees with (T, L, E, K, U) of the profile."""
-    T, L, E, K, U = p.topk.shape[0], p.L, p.E, p.K, len(p.meta.domains)
+    T, L, E, K, U = p.topk.shape[0] if p.topk.ndim else 0, p.L, p.E, p.K, len(p.meta.domains)
     expected = {
         "router_logits": (T, L, E), "topk": (T, L, K), "gates": (T, L, K), "domain": (T,),
         "freq": (L, E), "freq_by_domain": (U, L, E), "coact": (L, E, E), "trans": (max(L - 1, 0), E, E),
@@ -165,7 +191,32 @@ def validate_shapes(p: Profile) -> None:
     for name, shape in expected.items():
         got = tuple(getattr(p, name).shape)
         if got != shape:
-            raise EdgeMoEError(f"profile array {name!r} has shape {got}, expected {shape}")
+            raise EdgeMoEError(f"{source}: profile array {name!r} has shape {got}, expected {shape}")
+
+
+def validate_values(p: Profile, source: str = "profile") -> None:
+    """Raise EdgeMoEError if a profile array holds values no measurement can give: NaN/inf, expert or
+    domain ids out of range, negative frequencies, errors or sizes. Names `source` and the array."""
+    for name in ("router_logits", "gates", "freq", "freq_by_domain", "coact", "trans", "sim", "subst_err"):
+        a = np.asarray(getattr(p, name))
+        if not np.issubdtype(a.dtype, np.number):
+            raise EdgeMoEError(f"{source}: profile array {name!r} has dtype {a.dtype}, expected numbers")
+        bad = int(np.size(a) - np.isfinite(a).sum())
+        if bad:
+            raise EdgeMoEError(f"{source}: profile array {name!r} holds {bad} NaN or infinite values; re-run `edgemoe profile`")
+    for name, hi in (("topk", p.E), ("domain", len(p.meta.domains))):
+        a = np.asarray(getattr(p, name))
+        if not np.issubdtype(a.dtype, np.integer):
+            raise EdgeMoEError(f"{source}: profile array {name!r} has dtype {a.dtype}, expected integer ids")
+        if a.size and (a.min() < 0 or a.max() >= hi):
+            raise EdgeMoEError(f"{source}: profile array {name!r} has ids in [{a.min()}, {a.max()}], expected [0, {hi})")
+    for name in ("gates", "freq", "freq_by_domain", "coact", "trans", "subst_err", "expert_flops"):
+        a = np.asarray(getattr(p, name))
+        if a.size and a.min() < 0:
+            raise EdgeMoEError(f"{source}: profile array {name!r} has a negative value ({a.min()})")
+    eb = np.asarray(p.expert_bytes)
+    if not np.issubdtype(eb.dtype, np.integer) or (eb.size and eb.min() <= 0):
+        raise EdgeMoEError(f"{source}: profile array 'expert_bytes' must hold positive integers")
 
 
 def build_profile(

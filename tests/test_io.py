@@ -1,0 +1,272 @@
+"""edgemoe.io: outputs never destroy what the user had (symlinks, FIFOs, foreign folders, interrupted runs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from edgemoe import io
+from edgemoe.errors import EdgeMoEError
+
+
+def tree(root: Path) -> dict:
+    """Everything under `root` as {relative path: bytes | ('link', target) | 'dir' | 'fifo'}."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        if p.is_symlink():
+            out[rel] = ("link", os.readlink(p))
+        elif p.is_fifo():
+            out[rel] = "fifo"
+        elif p.is_dir():
+            out[rel] = "dir"
+        else:
+            out[rel] = p.read_bytes()
+    return out
+
+
+# --------------------------------------------------------------------------------------------- files
+
+
+def test_text_write_replaces_a_regular_file_and_keeps_its_mode(tmp_path):
+    target = tmp_path / "a.json"
+    target.write_text("old")
+    target.chmod(0o640)
+    io.atomic_write_json(target, {"x": 1})
+    assert json.loads(target.read_text()) == {"x": 1}
+    assert target.stat().st_mode & 0o777 == 0o640
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"]  # no temporary left
+
+
+def test_new_file_gets_the_umask_mode_and_parents(tmp_path):
+    path = io.atomic_write_text(tmp_path / "d" / "e" / "f.txt", "hi")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert path.read_text() == "hi" and path.stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_symlink_is_written_through_and_stays_a_link(tmp_path):
+    real = tmp_path / "real.txt"
+    real.write_text("old")
+    link = tmp_path / "link.txt"
+    link.symlink_to(real)
+    io.atomic_write_text(link, "new")
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert real.read_text() == "new"
+
+
+def test_dangling_symlink_creates_its_target(tmp_path):
+    link = tmp_path / "link.txt"
+    link.symlink_to(tmp_path / "made.txt")
+    io.atomic_write_text(link, "x")
+    assert link.is_symlink() and (tmp_path / "made.txt").read_text() == "x"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder", "link-to-fifo"])
+def test_non_regular_targets_are_refused_and_untouched(tmp_path, kind):
+    target = tmp_path / "out"
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "device":
+        target.symlink_to("/dev/null")
+    elif kind == "folder":
+        target.mkdir()
+        (target / "mine.txt").write_text("keep")
+    else:
+        os.mkfifo(tmp_path / "pipe")
+        target.symlink_to(tmp_path / "pipe")
+    before = tree(tmp_path)
+    with pytest.raises(EdgeMoEError, match="regular files"):
+        io.atomic_write_text(target, "x")
+    assert tree(tmp_path) == before
+
+
+def test_interrupted_writer_leaves_the_previous_file_whole(tmp_path):
+    target = tmp_path / "r.json"
+    target.write_text("previous")
+
+    def writer(tmp: Path) -> None:
+        tmp.write_text("half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        io.atomic_write_with(target, writer)
+    assert tree(tmp_path) == {"r.json": b"previous"}
+
+
+def test_sigkill_mid_write_leaves_the_previous_file_and_folder_whole(tmp_path):
+    """A real SIGKILL while the new file and the new folder are half written."""
+    (tmp_path / "r.json").write_text("previous")
+    io.atomic_write_dir(tmp_path / "prof", lambda d: (d / "a.txt").write_text("v1"), kind="profile")
+    before = tree(tmp_path)
+    script = textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from edgemoe import io
+        def slow(tmp):
+            Path(tmp).write_text("half") if not Path(tmp).is_dir() else (Path(tmp) / "a.txt").write_text("half")
+            print("writing", flush=True)
+            time.sleep(60)
+        which = sys.argv[1]
+        if which == "file":
+            io.atomic_write_with({str(tmp_path / 'r.json')!r}, slow)
+        else:
+            io.atomic_write_dir({str(tmp_path / 'prof')!r}, slow, kind="profile")
+    """)
+    env = {**os.environ, "PYTHONPATH": str(Path(io.__file__).parents[1])}
+    for which in ("file", "dir"):
+        proc = subprocess.Popen([sys.executable, "-c", script, which], stdout=subprocess.PIPE, env=env)
+        assert proc.stdout.readline().strip() == b"writing"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    after = tree(tmp_path)
+    leftovers = {k for k in after if k.startswith(".")}
+    assert {k: v for k, v in after.items() if k.split("/")[0] not in leftovers} == before
+    # ... and the next run still recognises the folder as ours and replaces it
+    io.atomic_write_dir(tmp_path / "prof", lambda d: (d / "a.txt").write_text("v2"), kind="profile")
+    assert (tmp_path / "prof" / "a.txt").read_text() == "v2"
+
+
+def test_publish_file_moves_only_the_named_file(tmp_path):
+    (tmp_path / "X.json").write_text("sibling")
+    src = tmp_path / "work.json"
+    src.write_text("result")
+    io.publish_file(src, tmp_path / "X.md")
+    assert (tmp_path / "X.md").read_text() == "result" and (tmp_path / "X.json").read_text() == "sibling"
+    assert not src.exists()
+
+
+def test_distinct_outputs(tmp_path):
+    io.check_distinct_outputs(out=tmp_path / "a", expert_map=tmp_path / "b", report=None)
+    with pytest.raises(EdgeMoEError, match="--out and --expert-map name the same file"):
+        io.check_distinct_outputs(out=tmp_path / "a", expert_map=tmp_path / "." / "a")
+
+
+def test_read_json_errors_name_the_file(tmp_path):
+    (tmp_path / "bad.json").write_bytes(b"\xff\xfe{")
+    with pytest.raises(EdgeMoEError, match="bad.json: placement is not UTF-8"):
+        io.read_json(tmp_path / "bad.json", "placement")
+    with pytest.raises(EdgeMoEError, match="missing.json: placement not found"):
+        io.read_json(tmp_path / "missing.json", "placement")
+
+
+# ------------------------------------------------------------------------------------------- folders
+
+
+def _fill(text: str):
+    def writer(d: Path) -> None:
+        (d / "meta.json").write_text(text)
+
+    return writer
+
+
+def test_new_folder_is_marked_and_replaced_on_the_next_run(tmp_path):
+    out = tmp_path / "prof"
+    io.atomic_write_dir(out, _fill("v1"), kind="profile")
+    marker = json.loads((out / io.MARKER).read_text())
+    assert marker["kind"] == "profile" and marker["files"] == ["meta.json"]
+    io.atomic_write_dir(out, _fill("v2"), kind="profile")
+    assert (out / "meta.json").read_text() == "v2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prof"]  # nothing left beside it
+
+
+def test_an_empty_folder_is_used(tmp_path):
+    (tmp_path / "out").mkdir()
+    io.atomic_write_dir(tmp_path / "out", _fill("v"), kind="profile")
+    assert (tmp_path / "out" / "meta.json").read_text() == "v"
+
+
+@pytest.mark.parametrize("case", ["foreign", "ours-plus-a-user-file", "other-kind", "a-file"])
+def test_folders_that_are_not_ours_are_never_replaced(tmp_path, case):
+    out = tmp_path / "out"
+    if case == "a-file":
+        out.write_text("user data")
+    elif case == "foreign":
+        out.mkdir()
+        (out / "config.json").write_text("{}")
+        (out / "sub").mkdir()
+        (out / "sub" / "weights.bin").write_bytes(b"\0" * 10)
+    else:
+        io.atomic_write_dir(out, _fill("ours"), kind="model" if case == "other-kind" else "profile")
+        if case == "ours-plus-a-user-file":
+            (out / "notes.txt").write_text("mine")
+    before = tree(tmp_path)
+    with pytest.raises(EdgeMoEError, match="refusing|must be a folder"):
+        io.atomic_write_dir(out, _fill("new"), kind="profile")
+    with pytest.raises(EdgeMoEError):
+        io.check_replaceable_dir(out, "profile")
+    assert tree(tmp_path) == before
+
+
+def test_legacy_outputs_are_recognised(tmp_path):
+    out = tmp_path / "old"
+    out.mkdir()
+    (out / "meta.json").write_text("legacy")
+    io.atomic_write_dir(out, _fill("new"), kind="profile", recognise=lambda p: (p / "meta.json").read_text() == "legacy")
+    assert (out / "meta.json").read_text() == "new"
+
+
+def test_symlinked_folder_is_written_through(tmp_path):
+    real = tmp_path / "real"
+    io.atomic_write_dir(real, _fill("v1"), kind="profile")
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    io.atomic_write_dir(link, _fill("v2"), kind="profile")
+    assert link.is_symlink() and (real / "meta.json").read_text() == "v2"
+
+
+def test_interrupted_folder_writer_leaves_the_previous_folder_whole(tmp_path):
+    out = tmp_path / "prof"
+    io.atomic_write_dir(out, _fill("v1"), kind="profile")
+    before = tree(tmp_path)
+
+    def writer(d: Path) -> None:
+        (d / "meta.json").write_text("half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        io.atomic_write_dir(out, writer, kind="profile")
+    assert tree(tmp_path) == before
+
+
+def test_swap_without_renameat2_still_works(tmp_path, monkeypatch):
+    monkeypatch.setattr(io, "_exchange", lambda a, b: False)
+    out = tmp_path / "prof"
+    io.atomic_write_dir(out, _fill("v1"), kind="profile")
+    io.atomic_write_dir(out, _fill("v2"), kind="profile")
+    assert (out / "meta.json").read_text() == "v2" and sorted(p.name for p in tmp_path.iterdir()) == ["prof"]
+
+
+def test_exchange_swaps_atomically(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "x").write_text("a")
+    (b / "x").write_text("b")
+    if not io._exchange(a, b):
+        pytest.skip("renameat2(RENAME_EXCHANGE) not supported here")
+    assert (a / "x").read_text() == "b" and (b / "x").read_text() == "a"
+
+
+def test_claimed_folder_accepts_only_our_files(tmp_path):
+    out = io.claim_output_dir(tmp_path / "rep", "report", ("report.md", "*.png"))
+    (out / "report.md").write_text("r")
+    (out / "a.png").write_bytes(b"png")
+    (out / ".report.md.abc.tmp").write_text("left by a killed run")
+    io.claim_output_dir(tmp_path / "rep", "report", ("report.md", "*.png"))  # ours: fine
+    (out / "thesis.tex").write_text("mine")
+    with pytest.raises(EdgeMoEError, match="thesis.tex"):
+        io.claim_output_dir(tmp_path / "rep", "report", ("report.md", "*.png"))
+    user = tmp_path / "docs"
+    user.mkdir()
+    (user / "report.md").write_text("my own report")
+    with pytest.raises(EdgeMoEError, match="not an edgemoe report"):
+        io.claim_output_dir(user, "report", ("report.md",))
+    assert (user / "report.md").read_text() == "my own report" and not (user / io.MARKER).exists()
