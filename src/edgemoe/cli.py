@@ -167,7 +167,7 @@ def profile(
     check_distinct_outputs(out=out, report=report)
     check_replaceable_dir(out, "profile", is_profile_folder)  # before the model is loaded, not after
     if report is not None:
-        claim_output_dir(report, "profile report", ("specialisation.json", "*.png"))
+        check_replaceable_dir(report, "profile report")
     try:
         spec = data or default_data_spec()
         adapter = load_moe(model)
@@ -183,6 +183,7 @@ def profile(
     if report is not None:
         from edgemoe.profile.report import specialisation_report
 
+        claim_output_dir(report, "profile report", ("specialisation.json", "*.png"))
         specialisation_report(prof, report)
         typer.echo(f"wrote {report}/specialisation.json, usage_heatmaps.png, similarity.png")
 
@@ -331,9 +332,12 @@ def report(
     out: Annotated[Path, typer.Option(help="output folder")] = Path("runs/report"),
 ):
     """Re-render plots and the Markdown/HTML report from results files."""
+    from edgemoe.eval.results import load_results
     from edgemoe.io import claim_output_dir
     from edgemoe.report.render import render_report
 
+    for p in results:
+        load_results(p)  # every input is valid before the output folder is made
     claim_output_dir(out, "report", REPORT_FILES, recognise=_is_report_folder)
     try:
         path = render_report(results, out)

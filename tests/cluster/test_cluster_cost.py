@@ -135,7 +135,7 @@ def test_plan_problem_shapes_and_hand_checked_entries(triangle, profile):
 
 def test_plan_problem_domains(triangle, profile):
     c = build_cluster(triangle)
-    with pytest.raises(EdgeMoEError, match=r"users\[0\].domain is 'wiki'.*domain_fallback"):
+    with pytest.raises(EdgeMoEError, match=r"users\[0\].domain is 'wiki'.*--domain-fallback"):
         cost.plan_problem(profile, c)
     # unknown domains in order of first appearance go round-robin over the profile's
     p = cost.plan_problem(profile, c, domain_fallback=True)

@@ -41,9 +41,9 @@ def serve_command(
     from .serve import Deployment, start_ray
 
     try:
+        file_target(out)
         ctx, cfg = _checked_inputs(cluster, placement, profile, model, policy, param, mode, wire, domain_fallback,
                                    links and ray_address is None)
-        file_target(out)
         try:
             info = start_ray(ctx.node_names if ray_address is None else (), address=ray_address)
         except (TimeoutError, ConnectionError) as exc:
