@@ -21,6 +21,7 @@ from edgemoe.cli import app
 from edgemoe.cluster import load_cluster
 from edgemoe.cluster.cost import plan_problem
 from edgemoe.eval.results import write_results
+from edgemoe.models.tiny import save_tiny
 from edgemoe.plan.base import plan
 from edgemoe.profile import synthetic_profile
 
@@ -94,6 +95,9 @@ def d(tmp_path_factory) -> Path:
     (model / "config.json").write_text(json.dumps({"model_type": "mixtral", "hidden_size": 8}))
     save_file({f"model.layers.{layer}.block_sparse_moe.experts.{e}.{w}.weight": np.zeros((2, 2), np.float32)
                for layer in range(2) for e in range(4) for w in ("w1", "w2", "w3")}, str(model / "model.safetensors"))
+    damaged = save_tiny("mixtral", root / "damaged_model")
+    weights = (damaged / "model.safetensors").read_bytes()
+    (damaged / "model.safetensors").write_bytes(weights[: len(weights) // 2])
     broken = root / "broken_model"
     broken.mkdir()
     (broken / "config.json").write_text(json.dumps({"model_type": "mixtral", "hidden_size": 8}))
@@ -153,6 +157,8 @@ CASES = [
     ("profile-out-is-a-file", [*PROFILE, "--out", "{d}/existing.json"], "must be a folder"),
     ("profile-out-equals-report", [*PROFILE, "--out", "{d}/p1", "--report", "{d}/p1"], "same file"),
     ("profile-report-user-folder", [*PROFILE, "--out", "{d}/p1", "--report", "{d}/user_docs"], "refusing to replace"),
+    ("profile-model-damaged-weights", ["profile", "--model", "{d}/damaged_model", "--data", "{d}/text.txt",
+                                       "--out", "{d}/p1", "--tokens", "64", "--block-len", "32"], "cannot read its weights"),
     ("profile-missing-model", ["profile", "--model", "{d}/nope", "--out", "{d}/p1"], "does not exist"),
     # plan: every --param has a type and a range; unknown keys list the valid ones
     ("plan-time-limit-negative", [*PLAN, "--method", "exact", "--param", "time_limit=-1"], "time_limit"),

@@ -49,7 +49,8 @@ def test_evaluate_and_report_end_to_end(tmp_path):
     """Profile (cached), plan, local backend, simulator, results file, report: all from the CLI."""
     model = save_tiny("mixtral", tmp_path / "model")
     (tmp_path / "text.txt").write_text("The quick brown fox jumps over the lazy dog.\n" * 400)
-    out = tmp_path / "res.json"
+    out = tmp_path / "res.md"  # an odd suffix: the experiment's own res.json name must not touch the sibling
+    (tmp_path / "res.json").write_text("the user's own file")
     result = runner.invoke(app, [
         "evaluate", "--model", str(model), "--out", str(out), "--cluster", "edge8",
         "--eval-data", str(tmp_path / "text.txt"), "--calib-data", str(tmp_path / "text.txt"),
@@ -57,6 +58,8 @@ def test_evaluate_and_report_end_to_end(tmp_path):
         "--method", "exact=uniform:exact", "--method", "om=ordermoe:ordermoe:budget=0.0,horizon=1"])
     assert result.exit_code == 0, result.output
     res = json.loads(out.read_text())
+    assert (tmp_path / "res.json").read_text() == "the user's own file"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no work folder left behind
     assert res["schema"] == "edgemoe.results/1" and set(res["methods"]) == {"exact", "om"}
     # budget 0: OrderMoE makes exact decisions, so the model's quality is untouched
     assert res["methods"]["om"]["ppl"] == res["methods"]["exact"]["ppl"] == res["ppl_exact"]
@@ -67,4 +70,36 @@ def test_evaluate_and_report_end_to_end(tmp_path):
 
 def test_evaluate_bad_method_spec(tmp_path):
     result = runner.invoke(app, ["evaluate", "--out", str(tmp_path / "r.json"), "--method", "nonsense"])
-    assert result.exit_code == 2 and "NAME=PLACEMENT:POLICY" in result.output
+    assert result.exit_code == 2 and "NAME=PLACEMENT:POLICY" in result.stderr and not result.stdout
+
+
+def test_console_entry_is_the_catcher(capsys):
+    """pyproject's `edgemoe` script is cli.main, which exits 2 with one stderr line on bad input."""
+    import tomllib
+    from pathlib import Path
+
+    from edgemoe.cli import main
+
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert pyproject["project"]["scripts"]["edgemoe"] == "edgemoe.cli:main"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "--profile", "nope", "--cluster", "edge8", "--method", "exact", "--param", "time_limit=-1"])
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 2 and captured.out == ""
+    assert captured.err.startswith("error: --param time_limit=-1") and captured.err.count("\n") == 1
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0 and "plan" in capsys.readouterr().out
+
+
+def test_profile_replaces_its_own_output_and_keeps_the_report_folder_ours(tmp_path):
+    """A second run over the same --out and --report folders is allowed (they are edgemoe's)."""
+    model = save_tiny("mixtral", tmp_path / "model")
+    (tmp_path / "text.txt").write_text("The quick brown fox jumps over the lazy dog.\n" * 100)
+    args = ["profile", "--model", str(model), "--data", str(tmp_path / "text.txt"), "--tokens", "64",
+            "--block-len", "32", "--subst-tokens", "16", "--out", str(tmp_path / "p"), "--report", str(tmp_path / "r")]
+    for _ in range(2):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.stderr
+    assert load_profile(tmp_path / "p").num_tokens == 64
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "p", "r", "text.txt"]

@@ -80,7 +80,13 @@ def load_moe(spec: str = DEFAULT_MODEL, dtype: torch.dtype = torch.float32) -> M
         )
     auto = AutoModelForSeq2SeqLM if config.model_type == "switch_transformers" else AutoModelForCausalLM
     stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-    model = auto.from_pretrained(path, dtype=dtype)
+    try:
+        model = auto.from_pretrained(path, dtype=dtype)
+    except Exception as exc:  # a damaged weights file: SafetensorError, OSError or a shape mismatch
+        if type(exc).__name__ not in ("SafetensorError", "OSError", "HeaderTooLarge") and "safetensors" not in str(exc):
+            raise
+        raise EdgeMoEError(f"model {spec!r}: cannot read its weights in {path} ({type(exc).__name__}: {exc}); "
+                           "re-download or re-save the model") from None
     model.eval()
     adapter = adapter_for(model, source=spec)
     if isinstance(stored, str):
