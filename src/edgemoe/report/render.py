@@ -140,21 +140,81 @@ def plot_group_sizes(results: dict, path: Path) -> Path | None:
 
 
 def plot_placements(results: dict, path: Path) -> Path | None:
+    """Write `placements_figure(results)` as a PNG at `path` (None when the results hold no placements)."""
+    fig = placements_figure(results)
+    return None if fig is None else atomic_write_figure(fig, path)
+
+
+def placements_figure(results: dict):
+    """Where each placement put the experts, readable at any number of placements, layers, experts, nodes.
+
+    Top: one [L, E] heatmap of non-cloud copies per placement, on a shared colour scale (one colour bar,
+    discrete steps while the counts are small), in a grid of up to 3 columns; titles say the mean copies
+    and how many experts have none. Bottom: one row per placement, one column per node, MB of experts
+    held (node ticks thinned when there are many). Constrained layout keeps titles, ticks and bars apart.
+    """
     import matplotlib.pyplot as plt
+    from matplotlib.colors import BoundaryNorm, PowerNorm
+    from matplotlib.ticker import MaxNLocator
 
     pl = results.get("placements") or {}
     if not pl:
         return None
     names = list(pl)
-    fig, axes = plt.subplots(len(names), 1, figsize=(8, 1.6 * len(names) + 0.6), squeeze=False)
-    for ax, name in zip(axes[:, 0], names, strict=True):
-        copies = np.asarray(pl[name]["copies"])  # [L, E]
-        im = ax.imshow(copies, aspect="auto", cmap="magma", vmin=0)
-        ax.set_title(f"{name}: copies of each expert", fontsize=9)
-        ax.set_ylabel("layer")
-        fig.colorbar(im, ax=ax, fraction=0.03)
-    axes[-1, 0].set_xlabel("expert")
-    return atomic_write_figure(fig, path, bbox_inches="tight")
+    copies = {n: np.asarray(pl[n]["copies"], dtype=float) for n in names}  # [L, E] each
+    L, E = next(iter(copies.values())).shape
+    top = max(1, int(max(c.max() for c in copies.values())))
+    ncols = min(3, len(names))
+    nrows = -(-len(names) // ncols)
+    panel_h = float(np.clip(0.28 * L, 1.1, 3.0))
+    used = [pl[n].get("bytes_used") for n in names]
+    has_nodes = all(u is not None and len(u) for u in used) and len({len(u) for u in used}) == 1
+    mem_h = 0.32 * len(names) + 1.2 if has_nodes else 0.0
+    fig = plt.figure(figsize=(3.6 * ncols + 1.4, nrows * (panel_h + 0.7) + mem_h + 0.4), layout="constrained")
+    grid_fig, mem_fig = fig.subfigures(2, 1, height_ratios=[nrows * (panel_h + 0.7), max(mem_h, 1e-3)]) \
+        if has_nodes else (fig, None)
+    axes = np.atleast_2d(grid_fig.subplots(nrows, ncols, sharex=True, sharey=True, squeeze=False))
+    cmap = plt.get_cmap("viridis", top + 1) if top <= 12 else plt.get_cmap("viridis")
+    norm = BoundaryNorm(np.arange(-0.5, top + 1.5), cmap.N) if top <= 12 else plt.Normalize(0, top)
+    im = None
+    for i, ax in enumerate(axes.ravel()):
+        if i >= len(names):
+            ax.set_visible(False)
+            continue
+        c = copies[names[i]]
+        im = ax.imshow(c, aspect="auto", cmap=cmap, norm=norm, interpolation="nearest")
+        ax.set_title(f"{names[i]}\nmean {c.mean():.2f} copies, {int((c == 0).sum())} uncovered", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))
+        ax.tick_params(labelsize=7)
+        if i % ncols == 0:
+            ax.set_ylabel("MoE layer", fontsize=8)
+        if i // ncols == nrows - 1 or i + ncols >= len(names):
+            ax.set_xlabel("expert", fontsize=8)
+            ax.tick_params(labelbottom=True)
+    bar = grid_fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.9, aspect=30)
+    bar.set_label("copies off the cloud", fontsize=8)
+    if top <= 12:
+        bar.set_ticks(range(0, top + 1, max(1, (top + 1) // 7)))
+    bar.ax.tick_params(labelsize=7)
+    grid_fig.suptitle(f"copies of each expert ({L} layers x {E} experts)", fontsize=9)
+    if has_nodes:
+        mb = np.asarray(used, dtype=float) / 1e6  # [P, N]
+        ax = mem_fig.subplots()
+        # square-root colours: a cloud node holding every expert does not wash out the small servers
+        mim = ax.imshow(mb, aspect="auto", cmap="Blues", interpolation="nearest",
+                        norm=PowerNorm(0.5, vmin=0, vmax=max(float(mb.max()), 1e-9)))
+        ax.set_yticks(range(len(names)), names, fontsize=7)
+        N = mb.shape[1]
+        step = max(1, -(-N // 40))
+        node_labels = results.get("config", {}).get("nodes") or [str(n) for n in range(N)]
+        ax.set_xticks(range(0, N, step), [str(node_labels[n]) for n in range(0, N, step)], fontsize=6,
+                      rotation=90 if N > 12 else 0)
+        ax.set_xlabel("node", fontsize=8)
+        mbar = mem_fig.colorbar(mim, ax=ax, shrink=0.9, aspect=15)
+        mbar.set_label("MB of experts held", fontsize=8)
+        mbar.ax.tick_params(labelsize=7)
+    return fig
 
 
 def render_report(paths: list[str | Path], out_dir: str | Path) -> Path:
