@@ -285,6 +285,7 @@ def test_single_domain_profile_serves_every_user(d, tmp_path):
     result = CliRunner().invoke(app, ["plan", "--profile", str(tmp_path / "one"), "--cluster", str(d / "cluster.yaml"),
                                       "--method", "lfu", "--out", str(tmp_path / "pl.json")])
     assert result.exit_code == 0, result.stderr
+    assert result.stderr == ""  # success is quiet on stderr: no bar, no warning, off a terminal
 
 
 def test_multi_domain_mismatch_names_the_flag(tmp_path):

@@ -25,6 +25,7 @@ except ImportError:  # pragma: no cover - older typer on the real click
     import click
 
 from edgemoe.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EdgeMoEError, describe, fail, one_line
+from edgemoe.progress import say
 
 
 class EdgeMoEGroup(TyperGroup):
@@ -32,6 +33,9 @@ class EdgeMoEGroup(TyperGroup):
     status and at most one line on stderr (also under typer's CliRunner, which calls `main` too)."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        from edgemoe.progress import quiet_unless_terminal
+
+        quiet_unless_terminal()
         code = run_guarded(lambda: super(EdgeMoEGroup, self).main(
             args, prog_name or "edgemoe", complete_var, standalone_mode=False, **extra))
         if standalone_mode:
@@ -132,7 +136,8 @@ def train(
 
     _finite(max_minutes, "--max-minutes")
     try:
-        recipe = train_default_model(data, out, TrainConfig(steps=steps, max_minutes=max_minutes, stop_after=stop_after, seed=seed))
+        recipe = train_default_model(data, out, TrainConfig(steps=steps, max_minutes=max_minutes, stop_after=stop_after, seed=seed),
+                                     log=say)
     except EdgeMoEError as exc:
         _fail(exc)
     typer.echo(f"saved {out} after {recipe['steps_done']} steps, {recipe['train_minutes']} min; "
@@ -232,7 +237,9 @@ def demo(
         cfg = ExperimentConfig(eval_data=eval_data, calib_tokens=4096, eval_tokens=2048, num_requests=16,
                                prompt_tokens=8, gen_tokens=8)
     try:
-        paths = run_experiment(cfg, [ordermoe_comparison(), slimcaching_comparison()], out, backend=backend)
+        comparisons = [ordermoe_comparison(), slimcaching_comparison()]
+        with _experiment_log(comparisons) as log:
+            paths = run_experiment(cfg, comparisons, out, backend=backend, log=log)
         report = render_report(paths, out)
     except EdgeMoEError as exc:
         _fail(exc)
@@ -278,11 +285,20 @@ def evaluate(
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
     try:
-        (path,) = run_experiment(cfg, [comp], work)
+        with _experiment_log([comp]) as log:
+            (path,) = run_experiment(cfg, [comp], work, log=log)
         publish_file(path, out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     typer.echo(f"wrote {out}")
+
+
+def _experiment_log(comparisons):
+    """A log for run_experiment whose per-method (and per-budget) result lines advance a progress bar."""
+    from edgemoe.progress import StepLog
+
+    total = sum(len(c.methods) + (len(c.budgets) if c.budget_sweep_method else 0) for c in comparisons)
+    return StepLog(total, "methods evaluated", lambda line: line.startswith("  ") and " ms" in line)
 
 
 def _parse_methods(texts: list[str]) -> tuple:

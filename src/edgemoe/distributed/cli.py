@@ -60,7 +60,10 @@ def serve_command(
             typer.echo("serving; actors are named edgemoe-<node> in namespace 'edgemoe'. Ctrl-C stops.")
             while True:
                 time.sleep(3600)
-        result = run_load(dep, load_users, load_seconds, gen_tokens, model)
+        from edgemoe.progress import ticker
+
+        with ticker(f"load run: {load_users} users", total_s=load_seconds):
+            result = run_load(dep, load_users, load_seconds, gen_tokens, model)
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out, json.dumps(result, indent=1, default=float))
         typer.echo(json.dumps({k: result[k] for k in ("measured", "error_vs_simulator")}, indent=1, default=float))

@@ -17,6 +17,7 @@ import torch
 
 from edgemoe.data import TextSource, shared_corpus, tokenize_blocks, wikitext_test
 from edgemoe.io import atomic_write_dir, check_replaceable_dir
+from edgemoe.progress import bar
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ def train_default_model(data_root: str | Path, out: str | Path, cfg: TrainConfig
     model.train()
     step, losses = 0, []
     deadline = t_start + 60 * cfg.max_minutes
-    for step in range(1, cfg.steps + 1):
+    for step in bar(range(1, cfg.steps + 1), desc="train", unit="step"):  # a bar on a terminal only
         # Equal share of every domain in each batch, so the router sees all of them all the time.
         pick = np.concatenate([rng.choice(ix, cfg.batch_size // len(domains)) for ix in by_domain])
         x = torch.from_numpy(train.ids[pick])

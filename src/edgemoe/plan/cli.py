@@ -107,6 +107,7 @@ def plan_command(
     from edgemoe.io import check_distinct_outputs, file_target
     from edgemoe.plan.base import plan
     from edgemoe.profile import load_profile
+    from edgemoe.progress import ticker
 
     console = Console()
     try:
@@ -118,8 +119,9 @@ def plan_command(
         prof = load_profile(profile)
         problem = plan_problem(prof, load_cluster(cluster), domain_fallback=domain_fallback)
         start = time.perf_counter()
-        with console.status(f"planning with {method} ({prof.L} layers x {prof.E} experts, "
-                            f"{problem.num_nodes} nodes, {len(problem.user_names)} users)..."):
+        limit = params.get("time_limit", 60.0) if method == "exact" else None  # HiGHS stops at its time limit
+        with ticker(f"planning with {method} ({prof.L} layers x {prof.E} experts, {problem.num_nodes} nodes, "
+                    f"{len(problem.user_names)} users)", total_s=limit):
             placement = plan(problem, method, **params)
         seconds = time.perf_counter() - start
         written = placement.save(out)

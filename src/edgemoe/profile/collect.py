@@ -56,7 +56,7 @@ def collect_profile(
     Router logits, Top-K and gates are recorded for every token at every MoE layer; `subst_tokens`
     tokens per layer (a seeded random sample) keep their hidden states for the substitution error.
     """
-    from tqdm.auto import tqdm
+    from edgemoe.progress import bar as progress_bar
 
     L, K = adapter.num_layers, adapter.top_k
     logits: list[list[torch.Tensor]] = [[] for _ in range(L)]
@@ -78,7 +78,8 @@ def collect_profile(
         if hi > lo:
             kept_hidden[call.layer].append(call.hidden[torch.from_numpy(sample[lo:hi] - offset[0])].float().cpu())
 
-    bar = tqdm(total=B * S, unit="tok", desc="profile", disable=not progress)
+    bar = progress_bar(total=B * S, unit="tok", desc="profile")  # drawn on a terminal only
+    bar.disable = bar.disable or not progress
     with adapter.record(rec):
         for i in range(0, B, batch_size):
             x = torch.from_numpy(blocks.ids[i:i + batch_size])
