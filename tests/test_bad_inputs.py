@@ -88,6 +88,10 @@ def d(tmp_path_factory) -> Path:
     (root / "pl_bad_id.json").write_text(p.read_text())
     _edit_json(root / "pl_bad_id.json", lambda doc: doc["hosts"]["a"].__setitem__(0, [0, 42]))
     (root / "not_json.json").write_text("{ this is not json")
+    (root / "cluster_bad.yaml").write_text("nodes: 5\n")
+    (root / "cluster_kind.yaml").write_text(CLUSTER_YAML.replace("kind: edge, memory: 8MB", "kind: fog, memory: 8MB"))
+    (root / "cluster_latin1.yaml").write_bytes(CLUSTER_YAML.replace("u1", "\u00fc1").encode("latin-1"))
+    (root / "cluster_syntax.yaml").write_text("name: [unclosed\n")
 
     # A checkpoint whose (L, E) is not the profile's, and one whose weights file is damaged.
     model = root / "model"
@@ -188,6 +192,16 @@ CASES = [
                               "--out", "{d}/new.json"], "not a profile folder"),
     ("plan-cluster-missing", ["plan", "--profile", "{d}/prof", "--cluster", "{d}/nope.yaml", "--method", "lfu",
                               "--out", "{d}/new.json"], "no such cluster file"),
+    ("plan-cluster-not-a-list", [*PLAN[:3], "--cluster", "{d}/cluster_bad.yaml", *PLAN[5:], "--method", "lfu"],
+     "nodes: Input should be a valid list"),
+    ("plan-cluster-unknown-kind", [*PLAN[:3], "--cluster", "{d}/cluster_kind.yaml", *PLAN[5:], "--method", "lfu"],
+     "nodes[2].kind"),
+    ("plan-cluster-not-utf8", [*PLAN[:3], "--cluster", "{d}/cluster_latin1.yaml", *PLAN[5:], "--method", "lfu"],
+     "cluster_latin1.yaml: cluster file is not UTF-8"),
+    ("plan-cluster-syntax", [*PLAN[:3], "--cluster", "{d}/cluster_syntax.yaml", *PLAN[5:], "--method", "lfu"],
+     "cannot parse"),
+    ("plan-profile-is-a-file", ["plan", "--profile", "{d}/text.txt", "--cluster", "{d}/cluster.yaml", "--method", "lfu",
+                                "--out", "{d}/new.json"], "not a profile folder"),
     ("plan-out-fifo", ["plan", "--profile", "{d}/prof", "--cluster", "{d}/cluster.yaml", "--method", "lfu",
                        "--out", "{d}/fifo"], "FIFO"),
     ("plan-out-link-to-fifo", ["plan", "--profile", "{d}/prof", "--cluster", "{d}/cluster.yaml", "--method", "lfu",

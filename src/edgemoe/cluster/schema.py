@@ -548,9 +548,13 @@ def read_cluster_file(path: str | Path) -> dict:
     """Parse a .yaml/.yml/.toml cluster file into a dict (no validation)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise EdgeMoEError(f"{path}: cluster file not found") from None
+    except IsADirectoryError:
+        raise EdgeMoEError(f"{path}: is a folder, expected a cluster file (.yaml/.toml)") from None
+    except UnicodeDecodeError:
+        raise EdgeMoEError(f"{path}: cluster file is not UTF-8 text") from None
     try:
         data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
