@@ -46,9 +46,10 @@ def serve_command(
                                    links and ray_address is None)
         try:
             info = start_ray(ctx.node_names if ray_address is None else (), address=ray_address)
-        except (TimeoutError, ConnectionError) as exc:
+        except (TimeoutError, ConnectionError, RuntimeError) as exc:  # ray.init: "Failed to start/connect to GCS"
+            detail = " ".join(str(exc).split())[:300]
             raise EdgeMoEError(f"Ray did not start or could not be reached at {ray_address or 'a local instance'} "
-                               f"({type(exc).__name__}: {exc}); check --ray-address and that Ray runs") from None
+                               f"({type(exc).__name__}: {detail}); check --ray-address and that Ray runs") from None
         typer.echo(f"ray: {info}")
         t0 = time.perf_counter()
         dep = Deployment.launch(cfg)
