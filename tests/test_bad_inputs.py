@@ -76,6 +76,7 @@ def d(tmp_path_factory) -> Path:
     p = root / "placement.json"
     (root / "pl_missing.json").write_text(json.dumps({k: v for k, v in json.loads(p.read_text()).items() if k != "hosts"}))
     other = synthetic_profile(num_layers=2, num_experts=4, top_k=2, num_tokens=100, expert_bytes=1_000_000, seed=1)
+    other.save(root / "other_prof")  # matches the small checkpoint below and pl_other_model.json
     plan(plan_problem(other, load_cluster(root / "cluster.yaml")), "uniform").save(root / "pl_other_model.json")
 
     def overfill(doc):  # every expert on node c (8 MB) and its recorded capacity raised to match
@@ -308,3 +309,20 @@ def test_multi_domain_mismatch_names_the_flag(tmp_path):
     result = CliRunner().invoke(app, ["plan", "--profile", str(tmp_path / "p"), "--cluster", "edge8", "--method", "lfu",
                                       "--out", str(tmp_path / "pl.json")])
     assert result.exit_code == 2 and "--domain-fallback" in result.stderr, result.stderr
+
+
+def test_ray_that_does_not_start_is_one_line(d, monkeypatch):
+    """Inputs that all match; Ray's start times out -> one clear line, exit 2, nothing written."""
+    import edgemoe.distributed.serve as serve_mod
+
+    def timeout(*_a, **_k):
+        raise TimeoutError("Timed out after 30 seconds waiting for the GCS")
+
+    monkeypatch.setattr(serve_mod, "start_ray", timeout)
+    before = snapshot(d)
+    result = CliRunner().invoke(app, ["serve", "--cluster", str(d / "cluster.yaml"), "--placement",
+                                      str(d / "pl_other_model.json"), "--profile", str(d / "other_prof"),
+                                      "--model", str(d / "model"), "--load-users", "1", "--out", str(d / "s.json")])
+    assert result.exit_code == 2, (result.stderr, result.exception)
+    assert result.stderr.count("\n") == 1 and "Ray did not start" in result.stderr and "--ray-address" in result.stderr
+    assert snapshot(d) == before
