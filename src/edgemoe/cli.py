@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: `edgemoe ...`."""
     sys.exit(typer.main.get_command(app).main(argv, prog_name="edgemoe", standalone_mode=False))
 
+
 SHARED_DATA = Path("../shared/data")
 
 
