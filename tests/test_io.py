@@ -255,6 +255,18 @@ def test_exchange_swaps_atomically(tmp_path):
     assert (a / "x").read_text() == "b" and (b / "x").read_text() == "a"
 
 
+def test_a_legacy_report_folder_keeps_being_ours(tmp_path):
+    """Claimed through `recognise` once (no marker yet), the folder's files are recorded: a second
+    claim needs no recognition."""
+    out = tmp_path / "rep"
+    out.mkdir()
+    (out / "report.md").write_text("# edgemoe report")
+    (out / "results.json").write_text("{}")
+    io.claim_output_dir(out, "report", ("report.md",), recognise=lambda p: True)
+    io.claim_output_dir(out, "report", ("report.md",))
+    assert set(json.loads((out / io.MARKER).read_text())["files"]) == {"report.md", "results.json"}
+
+
 def test_claimed_folder_accepts_only_our_files(tmp_path):
     out = io.claim_output_dir(tmp_path / "rep", "report", ("report.md", "*.png"))
     (out / "report.md").write_text("r")

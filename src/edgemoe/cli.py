@@ -119,7 +119,7 @@ def _is_report_folder(path: Path) -> bool:
         p.is_file() and p.suffix in {".md", ".html", ".png", ".json"} for p in names)
 
 
-REPORT_FILES = ("report.md", "report.html", "*.png")
+REPORT_FILES = ("report.md", "report.html", "*.png", "*.json")  # demo and report folders: results beside the report
 
 
 @app.command()
@@ -173,7 +173,7 @@ def profile(
     check_distinct_outputs(out=out, report=report)
     check_replaceable_dir(out, "profile", is_profile_folder)  # before the model is loaded, not after
     if report is not None:
-        check_replaceable_dir(report, "profile report")
+        check_replaceable_dir(report, "profile report", action="write into")
     try:
         spec = data or default_data_spec()
         adapter = load_moe(model)
@@ -232,7 +232,7 @@ def demo(
     from edgemoe.report.render import render_report
 
     _choice(backend, ("simulate", "ray"), "--backend")
-    claim_output_dir(out, "demo", ("*.json", *REPORT_FILES), recognise=_is_report_folder)
+    claim_output_dir(out, "report", REPORT_FILES, recognise=_is_report_folder)
     cfg = ExperimentConfig(eval_data=eval_data)
     if quick:
         cfg = ExperimentConfig(eval_data=eval_data, calib_tokens=4096, eval_tokens=2048, num_requests=16,

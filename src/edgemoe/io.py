@@ -242,14 +242,16 @@ def folder_is_ours(folder: Path, kind: str | None = None,
 
 
 def check_replaceable_dir(path: str | os.PathLike, kind: str,
-                          recognise: Callable[[Path], bool] | None = None) -> None:
-    """Raise EdgeMoEError now (before long work) if `atomic_write_dir(path, ..., kind)` would refuse."""
+                          recognise: Callable[[Path], bool] | None = None, action: str = "replace") -> None:
+    """Raise EdgeMoEError now (before long work) if `atomic_write_dir(path, ..., kind)` (or, with
+    action="write into", `claim_output_dir`) would refuse `path`."""
     target = resolve_target(path)
     if target.exists():
-        _refuse_foreign(target, kind, recognise)
+        _refuse_foreign(target, kind, recognise, action)
 
 
-def _refuse_foreign(folder: Path, kind: str, recognise: Callable[[Path], bool] | None) -> None:
+def _refuse_foreign(folder: Path, kind: str, recognise: Callable[[Path], bool] | None,
+                    action: str = "replace") -> None:
     if not folder.is_dir():
         raise EdgeMoEError(f"{folder} exists and is {_kind_of(folder.stat().st_mode)}; "
                            f"the {kind} output must be a folder: give a new folder path")
@@ -263,7 +265,7 @@ def _refuse_foreign(folder: Path, kind: str, recognise: Callable[[Path], bool] |
         why = f"it holds files edgemoe did not write there ({', '.join(extra[:5])})"
     else:
         why = f"it is not an edgemoe {kind} output (no {MARKER})"
-    raise EdgeMoEError(f"--out {folder}: refusing to replace an existing folder: {why}; "
+    raise EdgeMoEError(f"--out {folder}: refusing to {action} an existing folder: {why}; "
                        "give a new or empty folder, or remove it yourself")
 
 
@@ -352,10 +354,11 @@ def claim_output_dir(path: str | os.PathLike, kind: str, files: list[str] | tupl
     """
     target = resolve_target(path)
     if target.exists():
-        _refuse_foreign(target, kind, recognise)
+        _refuse_foreign(target, kind, recognise, action="write into")
     _make_parent(target)
     target.mkdir(exist_ok=True)
-    marker = read_marker(target) or {"schema": MARKER_SCHEMA, "kind": kind, "files": []}
+    # A folder recognised as ours without a marker (written before markers existed): what is in it is ours.
+    marker = read_marker(target) or {"schema": MARKER_SCHEMA, "kind": kind, "files": sorted(_entries(target))}
     marker["files"] = sorted(set(marker.get("files", [])) | set(files))
     atomic_write_json(target / MARKER, marker, indent=1)
     return target
