@@ -211,6 +211,7 @@ CASES = [
                          "--out", "{d}/to_devnull"], "device"),
     ("plan-out-folder", ["plan", "--profile", "{d}/prof", "--cluster", "{d}/cluster.yaml", "--method", "lfu",
                          "--out", "{d}/a_folder"], "folder"),
+    ("plan-out-unwritable-folder", [*PLAN[:-1], "/proc/edgemoe-placement.json", "--method", "lfu"], "cannot write in /proc"),
     ("plan-out-equals-map", [*PLAN, "--method", "lfu", "--expert-map", "{d}/new.json"], "same file"),
     # evaluate: method rows are parsed and checked before anything runs
     ("evaluate-method-syntax", [*EVAL, "--method", "nonsense"], "NAME=PLACEMENT:POLICY"),

@@ -132,7 +132,10 @@ def atomic_write_with(path: str | os.PathLike, writer: Callable[[Path], None]) -
     """
     target = file_target(path)
     _make_parent(target)
-    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise EdgeMoEError(f"{path}: cannot write in {target.parent} ({exc.strerror})") from None
     os.close(fd)
     tmp = Path(tmp_name)
     try:
@@ -315,7 +318,10 @@ def atomic_write_dir(path: str | os.PathLike, writer: Callable[[Path], None], ki
     if target.exists():
         _refuse_foreign(target, kind, recognise)
     _make_parent(target)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    try:
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    except OSError as exc:
+        raise EdgeMoEError(f"{path}: cannot write in {target.parent} ({exc.strerror})") from None
     try:
         writer(tmp)
         _write_marker(tmp, kind)
