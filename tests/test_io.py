@@ -273,6 +273,10 @@ def test_claimed_folder_accepts_only_our_files(tmp_path):
     (out / "a.png").write_bytes(b"png")
     (out / ".report.md.abc.tmp").write_text("left by a killed run")
     io.claim_output_dir(tmp_path / "rep", "report", ("report.md", "*.png"))  # ours: fine
+    (out / ".notes.txt.tmp").write_text("a user's hidden file is not one of our temporaries")
+    with pytest.raises(EdgeMoEError, match="notes"):
+        io.claim_output_dir(tmp_path / "rep", "report", ("report.md", "*.png"))
+    (out / ".notes.txt.tmp").unlink()
     (out / "thesis.tex").write_text("mine")
     with pytest.raises(EdgeMoEError, match="thesis.tex"):
         io.claim_output_dir(tmp_path / "rep", "report", ("report.md", "*.png"))

@@ -222,13 +222,12 @@ def _entries(folder: Path) -> set[str]:
     return {p.name for p in folder.iterdir()}
 
 
-def _leftover(name: str) -> bool:
-    """Our own temporaries, left beside a target by a killed run (never the user's)."""
-    return name.startswith(".") and (name.endswith(".tmp") or name.endswith(".old"))
-
-
 def _listed(name: str, patterns: list[str]) -> bool:
-    return _leftover(name) or any(fnmatch.fnmatchcase(name, p) for p in patterns)
+    """`name` matches one of the marker's patterns, or is our temporary for one (".NAME.XXXX.tmp", left
+    beside a target by a killed run)."""
+    if name.startswith(".") and name.endswith((".tmp", ".old")) and name.count(".") >= 3:
+        name = name[1:].rsplit(".", 2)[0]
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
 def folder_is_ours(folder: Path, kind: str | None = None,
@@ -268,7 +267,7 @@ def _refuse_foreign(folder: Path, kind: str, recognise: Callable[[Path], bool] |
         why = f"it holds files edgemoe did not write there ({', '.join(extra[:5])})"
     else:
         why = f"it is not an edgemoe {kind} output (no {MARKER})"
-    raise EdgeMoEError(f"--out {folder}: refusing to {action} an existing folder: {why}; "
+    raise EdgeMoEError(f"{folder}: refusing to {action} an existing folder: {why}; "
                        "give a new or empty folder, or remove it yourself")
 
 
