@@ -12,9 +12,41 @@ by a beam search that grows subsets one expert at a time (an extension, not from
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+
+
+def capacity_grid(expert_bytes: np.ndarray, capacity_bytes: int, max_units: int) -> tuple[int, int, np.ndarray]:
+    """(unit bytes, C, units [L, E]): the node's capacity and each expert's size in one discrete unit.
+
+    The unit is the gcd of all expert sizes (one slot when they are equal). If that gives more than
+    `max_units` units, the unit grows to ceil(capacity / max_units) and sizes round up, which keeps every
+    DP solution feasible (it may waste up to one unit per expert).
+    """
+    sizes = np.asarray(expert_bytes, dtype=np.int64)
+    unit = int(np.gcd.reduce(sizes.ravel())) if sizes.size else 1
+    unit = max(unit, 1)
+    if capacity_bytes // unit > max_units:
+        unit = math.ceil(capacity_bytes / max_units)
+    units = -(-sizes // unit)
+    return unit, int(capacity_bytes // unit), units
+
+
+def capacity_units(expert_bytes: np.ndarray, capacity_bytes: int, max_units: int) -> tuple[int, np.ndarray]:
+    """(C, units [L, E]) of `capacity_grid` (without the unit)."""
+    return capacity_grid(expert_bytes, capacity_bytes, max_units)[1:]
+
+
+def free_units(capacity_bytes: int, used_bytes: int, unit: int) -> int:
+    """Units left for the DP once `used_bytes` are taken (fixed copies): whole units of the free bytes.
+
+    Counted in bytes, not as C minus the fixed copies' rounded-up units: those copies were placed by byte
+    (coverage repair), so their rounded sizes may exceed C. Any choice within the result fits in bytes,
+    since every expert's rounded size is at least its true size.
+    """
+    return max(int(capacity_bytes) - int(used_bytes), 0) // int(unit)
 
 
 @dataclass(frozen=True)
@@ -86,29 +118,72 @@ def value_table(g: SetGains, units: np.ndarray, capacity: int, enum_max: int = 1
     n = g.candidates.size
     if n == 0 or capacity == 0:
         return np.zeros(capacity + 1), np.zeros((capacity + 1, n), bool), True
+    singles = modular_values(g)
+    if singles is not None:
+        return (*_modular_table(singles, units, capacity), True)
     if n <= enum_max:
         return (*_enumerate(g, units, capacity), True)
     return (*_beam(g, units, capacity, beam_width), False)
+
+
+def modular_values(g: SetGains, rel_tol: float = 1e-12) -> np.ndarray | None:
+    """[c] each candidate's value alone if g is modular (no set's saving depends on which other members
+    are cached: K = 1, or sets with one useful member), else None.
+
+    g(S) = m(S) + h(S) with m the sum of singleton values and h >= 0 the supermodular interaction; the
+    layer table needs no subset search exactly when h = 0.
+    """
+    M, K = g.cand_pos.shape
+    masks = np.arange(2**K)
+    bits = (masks[:, None] >> np.arange(K)[None]) & 1  # [2^K, K]
+    single = g.gain[:, 1 << np.arange(K)]  # [M, K] value of each member alone
+    additive = single @ bits.T  # [M, 2^K]
+    scale = max(float(np.abs(g.gain).max(initial=0.0)), 1e-300)
+    if np.abs(g.gain - additive).max(initial=0.0) > rel_tol * scale:
+        return None
+    valid = g.cand_pos >= 0
+    return np.bincount(g.cand_pos[valid], weights=single[valid], minlength=g.candidates.size)
+
+
+def _modular_table(values: np.ndarray, units: np.ndarray, capacity: int):
+    """Exact V(c) for a modular g: a 0/1 knapsack by DP over candidates, O(c x C) (sorted prefix sums
+    when sizes are equal, which is what the DP then computes). Returns ([C+1], [C+1, c])."""
+    n = values.size
+    units = units.astype(np.int64)
+    best = np.zeros(capacity + 1)
+    take = np.zeros((n, capacity + 1), bool)
+    for x in range(n):
+        if values[x] <= 0 or units[x] > capacity:
+            continue
+        shifted = np.full(capacity + 1, -np.inf)
+        shifted[units[x]:] = best[: capacity + 1 - units[x]] + values[x]
+        take[x] = shifted > best + 1e-18
+        best = np.maximum(best, shifted)
+    pick = np.zeros((capacity + 1, n), bool)
+    room = np.arange(capacity + 1)  # backtrack every budget at once
+    for x in range(n - 1, -1, -1):
+        pick[:, x] = take[x, room]
+        room = room - np.where(pick[:, x], units[x], 0)
+    return best, pick
 
 
 def _best_by_size(values: np.ndarray, sizes: np.ndarray, subsets: np.ndarray, capacity: int):
     """Cumulative best over size <= c. values, sizes: [P]; subsets: [P, c] bool. Returns ([C+1], [C+1, c])."""
     fits = sizes <= capacity
     values, sizes, subsets = values[fits], sizes[fits], subsets[fits]
-    table = np.zeros(capacity + 1)
-    pick = np.zeros((capacity + 1, subsets.shape[1]), bool)
     order = np.lexsort((-values, sizes))  # by size, best first within a size
     first = order[np.concatenate([[True], np.diff(sizes[order]) != 0])]
     exact = np.full(capacity + 1, -1, dtype=np.int64)
     exact[sizes[first]] = first
-    best_val, best_idx = 0.0, -1
-    for c in range(capacity + 1):
-        i = exact[c]
-        if i >= 0 and values[i] > best_val + 1e-18:
-            best_val, best_idx = values[i], i
-        table[c] = best_val
-        if best_idx >= 0:
-            pick[c] = subsets[best_idx]
+    cand = np.where(exact >= 0, values[np.maximum(exact, 0)], 0.0)
+    cand = np.where(cand > 1e-18, cand, 0.0)  # the empty set (value 0) wins non-positive values
+    table = np.maximum.accumulate(cand)
+    improved = cand > np.concatenate([[0.0], table[:-1]])  # a strictly better subset first appears at c
+    src = np.maximum.accumulate(np.where(improved, np.arange(capacity + 1), 0))
+    idx = np.where(table > 0, exact[src], -1)
+    pick = np.zeros((capacity + 1, subsets.shape[1]), bool)
+    rows = idx >= 0
+    pick[rows] = subsets[idx[rows]]
     return table, pick
 
 
