@@ -89,12 +89,15 @@ def run_sweep(name: str, xs: list, make, labels: dict) -> dict:
 
 
 def with_profiles(problem, num_models: int):
-    """Same cluster, `num_models` different synthetic models (seeded 100+m) sharing the storage."""
+    """Same cluster, `num_models` different synthetic models (seeded 100+m) sharing the storage. Odd models
+    have 2 fewer experts per layer and K = 1 (models with different E and K share one problem)."""
     L, E = problem.expert_bytes.shape
     K = problem.profile.K
-    models = [dataclasses.replace(problem, profile=synthetic_profile(L, E, K, problem.profile.num_tokens,
-                                                                     num_domains=3, seed=100 + m))
-              for m in range(num_models)]
+    shapes = [(E, K) if m % 2 == 0 else (E - 2, 1) for m in range(num_models)]
+    models = [dataclasses.replace(problem, profile=synthetic_profile(L, e, k, problem.profile.num_tokens, num_domains=3,
+                                                                     seed=100 + m),
+                                  compute_s=problem.compute_s[:, :, :e], expert_bytes=problem.expert_bytes[:, :e])
+              for m, (e, k) in enumerate(shapes)]
     user_model = np.arange(len(problem.user_names)) % num_models
     return combine_models(models, user_model, names=[f"m{m}" for m in range(num_models)])
 
@@ -113,12 +116,12 @@ def sweeps(quick: bool) -> dict[str, tuple[list, object]]:
             "layers": ([4, 16], lambda x: synth(num_layers=x)),
         }
     return {
-        "servers": ([4, 8, 16, 32, 64], lambda x: synth(num_servers=x)),
-        "users": ([10, 50, 100, 250, 500], lambda x: synth(num_users=x)),
-        "models": ([1, 2, 3, 4], lambda x: with_profiles(synth(), x)),
-        "slots_per_server": ([2, 4, 8, 16, 32], lambda x: synth(slots_per_server=x)),
-        "experts": ([8, 16, 32, 64], lambda x: synth(num_experts=x, slots_per_server=x + x // 2)),
-        "layers": ([4, 8, 16, 32], lambda x: synth(num_layers=x)),
+        "servers": ([4, 16, 64], lambda x: synth(num_servers=x)),
+        "users": ([10, 100, 500], lambda x: synth(num_users=x)),
+        "models": ([1, 2, 4], lambda x: with_profiles(synth(), x)),
+        "slots_per_server": ([2, 8, 32], lambda x: synth(slots_per_server=x)),
+        "experts": ([8, 32, 64], lambda x: synth(num_experts=x, slots_per_server=x + x // 2)),
+        "layers": ([4, 16, 32], lambda x: synth(num_layers=x)),
     }
 
 

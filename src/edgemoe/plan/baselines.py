@@ -261,11 +261,11 @@ def plan_lfu(problem: PlanProblem, fill: str = "auto", coverage: bool | None = N
     kinds = np.array(problem.node_kind)
     overall = global_demand(problem)
     hosts = empty_hosts(problem)
-    tie = -(overall / problem.expert_bytes).ravel()
+    tie = -(overall / np.maximum(problem.expert_bytes, 1)).ravel()
     weighted = problem.user_weight[:, None, None] * problem.user_freq()  # [U, L, E]
     home = np.asarray(problem.user_home, dtype=np.int64)
     for u in np.flatnonzero(fillable[home] & (kinds[home] == "device")):
-        own = (weighted[u] / problem.expert_bytes).ravel()
+        own = (weighted[u] / np.maximum(problem.expert_bytes, 1)).ravel()
         fill_by_order(problem, hosts, int(home[u]), np.lexsort((tie, -own)))
     on_device = np.where((kinds[home] == "device")[:, None, None], hosts[home], False)  # [U, L, E]
     edge_fill = fillable & (kinds == "edge")
@@ -274,7 +274,7 @@ def plan_lfu(problem: PlanProblem, fill: str = "auto", coverage: bool | None = N
         np.add.at(demand, access_nodes(problem, edge_fill), np.where(on_device, 0.0, weighted))
         for node in np.flatnonzero(edge_fill):
             # Value per byte, so that with unequal sizes a node keeps the most activations per byte.
-            own = (demand[node] / problem.expert_bytes).ravel()
+            own = (demand[node] / np.maximum(problem.expert_bytes, 1)).ravel()
             fill_by_order(problem, hosts, int(node), np.lexsort((tie, -own)))
     if cover:
         ensure_coverage(problem, hosts, edge_fill if edge_fill.any() else fillable, overall)
@@ -359,8 +359,8 @@ def plan_activation_aware(problem: PlanProblem, fill: str = "edge", coverage: bo
     free = free_bytes(problem, hosts).astype(np.float64)
     # Local-frequency order over all (node, l, e) on fillable nodes; global frequency breaks ties.
     nodes = np.flatnonzero(fillable)
-    local = (demand[nodes] / sizes[None]).ravel()
-    tie = np.broadcast_to(overall / sizes, (len(nodes), L, E)).ravel()
+    local = (demand[nodes] / np.maximum(sizes, 1)[None]).ravel()
+    tie = np.broadcast_to(overall / np.maximum(sizes, 1), (len(nodes), L, E)).ravel()
     order = np.lexsort((-tie, -local))
     for respect_budget in (True, False):
         for flat in order:
@@ -515,8 +515,8 @@ def plan_affinity(problem: PlanProblem, fill: str = "edge", replicate: bool = Tr
             free[node] -= need
     if replicate:
         for node in np.flatnonzero(fillable):
-            score = _neighbour_affinity(hosts[node], joint) / problem.expert_bytes
-            order = np.lexsort((-(freq / problem.expert_bytes).ravel(), -score.ravel()))
+            score = _neighbour_affinity(hosts[node], joint) / np.maximum(problem.expert_bytes, 1)
+            order = np.lexsort((-(freq / np.maximum(problem.expert_bytes, 1)).ravel(), -score.ravel()))
             fill_by_order(problem, hosts, int(node), order)
     return _finish(problem, "affinity", hosts, fill=fill, replicate=replicate)
 

@@ -154,7 +154,7 @@ def true_objective_greedy(problem: PlanProblem, model: SlimModel) -> tuple[np.nd
 
     for layer in range(L):
         refresh(layer)
-    size = problem.expert_bytes.astype(np.float64)[None]
+    size = np.maximum(problem.expert_bytes, 1).astype(np.float64)[None]  # padding experts have 0 bytes
     free = problem.capacity_bytes[nodes].astype(np.int64)
     steps = 0
     while True:

@@ -41,7 +41,7 @@ def cache_nodes(problem: PlanProblem) -> np.ndarray:
 def greedy_k1(problem: PlanProblem, model: SlimModel, rule: str) -> np.ndarray:
     """hosts [N, L, E] from lazy greedy with `rule` "ratio" (gain per byte) or "plain" (gain)."""
     L, E = problem.expert_bytes.shape
-    size = problem.expert_bytes.astype(np.float64)
+    size = np.maximum(problem.expert_bytes, 1).astype(np.float64)  # padding experts have 0 bytes
     hosts = empty_hosts(problem)
     tau = expert_latency(model, hosts)  # [U, L, E]
     weighted = marginal_prob(model, E) * model.weight[:, None, None]  # [U, L, E] w_u p_u(l, e)
@@ -90,7 +90,7 @@ def complete_by_ratio(weighted: np.ndarray, tau: np.ndarray, call: np.ndarray, s
         ok = ~chosen & (sizes <= free) & (gain > GAIN_TOL)
         if not ok.any():
             return chosen, total
-        layer, e = np.unravel_index(int(np.argmax(np.where(ok, gain / sizes, -np.inf))), gain.shape)
+        layer, e = np.unravel_index(int(np.argmax(np.where(ok, gain / np.maximum(sizes, 1), -np.inf))), gain.shape)
         chosen[layer, e] = True
         free -= int(sizes[layer, e])
         total += float(gain[layer, e])
