@@ -66,31 +66,39 @@ def set_gains(tau: np.ndarray, call: np.ndarray, prob: np.ndarray, weight: np.nd
     expert ids (E = no expert).
     """
     U, E = tau.shape
-    K = sets.shape[1]
-    pad = np.zeros((U, 1))
-    cur = np.concatenate([tau, pad], axis=1)[:, sets]  # [U, M, K]
-    new = np.minimum(cur, np.concatenate([call, pad], axis=1)[:, sets])
-    helps = (new < cur) & (prob[:, :, None] * weight[:, None, None] > 0)  # [U, M, K]
-    useful_pos = helps.any(axis=0)  # [M, K]
+    M, K = sets.shape
+    # Only (user, set) pairs with positive mass matter: a user's domain picks a fraction of the sets
+    # (about a third with three domains), so work on that sparse list of pairs, not the dense [U, M].
+    mass_all = prob * weight[:, None]
+    pu, pm = np.nonzero(mass_all > 0)  # [P]
+    cur = np.concatenate([tau, np.zeros((U, 1))], axis=1)[pu[:, None], sets[pm]]  # [P, K]
+    new = np.minimum(cur, np.concatenate([call, np.zeros((U, 1))], axis=1)[pu[:, None], sets[pm]])
+    helps = new < cur  # [P, K]
+    useful_pos = np.zeros((M, K), bool)
+    hit_p, hit_k = np.nonzero(helps)
+    useful_pos[pm[hit_p], hit_k] = True
     useful_sets = np.flatnonzero(useful_pos.any(axis=1))
     if useful_sets.size == 0:
         return SetGains(np.zeros((0, 2**K)), np.zeros((0, K), np.int64), np.zeros(0, np.int64))
-    cur, new = cur[:, useful_sets], new[:, useful_sets]
-    mass = prob[:, useful_sets] * weight[:, None]  # [U, M']
+    row_of = np.full(M, -1, dtype=np.int64)
+    row_of[useful_sets] = np.arange(useful_sets.size)
+    keep = row_of[pm] >= 0
+    cur, new, row, mass = cur[keep], new[keep], row_of[pm[keep]], mass_all[pu[keep], pm[keep]]
     # served(mask) = max(max of `new` over the members in mask, max of `cur` over the others). Both maxima
-    # are built for every mask from the mask without its lowest bit: one [U, M'] maximum per mask.
-    in_mask = np.zeros((2**K, *cur.shape[:2]))  # call times are >= 0, so 0 is the max of an empty set
-    out_mask = np.zeros((2**K, *cur.shape[:2]))
+    # are built for every mask from the mask without its lowest bit: one [P] maximum per mask.
+    in_mask = np.zeros((2**K, cur.shape[0]))  # call times are >= 0, so 0 is the max of an empty set
+    out_mask = np.zeros((2**K, cur.shape[0]))
     for mask in range(1, 2**K):
         low = (mask & -mask).bit_length() - 1
-        in_mask[mask] = np.maximum(in_mask[mask & (mask - 1)], new[:, :, low])
+        in_mask[mask] = np.maximum(in_mask[mask & (mask - 1)], new[:, low])
     full = 2**K - 1
     for mask in range(full - 1, -1, -1):  # out_mask[mask] = max of cur over the members NOT in mask
         low = ((full & ~mask) & -(full & ~mask)).bit_length() - 1
-        out_mask[mask] = np.maximum(out_mask[mask | (1 << low)], cur[:, :, low])
-    served = np.maximum(in_mask, out_mask)  # [2^K, U, M']
-    base = out_mask[0]
-    gain = np.einsum("um,sum->ms", mass, base[None] - served)
+        out_mask[mask] = np.maximum(out_mask[mask | (1 << low)], cur[:, low])
+    saved = (out_mask[0][None] - np.maximum(in_mask, out_mask)) * mass[None]  # [2^K, P]
+    idx = row[None, :] * 2**K + np.arange(2**K)[:, None]
+    gain = np.bincount(idx.ravel(), weights=saved.ravel(), minlength=useful_sets.size * 2**K)
+    gain = gain.reshape(useful_sets.size, 2**K)
     members = sets[useful_sets]
     candidates = np.unique(members[useful_pos[useful_sets]])
     lookup = np.full(E + 1, -1, dtype=np.int64)
