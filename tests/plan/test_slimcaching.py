@@ -159,6 +159,8 @@ def test_k1_meets_its_stated_guarantee_on_knapsack_instances(seed, servers):
     assert placement.params["guarantee"] == pytest.approx(expected)
     achieved = empty - expected_latency(problem, placement.hosts)
     assert achieved >= placement.params["guarantee"] * (empty - opt) - 1e-15
+    # The block passes started from the greedy result never make it worse (the better one is kept).
+    assert placement.params["objective_s"] <= placement.params["greedy_objective_s"] + 1e-15
 
 
 def test_k1_partial_enumeration_reaches_the_optimum_on_one_knapsack():

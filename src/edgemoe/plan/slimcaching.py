@@ -38,7 +38,7 @@ from .slim_refine import refine as refine_hosts
 from .slim_values import capacity_grid, capacity_units, free_units, set_gains, value_table  # noqa: F401 (capacity_units re-exported)
 
 ORDERS = ("edge-first", "devices-first", "covered-weight")
-REFINE_WORK_PASSES = 0.5  # default refinement work cap: half of one pass's table work ...
+REFINE_WORK_PASSES = 0.25  # default refinement work cap: a quarter of one pass's work ...
 MAX_UNITS = 1024  # finest capacity grid: rounding each expert up to a unit wastes < 0.1% of a node per expert
 REFINE_MIN_WORK = 200_000  # ... but at least this many user-set cells (small instances run all their kicks)
 
@@ -144,6 +144,23 @@ def successive(problem: PlanProblem, model: SlimModel, passes: int = 1, order: s
     return best_hosts, info
 
 
+def refine_blocks(problem: PlanProblem, model: SlimModel, hosts: np.ndarray, order: str, settings: SolverSettings,
+                  cover: bool, kicks: int, forced: int, seed: int, refine_work: float,
+                  max_units: int) -> tuple[np.ndarray, dict]:
+    """`slim_refine.refine` with the work cap max(refine_work x one pass's work, REFINE_MIN_WORK)."""
+
+    def units_of(node: int):
+        return capacity_grid(problem.expert_bytes, int(problem.capacity_bytes[node]), max_units)
+
+    blocks = block_order(problem, model, order)
+    L = problem.expert_bytes.shape[0]
+    pass_work = sum(model.node_users(n).size for n in blocks) * sum(ls.sets.shape[0] for ls in model.layers) \
+        + sum(dp_work(L, units_of(n)[1]) for n in blocks)
+    max_work = max(refine_work * pass_work, REFINE_MIN_WORK) if refine_work > 0 else 0.0
+    return refine_hosts(problem, model, cover_edges(problem, hosts) if cover else hosts, blocks, units_of, settings,
+                        cover, kicks, forced, seed, max_work)
+
+
 @register("slimcaching")
 def slimcaching(problem: PlanProblem, *, algorithm: str = "auto", passes: int = 1, order: str = "edge-first",
                 maxconv: str = "auto", epsilon: float = 0.1, enum_max: int = 12, beam_width: int = 8,
@@ -152,7 +169,8 @@ def slimcaching(problem: PlanProblem, *, algorithm: str = "auto", passes: int = 
                 k1_seeds: int = 3, k1_max_seeds: int = 5000, coverage: bool | None = None) -> Placement:
     """SlimCaching placement of `problem` (devices and edge servers).
 
-    algorithm: "auto" (K = 1 -> "greedy-k1", else "successive"), "greedy-k1" or "successive".
+    algorithm: "auto" (K = 1 -> "greedy-k1", then with `refine` the block passes and the refinement
+    started from its result, the better kept; else "successive"), "greedy-k1" or "successive".
     passes: rounds over all blocks (1 = paper-faithful). order: block order (`ORDERS`).
     maxconv: "auto" | "naive" | "concave" | "fptas" (with `epsilon`). enum_max: largest number of useful
     experts per layer whose subsets are enumerated exactly; above it a beam of `beam_width` is used.
@@ -179,29 +197,38 @@ def slimcaching(problem: PlanProblem, *, algorithm: str = "auto", passes: int = 
     if kicks < 0 or forced < 1 or not refine_work >= 0:
         raise EdgeMoEError(f"slimcaching: kicks and refine_work must be >= 0 and forced >= 1, got kicks={kicks}, "
                            f"refine_work={refine_work}, forced={forced}")
+    polish = False
     if algorithm == "auto":
         algorithm = "greedy-k1" if problem.profile.K == 1 else "successive"
+        polish = algorithm == "greedy-k1" and refine
+    if algorithm in ("greedy-k1", "successive") and passes < 1:
+        raise EdgeMoEError(f"slimcaching: passes must be >= 1, got {passes}")
+    settings = SolverSettings(maxconv=maxconv, epsilon=epsilon, enum_max=enum_max, beam_width=beam_width)
+
+    def improve(start_hosts: np.ndarray | None) -> tuple[np.ndarray, dict]:
+        """The successive passes from start_hosts (None: empty), then the refinement if asked."""
+        found, found_info = successive(problem, model, passes, order, maxconv, epsilon, enum_max, beam_width,
+                                       max_units, start_hosts, cover)
+        if refine:
+            found, refine_info = refine_blocks(problem, model, found, order, settings, cover, kicks, forced, seed,
+                                               refine_work, max_units)
+            found_info.update(refine_info)
+        return found, found_info
+
     if algorithm == "greedy-k1":
         hosts, info = slimcaching_k1(problem, model, k1_seeds, k1_max_seeds)
+        if polish:
+            # K = 1 blocks have modular, exact tables, so block passes from the greedy result only improve
+            # it; the better of the two is kept, so the guarantee of the greedy result still holds.
+            polished, polish_info = improve(hosts)
+            before, after = (float(model.weight @ latency_per_user_from_tau(model, expert_latency(model, h)))
+                             for h in (hosts, polished))
+            info.update(polish_objective_s=after, greedy_objective_s=before, polished=after < before)
+            if after < before:
+                hosts = polished
+                info.update({k: v for k, v in polish_info.items() if k.startswith(("refine", "kicks"))})
     elif algorithm == "successive":
-        if passes < 1:
-            raise EdgeMoEError(f"slimcaching: passes must be >= 1, got {passes}")
-        hosts, info = successive(problem, model, passes, order, maxconv, epsilon, enum_max, beam_width, max_units,
-                                 warm, cover)
-        if refine:
-            settings = SolverSettings(maxconv=maxconv, epsilon=epsilon, enum_max=enum_max, beam_width=beam_width)
-
-            def units_of(node: int):
-                return capacity_grid(problem.expert_bytes, int(problem.capacity_bytes[node]), max_units)
-
-            blocks = block_order(problem, model, order)
-            L = problem.expert_bytes.shape[0]
-            pass_work = sum(model.node_users(n).size for n in blocks) * sum(ls.sets.shape[0] for ls in model.layers) \
-                + sum(dp_work(L, units_of(n)[1]) for n in blocks)
-            max_work = max(refine_work * pass_work, REFINE_MIN_WORK) if refine_work > 0 else 0.0
-            hosts, refine_info = refine_hosts(problem, model, cover_edges(problem, hosts) if cover else hosts,
-                                              blocks, units_of, settings, cover, kicks, forced, seed, max_work)
-            info.update(refine_info)
+        hosts, info = improve(warm)
     else:
         raise EdgeMoEError(f"slimcaching: algorithm={algorithm!r}; expected auto, greedy-k1 or successive")
     if cover:
@@ -209,5 +236,5 @@ def slimcaching(problem: PlanProblem, *, algorithm: str = "auto", passes: int = 
         require_covered(problem, hosts, "slimcaching")
     objective = float(model.weight @ latency_per_user_from_tau(model, expert_latency(model, hosts)))
     info.update(objective_s=objective, epsilon=epsilon, maxconv=maxconv, enum_max=enum_max, beam_width=beam_width,
-                refine=refine and algorithm == "successive", coverage=cover, plan_seconds=time.perf_counter() - start)
+                refine=refine and (algorithm == "successive" or polish), coverage=cover, plan_seconds=time.perf_counter() - start)
     return make_placement(problem, "slimcaching", hosts, **info)
