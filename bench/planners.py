@@ -5,14 +5,19 @@
 Writes bench/results/planners.json and planners.png (atomically) and prints tables. Every planner is run
 with its defaults on synthetic problems (`edgemoe.plan.synthetic`: users on their own devices, edge
 servers, a cloud) while one dimension grows; the objective is `edgemoe.plan.objective.expected_latency`
-(expected per-token MoE latency, seconds). Also: the optimality gap to the exact ILP on small instances,
-SlimCaching's two scale targets, and the device-edge-cloud preset with K = 2.
+(expected per-token MoE latency, seconds). Also: the optimality gap to the exact ILP on small instances
+with the paper's stated bounds beside it (`slim_bounds`: (1 - kappa_g)/2 with the measured supermodular
+curvature, 1/2, 1/4, and the K = 1 guarantee, as fractions of the optimal latency reduction), SlimCaching's
+two scale targets (process CPU time: Mixtral scale <= 1 s, Qwen scale <= 10 s), the max-convolution fast
+path against naive where its condition holds, and the device-edge-cloud preset with K = 2. Every run
+records wall seconds and process CPU seconds; the machine's load average is recorded beside them.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import platform
 import sys
 import time
@@ -25,6 +30,7 @@ from edgemoe.io import atomic_write_json, atomic_write_with
 from edgemoe.plan import planners
 from edgemoe.plan.base import empty_hosts
 from edgemoe.plan.objective import expected_latency
+from edgemoe.plan.slim_bounds import instance_bounds
 from edgemoe.plan.slim_multimodel import combine_models
 from edgemoe.plan.synthetic import synthetic_problem
 from edgemoe.profile import synthetic_profile
@@ -50,15 +56,19 @@ def variants() -> dict[str, tuple[str, dict]]:
 
 def run_one(problem, method: str, params: dict) -> dict:
     fn = planners()[method]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     try:
         placement = fn(problem, **params)
         placement.check_capacity()
     except Exception as exc:  # a planner that fails is reported, not fatal
         return {"seconds": time.perf_counter() - start, "error": f"{type(exc).__name__}: {exc}"[:300]}
-    seconds = time.perf_counter() - start
-    return {"seconds": seconds, "objective_s": expected_latency(problem, placement.hosts),
-            "gap": placement.params.get("mip_gap")}
+    seconds, cpu_s = time.perf_counter() - start, time.process_time() - cpu
+    out = {"seconds": seconds, "cpu_s": cpu_s, "objective_s": expected_latency(problem, placement.hosts),
+           "gap": placement.params.get("mip_gap")}
+    for key in ("optimal", "guarantee", "variant_used", "refine_stopped_by", "kicks_run", "maxconv_used"):
+        if key in placement.params:
+            out[key] = placement.params[key]
+    return out
 
 
 def run_sweep(name: str, xs: list, make, labels: dict) -> dict:
@@ -79,12 +89,15 @@ def run_sweep(name: str, xs: list, make, labels: dict) -> dict:
 
 
 def with_profiles(problem, num_models: int):
-    """Same cluster, `num_models` different synthetic models (seeded 100+m) sharing the storage."""
+    """Same cluster, `num_models` different synthetic models (seeded 100+m) sharing the storage. Odd models
+    have 2 fewer experts per layer and K = 1 (models with different E and K share one problem)."""
     L, E = problem.expert_bytes.shape
     K = problem.profile.K
-    models = [dataclasses.replace(problem, profile=synthetic_profile(L, E, K, problem.profile.num_tokens,
-                                                                     num_domains=3, seed=100 + m))
-              for m in range(num_models)]
+    shapes = [(E, K) if m % 2 == 0 else (E - 2, 1) for m in range(num_models)]
+    models = [dataclasses.replace(problem, profile=synthetic_profile(L, e, k, problem.profile.num_tokens, num_domains=3,
+                                                                     seed=100 + m),
+                                  compute_s=problem.compute_s[:, :, :e], expert_bytes=problem.expert_bytes[:, :e])
+              for m, (e, k) in enumerate(shapes)]
     user_model = np.arange(len(problem.user_names)) % num_models
     return combine_models(models, user_model, names=[f"m{m}" for m in range(num_models)])
 
@@ -103,40 +116,68 @@ def sweeps(quick: bool) -> dict[str, tuple[list, object]]:
             "layers": ([4, 16], lambda x: synth(num_layers=x)),
         }
     return {
-        "servers": ([4, 8, 16, 32, 64], lambda x: synth(num_servers=x)),
-        "users": ([10, 50, 100, 250, 500], lambda x: synth(num_users=x)),
-        "models": ([1, 2, 3, 4], lambda x: with_profiles(synth(), x)),
-        "slots_per_server": ([2, 4, 8, 16, 32], lambda x: synth(slots_per_server=x)),
-        "experts": ([8, 16, 32, 64], lambda x: synth(num_experts=x, slots_per_server=x + x // 2)),
-        "layers": ([4, 8, 16, 32], lambda x: synth(num_layers=x)),
+        "servers": ([4, 16, 64], lambda x: synth(num_servers=x)),
+        "users": ([10, 100, 500], lambda x: synth(num_users=x)),
+        "models": ([1, 2, 4], lambda x: with_profiles(synth(), x)),
+        "slots_per_server": ([2, 8, 32], lambda x: synth(slots_per_server=x)),
+        "experts": ([8, 32, 64], lambda x: synth(num_experts=x, slots_per_server=x + x // 2)),
+        "layers": ([4, 16, 32], lambda x: synth(num_layers=x)),
     }
 
 
 def ilp_gaps(quick: bool, labels: dict) -> list[dict]:
     """Gap (objective / ILP optimum - 1) of every planner on small instances the ILP solves."""
     shapes = [dict(num_servers=2, num_users=3, num_layers=2, num_experts=4, slots_per_server=3, device_slots=1),
-              dict(num_servers=3, num_users=5, num_layers=2, num_experts=6, slots_per_server=4, device_slots=2)]
+              dict(num_servers=3, num_users=5, num_layers=2, num_experts=6, slots_per_server=4, device_slots=2),
+              dict(num_servers=2, num_users=3, num_layers=2, num_experts=6, slots_per_server=3, device_slots=1,
+                   top_k=1)]
     seeds = range(2) if quick else range(5)
     out = []
     for shape_id, shape in enumerate(shapes):
         for seed in seeds:
             problem = synthetic_problem(with_devices=True, num_tokens=500, seed=seed, **shape)
             ilp = run_one(problem, "exact", {"time_limit": 30.0})
-            row = {"instance": f"shape{shape_id}-seed{seed}", **shape, "ilp": ilp}
+            cloud = expected_latency(problem, empty_hosts(problem))
+            row = {"instance": f"shape{shape_id}-seed{seed}", **shape, "ilp": ilp, "all_cloud_s": cloud,
+                   "bounds": instance_bounds(problem)}
             for label, (method, params) in labels.items():
                 r = run_one(problem, method, params)
                 if "objective_s" in r and "objective_s" in ilp:
                     r["gap"] = r["objective_s"] / ilp["objective_s"] - 1
+                    saved = cloud - ilp["objective_s"]
+                    r["reduction_ratio"] = (cloud - r["objective_s"]) / saved if saved > 0 else 1.0
                 row[label] = r
             out.append(row)
     return out
 
 
+def maxconv_speed(quick: bool) -> dict:
+    """Monotone path vs naive on concave layer tables after a convex one (the path's condition), at the
+    byte-level grid of unequal expert sizes (C = 4096 units). Side by side, same process, CPU seconds."""
+    from edgemoe.plan.maxconv import solve_layers
+
+    rng = np.random.default_rng(0)
+    size, layers = (1025, 8) if quick else (4097, 16)
+    convex = np.linspace(0, 1, size) ** 2
+    concave = [np.concatenate([[0.0], np.cumsum(np.sort(rng.uniform(0, 1, size - 1))[::-1])]) for _ in range(layers)]
+    tables = np.stack([convex] + concave)
+    out = {"capacity_units": size - 1, "layers": layers + 1}
+    for method in ("naive", "auto"):
+        counts: dict = {}
+        start = time.process_time()
+        budgets, used = solve_layers(tables, method, counts=counts)
+        out[method] = {"cpu_s": time.process_time() - start, "steps": counts, "reported": used,
+                       "value": float(tables[np.arange(len(budgets)), budgets].sum())}
+    out["speedup"] = out["naive"]["cpu_s"] / max(out["auto"]["cpu_s"], 1e-9)
+    out["same_value"] = bool(abs(out["naive"]["value"] - out["auto"]["value"]) <= 1e-9 * abs(out["naive"]["value"]))
+    return out
+
+
 def targets(quick: bool) -> dict:
-    """SlimCaching's two scale targets (2 s and 30 s), plus greedy/lfu on the same instances."""
+    """SlimCaching's two scale targets (process CPU time: 1 s and 10 s), plus greedy/lfu on the same instances."""
     cases = {
-        "mixtral": (dict(num_layers=32, num_experts=8, top_k=2, slots_per_server=40, device_slots=4), 2.0),
-        "qwen": (dict(num_layers=24, num_experts=60, top_k=4, slots_per_server=150, device_slots=16), 30.0),
+        "mixtral": (dict(num_layers=32, num_experts=8, top_k=2, slots_per_server=40, device_slots=4), 1.0),
+        "qwen": (dict(num_layers=24, num_experts=60, top_k=4, slots_per_server=150, device_slots=16), 10.0),
     }
     out = {}
     for name, (shape, limit) in cases.items():
@@ -146,7 +187,8 @@ def targets(quick: bool) -> dict:
             if method in planners():
                 res[method] = run_one(problem, method, {})
         res["slimcaching(one pass)"] = run_one(problem, "slimcaching", {"refine": False})
-        res["met"] = res["slimcaching"]["seconds"] < limit
+        res["met"] = res["slimcaching"].get("cpu_s", np.inf) <= limit
+        res["load_average"] = list(os.getloadavg())
         out[name] = res
         print(f"  target {name} done", file=sys.stderr, flush=True)
     return out
@@ -225,11 +267,27 @@ def print_tables(results: dict) -> None:
         vals = [row[label]["gap"] for row in gaps if "gap" in row.get(label, {})]
         if vals:
             print(f"{label:24s} mean {100 * np.mean(vals):6.2f}%  max {100 * np.max(vals):6.2f}%  (n={len(vals)})")
-    print("\n## scale targets")
+    print("\n## stated bounds vs achieved (fractions of the ILP optimum's latency reduction)")
+    shown = [lb for lb in ("slimcaching", "slimcaching(one pass)", "greedy", "lfu") if lb in results["planners"]]
+    print(f"{'instance':16s} K {'kappa_g':>8s} {'(1-k)/2':>8s} {'1/2':>5s} {'1/4':>5s} {'K1 guar.':>8s}"
+          + "".join(f"{lb[:14]:>15s}" for lb in shown) + f"{'ILP opt':>9s}")
+    for row in gaps:
+        b = row["bounds"]
+        k1 = row.get("slimcaching", {}).get("guarantee")
+        cells = "".join(f"{row[lb].get('reduction_ratio', float('nan')):15.3f}" for lb in shown)
+        print(f"{row['instance']:16s} {row.get('top_k', 2)} {b['kappa_g']:8.3f} {b['bound_1_minus_kappa_over_2']:8.3f}"
+              f" {0.5:5.2f} {0.25:5.2f} {f'{k1:.3f}' if k1 is not None else '-':>8s}{cells}"
+              f"{str(row['ilp'].get('optimal')):>9s}")
+    mc = results.get("maxconv_speed", {})
+    if mc:
+        print(f"\n## max-convolution, C = {mc['capacity_units']} units, {mc['layers']} layers (1 convex, rest concave)")
+        print(f"naive {mc['naive']['cpu_s']:.3f}s  auto {mc['auto']['cpu_s']:.3f}s (steps {mc['auto']['steps']})"
+              f"  speedup {mc['speedup']:.1f}x  same value {mc['same_value']}")
+    print("\n## scale targets (process CPU seconds)")
     for name, t in results["targets"].items():
-        cells = ", ".join(f"{m} {t[m]['seconds']:.2f}s/{t[m].get('objective_s', float('nan')):.4f}s"
+        cells = ", ".join(f"{m} {t[m].get('cpu_s', float('nan')):.2f}s/{t[m].get('objective_s', float('nan')):.4f}s"
                           for m in ("slimcaching", "slimcaching(one pass)", "greedy", "lfu") if m in t)
-        print(f"{name}: limit {t['limit_s']}s, met={t['met']}: {cells}")
+        print(f"{name}: limit {t['limit_s']}s CPU, met={t['met']} (load {t['load_average'][0]:.1f}): {cells}")
     pre = results["preset"]
     print("\n## device-edge-cloud preset, K=2")
     for label, r in pre.get("planners", {}).items():
@@ -255,6 +313,7 @@ def main() -> None:
         "sweeps": {name: run_sweep(name, xs, make, labels) for name, (xs, make) in sweeps(args.quick).items()},
     }
     results["ilp_gap"] = ilp_gaps(args.quick, labels)
+    results["maxconv_speed"] = maxconv_speed(args.quick)
     results["targets"] = targets(args.quick)
     results["preset"] = preset(labels)
     results["total_seconds"] = time.perf_counter() - start

@@ -197,15 +197,16 @@ def random_problem(draw):
 @given(random_problem())
 def test_every_planner_respects_capacity_and_covers_without_cloud(case):
     problem, cloud = case
-    fill = fillable_nodes(problem)
     for name, planner in MINE.items():
+        fill = fillable_nodes(problem, "edge,device" if name == "lfu" and "device" in problem.node_kind else "edge")
         placement = planner(problem)
         used = placement.bytes_used()
         assert (used[fill] <= problem.capacity_bytes[fill]).all(), name
         assert not placement.hosts[~fill & ~problem.is_cloud].any(), f"{name} filled a non-edge node"
         assert placement.hosts[problem.is_cloud].all(), name
         if not cloud:
-            assert placement.hosts[fill].any(axis=0).all(), f"{name} left an expert unreachable"
+            edge = np.array([k == "edge" for k in problem.node_kind])
+            assert placement.hosts[edge].any(axis=0).all(), f"{name} left an expert unreachable"
         if name == "uniform":
             assert placement.replicas().max() <= 1
 
@@ -214,7 +215,9 @@ def test_devices_filled_only_when_asked():
     problem = synthetic_problem(num_servers=2, num_users=3, with_devices=True, device_slots=2, seed=4)
     devices = np.array([k == "device" for k in problem.node_kind])
     for name, planner in MINE.items():
-        assert not planner(problem).hosts[devices].any(), name
+        # lfu is device-aware by default (fill="auto"); the others fill edge servers unless asked.
+        assert planner(problem).hosts[devices].any() == (name == "lfu"), name
+        assert not planner(problem, fill="edge").hosts[devices].any(), name
         both = planner(problem, fill="edge,device")
         assert both.bytes_used()[devices].sum() > 0, name
         assert (both.bytes_used()[devices] <= problem.capacity_bytes[devices]).all(), name
@@ -225,3 +228,16 @@ def test_registry_names_my_planners():
 
     for name, fn in MINE.items():
         assert _REGISTRY[name] is fn
+
+
+def test_lfu_devices_take_their_owners_top_experts_and_edges_the_rest():
+    problem = synthetic_problem(num_servers=2, num_users=3, with_devices=True, device_slots=2, seed=4)
+    placement = plan_lfu(problem)
+    weighted = problem.user_weight[:, None, None] * problem.user_freq()
+    for u, home in enumerate(problem.user_home):
+        top = np.argsort(-weighted[u].ravel(), kind="stable")[:2]
+        assert sorted(np.flatnonzero(placement.hosts[home].ravel())) == sorted(top.tolist())
+    # Edge servers count only what devices do not serve: device-aware beats edge-only LFU on latency.
+    from edgemoe.plan.objective import expected_latency
+
+    assert expected_latency(problem, placement.hosts) < expected_latency(problem, plan_lfu(problem, fill="edge").hosts)

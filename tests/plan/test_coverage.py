@@ -98,6 +98,6 @@ def test_slimcaching_refinement_keeps_coverage(seed, with_devices, passes):
     problem = synthetic_problem(num_servers=3, num_users=4, num_layers=2, num_experts=6, slots_per_server=5,
                                 with_cloud=False, with_devices=with_devices, device_slots=1, num_tokens=300,
                                 seed=seed)
-    placement = plan(problem, "slimcaching", passes=passes, kicks=8, seed=seed, refine_seconds=float("inf"))
+    placement = plan(problem, "slimcaching", passes=passes, kicks=8, seed=seed)
     assert placement.params["coverage"]
     assert_reachable_and_fits(problem, placement)

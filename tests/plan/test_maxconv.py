@@ -116,3 +116,49 @@ def test_fptas_within_epsilon_of_exact_dp(seed, layers, capacity, epsilon):
 def test_fptas_rejects_bad_epsilon():
     with pytest.raises(ValueError, match="epsilon"):
         solve_layers_fptas(np.zeros((2, 3)), 0.0)
+
+
+# ------------------------------------------------------------------------------- the monotone fast path
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 60))
+def test_monotone_path_equals_naive_with_an_arbitrary_running_table(seed, size):
+    """b concave, a anything (even non-monotone): same values and the same budget split as naive."""
+    from edgemoe.plan.maxconv import maxconv_monotone
+
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=size) if seed % 2 else np.concatenate([[0.0], np.cumsum(rng.uniform(0, 1, size - 1) ** 3)])
+    b = concave_table(rng, size)
+    if seed % 3 == 0:
+        b = np.round(b * 4) / 4  # ties
+        b = np.minimum.accumulate(np.diff(b, prepend=0.0)[::-1])[::-1].cumsum() if not is_concave(b) else b
+    if not is_concave(b):
+        return
+    fast, fast_arg = maxconv_monotone(a, b)
+    slow, slow_arg = maxconv_naive(a, b)
+    assert np.allclose(fast, slow, rtol=0, atol=1e-12)
+    assert np.allclose(a[np.arange(size) - fast_arg] + b[fast_arg], slow, atol=1e-12)
+
+
+def test_monotone_path_refuses_a_non_concave_table():
+    from edgemoe.plan.maxconv import maxconv_monotone
+
+    with pytest.raises(ValueError, match="concave"):
+        maxconv_monotone(np.zeros(4), np.array([0.0, 0.1, 1.0, 3.0]))
+
+
+def test_auto_fires_the_monotone_path_where_its_condition_holds():
+    """A convex first layer makes the running table non-concave; the concave layers after it then take
+    the monotone path (not naive), and the result equals the naive DP's."""
+    rng = np.random.default_rng(0)
+    convex = np.arange(9, dtype=float) ** 2
+    tables = np.stack([convex] + [concave_table(rng, 9) for _ in range(3)])
+    counts: dict = {}
+    budgets, method = solve_layers(tables, "auto", counts=counts)
+    assert method == "monotone" and counts == {"monotone": 3}
+    assert value(tables, budgets) == pytest.approx(value(tables, solve_layers_dp(tables, "naive")))
+    mixed = np.stack([convex, concave_table(rng, 9), convex])
+    counts = {}
+    solve_layers(mixed, "auto", counts=counts)
+    assert counts == {"monotone": 1, "naive": 1}

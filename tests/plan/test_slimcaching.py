@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -53,8 +54,10 @@ def brute_force_best(problem):
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("with_devices", [False, True])
-def test_per_node_dp_equals_enumeration(seed, with_devices):
-    problem = synthetic_problem(seed=seed, with_devices=with_devices, device_slots=1, **TINY)
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_per_node_dp_equals_enumeration(seed, with_devices, top_k):
+    """K = 2: subset enumeration; K = 1: the modular path (knapsack DP over singleton values)."""
+    problem = synthetic_problem(seed=seed, with_devices=with_devices, device_slots=1, **{**TINY, "top_k": top_k})
     model = slim_model(problem)
     rng = np.random.default_rng(seed)
     others = empty_hosts(problem)
@@ -95,6 +98,25 @@ def test_subset_values_match_the_objective():
         assert subset_value(g, chosen) == pytest.approx(expected_latency(problem, hosts) - expected_latency(problem, trial))
 
 
+def test_modular_layers_skip_the_subset_search_and_match_enumeration():
+    from edgemoe.plan.slim_values import _enumerate, modular_values
+
+    for top_k, modular in ((1, True), (2, False)):
+        problem = synthetic_problem(seed=2, top_k=top_k, num_experts=6)
+        model = slim_model(problem)
+        node = int(model.edge_nodes[0])
+        users = model.node_users(node)
+        tau = expert_latency(model, empty_hosts(problem))
+        g = set_gains(tau[users, 0], model.node_call(node)[users, 0], model.user_set_prob(0)[users],
+                      model.weight[users], model.layers[0].sets)
+        assert (modular_values(g) is not None) == modular
+        units = np.array([1, 2, 1, 3, 2, 1][: g.candidates.size])
+        table, picks, exact = value_table(g, units, 5)
+        assert exact and table == pytest.approx(_enumerate(g, units, 5)[0])
+        assert [subset_value(g, p) for p in picks] == pytest.approx(table.tolist())
+        assert all(units[p].sum() <= c for c, p in enumerate(picks))
+
+
 def test_beam_tables_are_monotone_and_never_beat_enumeration():
     problem = synthetic_problem(seed=6, num_experts=10, slots_per_server=8)
     model = slim_model(problem)
@@ -112,16 +134,53 @@ def test_beam_tables_are_monotone_and_never_beat_enumeration():
         assert [subset_value(g, p) for p in picks] == pytest.approx(beam.tolist())
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_k1_greedy_within_1_minus_1_over_e_of_optimum(seed):
-    problem = synthetic_problem(seed=seed, top_k=1, with_devices=True, device_slots=1,
-                                **{**TINY, "num_layers": 1, "num_experts": 4})
+def knapsack_k1_problem(seed: int, servers: int):
+    """K = 1, unequal expert sizes (100-900 kB), 0.8-2 MB per edge server, a cloud, no devices."""
+    problem = synthetic_problem(seed=seed, top_k=1, num_servers=servers, num_users=3, num_layers=2, num_experts=4,
+                                slots_per_server=3, num_tokens=300)
+    rng = np.random.default_rng(seed)
+    caps = problem.capacity_bytes.copy()
+    caps[:servers] = rng.integers(8, 20, size=servers) * 100_000
+    return replace(problem, expert_bytes=rng.integers(1, 10, size=problem.expert_bytes.shape) * 100_000,
+                   capacity_bytes=caps)
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+@pytest.mark.parametrize("seed", range(8))
+def test_k1_meets_its_stated_guarantee_on_knapsack_instances(seed, servers):
+    """Brute force: the K = 1 result reaches params["guarantee"] of the optimal latency reduction
+    (1 - 1/e with one knapsack, (1 - 1/e) / (2 - 1/e) with several)."""
+    problem = knapsack_k1_problem(seed, servers)
     empty = expected_latency(problem, empty_hosts(problem))
     opt, _ = brute_force_best(problem)
     placement = plan(problem, "slimcaching")
-    assert placement.params["algorithm"] == "greedy-k1"
+    assert placement.params["algorithm"] == "greedy-k1" and placement.params["seed_size"] == 3
+    expected = 1 - 1 / np.e if servers == 1 else (1 - 1 / np.e) / (2 - 1 / np.e)
+    assert placement.params["guarantee"] == pytest.approx(expected)
     achieved = empty - expected_latency(problem, placement.hosts)
-    assert achieved >= (1 - 1 / np.e) * (empty - opt) - 1e-15
+    assert achieved >= placement.params["guarantee"] * (empty - opt) - 1e-15
+    # The block passes started from the greedy result never make it worse (the better one is kept).
+    assert placement.params["objective_s"] <= placement.params["greedy_objective_s"] + 1e-15
+
+
+def test_k1_partial_enumeration_reaches_the_optimum_on_one_knapsack():
+    """One knapsack of 10 units, items of 10, 4 and 4 units: ratio greedy takes the two dense small items
+    and the big one no longer fits. With seeds of 3 the whole feasible family is tried: the optimum."""
+    problem = synthetic_problem(seed=0, top_k=1, num_servers=1, num_users=1, num_layers=1, num_experts=3,
+                                slots_per_server=1, num_tokens=300)
+    freq = np.array([0.5, 0.25, 0.25])  # expert 0 is twice as popular as 1 and 2
+    tokens = np.repeat(np.arange(3), (300 * freq).astype(int))[:, None, None].astype(np.int16)
+    profile = replace(problem.profile, topk=tokens, domain=np.zeros(len(tokens), np.int16),
+                      freq_by_domain=np.tile(freq[None, None], (3, 1, 1)))
+    problem = replace(problem, profile=profile, expert_bytes=np.array([[10, 4, 4]]) * 100_000,
+                      capacity_bytes=np.array([10, 30]) * 100_000)
+    empty = expected_latency(problem, empty_hosts(problem))
+    opt, _ = brute_force_best(problem)
+    greedy_only = plan(problem, "slimcaching", k1_seeds=0)
+    full = plan(problem, "slimcaching")
+    gain = lambda p: (empty - expected_latency(problem, p.hosts)) / (empty - opt)  # noqa: E731
+    assert gain(full) == pytest.approx(1.0)
+    assert gain(greedy_only) <= gain(full)
 
 
 @pytest.mark.parametrize("epsilon", [0.5, 0.1])
@@ -211,16 +270,31 @@ def test_two_models_share_storage_in_one_plan():
     assert placement.params["objective_s"] < expected_latency(both, empty_hosts(both))
 
 
-def test_combine_models_rejects_mismatched_clusters():
-    a = synthetic_problem(num_experts=8)
-    b = synthetic_problem(num_experts=6)
-    with pytest.raises(EdgeMoEError, match="equal E"):
-        combine_models([a, b], np.zeros(6, dtype=int))
+def test_models_with_different_experts_per_layer_and_k_share_storage():
+    """Model a: 3 layers x 8 experts, K = 2; model b: 2 layers x 6 experts, K = 1 (padded to 8 with
+    0-byte experts that no token uses). Latency is each user's own model's; no planner keeps padding."""
+    a = synthetic_problem(seed=1, with_devices=True, num_layers=3, num_experts=8, top_k=2)
+    b = synthetic_problem(seed=2, with_devices=True, num_layers=2, num_experts=6, top_k=1)
+    b = replace(b, capacity_bytes=a.capacity_bytes, user_weight=a.user_weight, comm_s=a.comm_s)
+    user_model = np.array([0, 1, 0, 1, 0, 1])
+    both = combine_models([a, b], user_model, names=["a", "b"])
+    assert both.expert_bytes.shape == (5, 8) and both.params["experts_per_layer"] == [8, 8, 8, 6, 6]
+    assert (both.expert_bytes[3:, 6:] == 0).all()
+    rng = np.random.default_rng(0)
+    hosts = empty_hosts(both)
+    hosts[:-1] = rng.random(hosts[:-1].shape) < 0.3
+    per_user = expected_latency_per_user(both, hosts)
+    own = [expected_latency_per_user(a, hosts[:, :3]), expected_latency_per_user(b, hosts[:, 3:, :6])]
+    for u, m in enumerate(user_model):
+        assert per_user[u] == pytest.approx(own[m][u])
+    for method in ("slimcaching", "greedy", "lfu", "exact"):
+        placement = plan(both, method, **({"time_limit": 20} if method == "exact" else {}))
+        assert not placement.hosts[:, 3:, 6:].any(), method  # padding experts are never placed
+        assert placement.params.get("objective_s", 0) <= expected_latency(both, empty_hosts(both)) + 1e-15
 
 
 # ------------------------------------------------------------------------------------------ refinement
 
-NO_CAP = float("inf")  # refine_seconds: no wall-time cap, so the result depends on the seed only
 ILP_SHAPE = dict(num_servers=2, num_users=3, num_layers=2, num_experts=4, slots_per_server=3, device_slots=1)
 
 
@@ -228,7 +302,7 @@ ILP_SHAPE = dict(num_servers=2, num_users=3, num_layers=2, num_experts=4, slots_
 def test_refined_never_worse_than_one_pass(seed):
     problem = synthetic_problem(with_devices=True, num_tokens=300, seed=seed, **ILP_SHAPE)
     one = plan(problem, "slimcaching", refine=False)
-    refined = plan(problem, "slimcaching", kicks=32, refine_seconds=NO_CAP)
+    refined = plan(problem, "slimcaching", kicks=32)
     assert refined.params["objective_s"] <= one.params["objective_s"] + 1e-15
     assert refined.params["refine_start_s"] == pytest.approx(one.params["objective_s"])
     assert refined.params["refine_settled_s"] <= refined.params["refine_start_s"] + 1e-15
@@ -243,7 +317,7 @@ def test_refinement_gap_to_the_ilp_on_a_seeded_set():
     for seed in range(100, 112):
         problem = synthetic_problem(with_devices=True, num_tokens=300, seed=seed, **ILP_SHAPE)
         optimum = plan(problem, "exact", time_limit=30).params["objective_s"]
-        refined = plan(problem, "slimcaching", kicks=64, refine_seconds=NO_CAP).params["objective_s"]
+        refined = plan(problem, "slimcaching", kicks=64).params["objective_s"]
         one = plan(problem, "slimcaching", refine=False).params["objective_s"]
         assert optimum - 1e-12 <= refined <= one + 1e-15
         gaps.append(refined / optimum - 1)
@@ -258,7 +332,7 @@ def test_settle_ends_block_optimal(seed):
     """After settling (no kicks), no single node can do better by any feasible cache: checks that the
     table cache and the skip rule never hide an improving block re-solve."""
     problem = synthetic_problem(seed=seed, with_devices=True, device_slots=1, **TINY)
-    hosts = plan(problem, "slimcaching", kicks=0, refine_seconds=NO_CAP).hosts
+    hosts = plan(problem, "slimcaching", kicks=0).hosts
     value = expected_latency(problem, hosts)
     for node in cache_nodes(problem):
         for mask in node_subsets(problem, node):
@@ -269,17 +343,70 @@ def test_settle_ends_block_optimal(seed):
 
 def test_refinement_is_deterministic_for_a_seed():
     problem = synthetic_problem(seed=3, with_devices=True, num_layers=3)
-    a = plan(problem, "slimcaching", kicks=12, seed=5, refine_seconds=NO_CAP)
-    b = plan(problem, "slimcaching", kicks=12, seed=5, refine_seconds=NO_CAP)
+    a = plan(problem, "slimcaching", kicks=12, seed=5)
+    b = plan(problem, "slimcaching", kicks=12, seed=5)
     assert (a.hosts == b.hosts).all() and a.params["kicks_accepted"] == b.params["kicks_accepted"]
 
 
-def test_zero_refine_time_runs_no_kick_and_bad_values_are_refused():
+def test_zero_work_budget_runs_no_kick_and_bad_values_are_refused():
     problem = synthetic_problem(seed=2, with_devices=True)
-    placement = plan(problem, "slimcaching", refine_seconds=0.0)
-    assert placement.params["kicks_run"] == 0 and placement.params["refine_stopped_by"] == "time"
-    assert placement.params["objective_s"] <= placement.params["refine_start_s"] + 1e-15
-    with pytest.raises(EdgeMoEError, match="refine_seconds"):
-        plan(problem, "slimcaching", refine_seconds=-1.0)
+    placement = plan(problem, "slimcaching", refine_work=0.0)
+    assert placement.params["kicks_run"] == 0 and placement.params["refine_stopped_by"] == "work"
+    assert placement.params["objective_s"] == pytest.approx(placement.params["refine_start_s"])
+    with pytest.raises(EdgeMoEError, match="refine_work"):
+        plan(problem, "slimcaching", refine_work=-1.0)
     with pytest.raises(EdgeMoEError, match="kicks"):
         plan(problem, "slimcaching", kicks=-1)
+
+
+def test_default_budget_is_deterministic_work_not_seconds():
+    """The default refinement stops on kicks or table work, never on time: two runs agree exactly."""
+    problem = synthetic_problem(seed=4, with_devices=True, num_layers=3)
+    a, b = plan(problem, "slimcaching"), plan(problem, "slimcaching")
+    assert (a.hosts == b.hosts).all() and a.params["tables_built"] == b.params["tables_built"]
+    assert a.params["refine_stopped_by"] in ("kicks", "work")
+
+
+# ------------------------------------------------------------------------- feasibility without a cloud
+
+
+def unequal_no_cloud(seed: int, slack: float, with_devices: bool = True):
+    """No cloud, unequal expert sizes (0.5-1.5 MB), edge memory `slack` x the model's bytes in all."""
+    problem = synthetic_problem(seed=seed, with_cloud=False, with_devices=with_devices, num_servers=3, num_users=4,
+                                num_layers=3, num_experts=5, device_slots=1, num_tokens=300)
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(500_000, 1_500_000, size=problem.expert_bytes.shape)
+    caps = problem.capacity_bytes.copy()
+    edge = np.array([k == "edge" for k in problem.node_kind])
+    caps[edge] = int(slack * sizes.sum() / edge.sum()) + sizes.max()
+    return replace(problem, expert_bytes=sizes.astype(np.int64), capacity_bytes=caps)
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 10_000), st.floats(1.0, 1.6), st.sampled_from([
+    {}, {"passes": 3, "refine": False}, {"max_units": 7}, {"max_units": 7, "passes": 3}, {"kicks": 8, "forced": 3},
+    {"maxconv": "fptas"}, {"enum_max": 0, "beam_width": 2}]))
+def test_unequal_sizes_no_cloud_tight_memory_never_exceed_capacity(seed, slack, variant):
+    """The reported defect: sole copies fixed by byte could exceed the block's unit grid (negative
+    capacity slice, or a crash with passes=3). Capacity is now counted in bytes."""
+    problem = unequal_no_cloud(seed, slack)
+    placement = plan(problem, "slimcaching", **variant)
+    assert (placement.bytes_used() <= problem.capacity_bytes).all()
+    edge = np.array([k == "edge" for k in problem.node_kind])
+    assert placement.hosts[edge].any(axis=0).all()  # every expert still has an edge copy
+
+
+@pytest.mark.parametrize("method", ["slimcaching", "greedy", "exact", "u-shaped", "lfu", "activation-aware"])
+def test_infeasible_without_a_cloud_is_a_clear_error(method):
+    problem = unequal_no_cloud(0, 1.2)
+    sizes = problem.expert_bytes.copy()
+    sizes[1, 2] = problem.capacity_bytes.max() + 1  # fits on no edge server
+    with pytest.raises(EdgeMoEError, match=r"infeasible.*layer 1, expert 2"):
+        plan(replace(problem, expert_bytes=sizes), method)
+    zero = replace(problem, capacity_bytes=np.zeros_like(problem.capacity_bytes))
+    with pytest.raises(EdgeMoEError, match="infeasible"):
+        plan(zero, method)
+    short = replace(problem, capacity_bytes=np.where([k == "edge" for k in problem.node_kind],
+                                                     problem.expert_bytes.max() + 1, problem.capacity_bytes))
+    with pytest.raises(EdgeMoEError, match="cannot hold one copy"):
+        plan(short, method)

@@ -49,7 +49,7 @@ class Comparison:
 ORDERMOE_BUDGET = 0.05  # per token-layer, in gate-weighted measured substitution error (docs/runtime.md)
 # SlimCaching's refinement stops at its kick count, not a wall-clock cap, so the demo's placements do not
 # depend on how busy the machine is (about 10 s per placement at the demo's size).
-SLIM_PARAMS = {"refine_seconds": 600.0}
+SLIM_PARAMS: dict = {}  # slimcaching defaults: a deterministic refinement budget (kicks, work units)
 
 
 def ordermoe_comparison(cluster: str = "edge8", budget: float = ORDERMOE_BUDGET) -> Comparison:

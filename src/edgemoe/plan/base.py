@@ -246,7 +246,13 @@ def empty_hosts(problem: PlanProblem) -> np.ndarray:
 
 
 def make_placement(problem: PlanProblem, method: str, hosts: np.ndarray, **params) -> Placement:
-    """Wrap a host mask [N, L, E] into a Placement for `problem`."""
+    """Wrap a host mask [N, L, E] into a Placement for `problem`.
+
+    Padding experts (absent from params["experts_per_layer"], see plan.slim_multimodel) are dropped.
+    """
+    per_layer = problem.params.get("experts_per_layer")
+    if per_layer is not None:
+        hosts = hosts & (np.arange(hosts.shape[2])[None, :] < np.asarray(per_layer)[:, None])[None]
     return Placement(
         method=method, params=params, node_names=problem.node_names,
         capacity_bytes=np.asarray(problem.capacity_bytes, dtype=np.int64), hosts=hosts.astype(bool),

@@ -27,7 +27,7 @@ from edgemoe.errors import EdgeMoEError
 
 from .base import Placement, PlanProblem, empty_hosts, make_placement, register
 from .baselines import resolve_coverage
-from .objective import expected_latency, marginal_prob, slim_model
+from .objective import expected_latency, marginal_prob, require_servable, slim_model
 from .slim_k1 import cache_nodes
 
 OBJECTIVES = ("slimcaching", "sum")
@@ -92,6 +92,7 @@ def exact(problem: PlanProblem, *, objective: str = "slimcaching", time_limit: f
         b.row({x[int(n), layer, e]: float(problem.expert_bytes[layer, e]) for layer in range(L) for e in range(E)},
               -np.inf, float(problem.capacity_bytes[n]))
     cover = resolve_coverage(problem, coverage)
+    require_servable(problem, "exact", cover)
     edge_nodes = [int(n) for n in nodes if problem.node_kind[n] == "edge"]
     if cover and edge_nodes:  # every expert reachable: at least one edge copy
         for layer in range(L):

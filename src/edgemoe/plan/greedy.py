@@ -13,6 +13,13 @@ duplicate copy), so every expert stays reachable.
 Ties, including the start where every single addition saves nothing because a set's partner still comes
 from the cloud, are broken by the additive saving sum_A P(A) (t_before - t_after) of the calls themselves
 (the K = 1 gain); that is what lets the baseline start at all.
+
+The strong baseline (default `variant="best"`): the true-objective greedy above stalls where gains are
+supermodular (once one layer's pair is cached its partners' gains jump, so it keeps filling that layer and
+leaves others uncached). SlimCaching's own K = 1 greedy (`slim_k1.greedy_k1`: lazy greedy on each
+call's additive saving, i.e. a popularity greedy that knows the devices, the edge servers and the link
+times) does not stall. Both run; the one with the lower true objective is kept (`params["variant_used"]`).
+`variant="true"` or `"k1"` runs one of them.
 """
 
 from __future__ import annotations
@@ -21,9 +28,19 @@ import time
 
 import numpy as np
 
+from edgemoe.errors import EdgeMoEError
+
 from .base import Placement, PlanProblem, empty_hosts, make_placement, register
 from .baselines import resolve_coverage
-from .objective import SlimModel, expert_latency, latency_per_user_from_tau, slim_model
+from .objective import (
+    SlimModel,
+    expert_latency,
+    latency_per_user_from_tau,
+    require_covered,
+    require_servable,
+    slim_model,
+)
+from .slim_k1 import greedy_k1
 from .slimcaching import cover_edges
 
 TIE_TOL = 1e-12  # relative: ratios this close to the best count as ties
@@ -84,14 +101,43 @@ def device_gains(model: SlimModel, tau_l: np.ndarray, layer: int, owners: np.nda
     return gain[:, :E], saving[:, :E]
 
 
+VARIANTS = ("best", "true", "k1")
+
+
 @register("greedy")
-def greedy(problem: PlanProblem, coverage: bool | None = None) -> Placement:
-    """Per-(node, expert) greedy by exact marginal latency reduction per byte (edge servers and devices).
+def greedy(problem: PlanProblem, coverage: bool | None = None, variant: str = "best") -> Placement:
+    """Per-(node, expert) greedy on edge servers and devices; see the module docstring for `variant`.
 
     coverage: give every expert an edge-server copy afterwards; default (None) exactly when there is no cloud.
     """
     start = time.perf_counter()
+    if variant not in VARIANTS:
+        raise EdgeMoEError(f"greedy: variant={variant!r}; expected one of {VARIANTS}")
+    cover = resolve_coverage(problem, coverage)
+    require_servable(problem, "greedy", cover)
     model = slim_model(problem)
+    candidates = {}
+    if variant in ("best", "true"):
+        candidates["true"] = true_objective_greedy(problem, model)
+    if variant in ("best", "k1"):
+        rules = ("ratio",) if np.unique(problem.expert_bytes).size == 1 else ("ratio", "plain")
+        for rule in rules:
+            candidates[f"k1-{rule}"] = (greedy_k1(problem, model, rule), 0)
+    value = {}
+    for name, (hosts, _) in candidates.items():
+        if cover:
+            cover_edges(problem, hosts)
+            require_covered(problem, hosts, "greedy")
+        value[name] = float(model.weight @ latency_per_user_from_tau(model, expert_latency(model, hosts)))
+    used = min(value, key=lambda k: value[k])
+    hosts, steps = candidates[used]
+    return make_placement(problem, "greedy", hosts, objective_s=value[used], steps=steps, coverage=cover,
+                          variant=variant, variant_used=used, variant_objective_s=value,
+                          plan_seconds=time.perf_counter() - start)
+
+
+def true_objective_greedy(problem: PlanProblem, model: SlimModel) -> tuple[np.ndarray, int]:
+    """(hosts [N, L, E], steps): greedy by exact marginal latency reduction per byte, ties by call saving."""
     L, E = problem.expert_bytes.shape
     hosts = empty_hosts(problem)
     tau = expert_latency(model, hosts)  # [U, L, E]
@@ -108,7 +154,7 @@ def greedy(problem: PlanProblem, coverage: bool | None = None) -> Placement:
 
     for layer in range(L):
         refresh(layer)
-    size = problem.expert_bytes.astype(np.float64)[None]
+    size = np.maximum(problem.expert_bytes, 1).astype(np.float64)[None]  # padding experts have 0 bytes
     free = problem.capacity_bytes[nodes].astype(np.int64)
     steps = 0
     while True:
@@ -125,10 +171,4 @@ def greedy(problem: PlanProblem, coverage: bool | None = None) -> Placement:
         tau[:, layer, e] = np.minimum(tau[:, layer, e], model.node_call(n)[:, layer, e])
         refresh(layer)
         steps += 1
-    cover = resolve_coverage(problem, coverage)
-    if cover:
-        cover_edges(problem, hosts)
-        tau = expert_latency(model, hosts)
-    objective = float(model.weight @ latency_per_user_from_tau(model, tau))
-    return make_placement(problem, "greedy", hosts, objective_s=objective, steps=steps, coverage=cover,
-                          plan_seconds=time.perf_counter() - start)
+    return hosts, steps

@@ -4,7 +4,16 @@ A server's subproblem picks one budget c_l per layer with sum_l c_l <= C to maxi
 given per-layer value tables V [L, C+1]. Three solvers:
 - `naive`: the exact DP, D_l = D_{l-1} (+) V_l by the O(C^2) (max,+) convolution (the reference);
 - `concave`: exact and O(C log C) when every table is concave: merge the increment sequences;
-- `fptas`: value rounding with parameter epsilon; result >= (1 - epsilon) * optimum, polynomial in L/eps.
+- `fptas`: value rounding with parameter epsilon; result >= (1 - epsilon) * optimum, polynomial in L/eps;
+- `auto`: per convolution step, the fastest exact method whose condition holds: the merge when both
+  operands are concave, `maxconv_monotone` (exact, O(C log C)) when the new layer's table is concave and
+  the running table is arbitrary, else naive. Which ran is counted (`solve_layers` returns the counts).
+
+Why the monotone path matters here: the running table D (best value of the layers so far per budget) is
+seldom concave once a layer's table is convex (co-activated pairs are supermodular: two experts are worth
+more than twice one), so the merge rarely applies past the first such layer; but each layer whose table is
+concave (K = 1 layers, layers whose sets barely interact, layers with modular gains) still gets an
+O(C log C) step instead of O(C^2). That is the max-convolution speed-up for the modular part.
 """
 
 from __future__ import annotations
@@ -61,18 +70,75 @@ def maxconv_concave(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return out, arg
 
 
-def solve_layers_dp(tables: np.ndarray, method: str = "naive") -> np.ndarray:
+def maxconv_monotone(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Same result as `maxconv_naive` (ties included) when b is concave; a may be anything.
+
+    out(c) = max_{i <= c} a[i] + b[c - i]. With b concave the matrix a[i] + b[c - i] is Monge, so the
+    largest maximising i is non-decreasing in c; divide and conquer over c (the middle row first, then
+    each half searches only its side of that row's argmax), one level at a time, vectorised over the
+    rows of a level: O(C log C). Raises ValueError if b is not concave.
+    """
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"maxconv_monotone: a {a.shape} and b {b.shape} must be 1-D of the same length")
+    if not is_concave(b):
+        raise ValueError("maxconv_monotone: b must be concave (non-increasing increments)")
+    size = a.shape[0]
+    out = np.empty(size)
+    best_i = np.empty(size, dtype=np.int64)
+    lo_r, hi_r = np.array([0]), np.array([size - 1])  # row (c) ranges of the open segments
+    lo_i, hi_i = np.array([0]), np.array([size - 1])  # their argmax search ranges
+    while lo_r.size:
+        mid = (lo_r + hi_r) // 2
+        top = np.minimum(hi_i, mid)  # i <= c
+        length = top - lo_i + 1
+        seg = np.repeat(np.arange(mid.size), length)
+        start = np.cumsum(length) - length
+        i = lo_i[seg] + np.arange(seg.size) - start[seg]
+        vals = a[i] + b[mid[seg] - i]
+        seg_max = np.maximum.reduceat(vals, start)
+        arg = np.maximum.reduceat(np.where(vals == seg_max[seg], i, -1), start)  # largest i among ties
+        out[mid], best_i[mid] = seg_max, arg
+        left = mid > lo_r
+        right = mid < hi_r
+        lo_r, hi_r, lo_i, hi_i = (np.concatenate([lo_r[left], mid[right] + 1]),
+                                  np.concatenate([mid[left] - 1, hi_r[right]]),
+                                  np.concatenate([lo_i[left], arg[right]]),
+                                  np.concatenate([arg[left], hi_i[right]]))
+    return out, np.arange(size) - best_i  # budget given to b, as maxconv_naive reports it
+
+
+def _conv_step(best: np.ndarray, table: np.ndarray, method: str, best_concave: bool):
+    """One (max,+) step under `method`; returns (out, arg, method used, whether out is concave)."""
+    if method == "naive":
+        return (*maxconv_naive(best, table), "naive", False)
+    if method == "concave":
+        return (*maxconv_concave(best, table), "concave", True)
+    table_concave = is_concave(table)
+    if best_concave and table_concave:
+        return (*maxconv_concave(best, table), "concave", True)
+    if table_concave:
+        out, arg = maxconv_monotone(best, table)
+        return out, arg, "monotone", False
+    return (*maxconv_naive(best, table), "naive", False)
+
+
+def solve_layers_dp(tables: np.ndarray, method: str = "naive", counts: dict | None = None) -> np.ndarray:
     """Budgets [L] maximising sum_l tables[l, c_l] s.t. sum c_l <= C, by exact (max,+) DP.
 
-    tables: [L, C+1]. method "naive" or "concave" (the latter requires concave tables).
+    tables: [L, C+1]. method "naive", "concave" (requires concave tables) or "auto" (per step, see the
+    module docstring). `counts`, if given, is incremented per method used.
     """
     tables = np.asarray(tables, dtype=np.float64)
-    conv = maxconv_concave if method == "concave" else maxconv_naive
     L = tables.shape[0]
     best = tables[0]
+    best_concave = method == "auto" and is_concave(best)
     args = []
     for layer in range(1, L):
-        best, arg = conv(best, tables[layer])
+        best, arg, used, best_concave = _conv_step(best, tables[layer], method, best_concave)
+        if counts is not None:
+            counts[used] = counts.get(used, 0) + 1
         args.append(arg)
     budgets = np.zeros(L, dtype=np.int64)
     c = int(np.argmax(best))  # tables need not be monotone in tests; take the best total budget
@@ -128,16 +194,25 @@ def solve_layers_fptas(tables: np.ndarray, epsilon: float) -> np.ndarray:
     return budgets
 
 
-def solve_layers(tables: np.ndarray, method: str = "auto", epsilon: float = 0.1) -> tuple[np.ndarray, str]:
+def solve_layers(tables: np.ndarray, method: str = "auto", epsilon: float = 0.1,
+                 counts: dict | None = None) -> tuple[np.ndarray, str]:
     """Budgets [L] for tables [L, C+1] and the method used.
 
     method: "naive" (exact reference), "concave" (exact, requires concave tables), "fptas", or "auto"
-    (concave when every table passes the concavity check, else naive).
+    (exact; per step the merge, the monotone path or naive, see the module docstring; reported as
+    "concave" when every step merged, "monotone" when some step used it, else "naive"). `counts`, if
+    given, is incremented per convolution step and method.
     """
-    if method == "auto":
-        method = "concave" if all(is_concave(t) for t in tables) else "naive"
     if method == "fptas":
         return solve_layers_fptas(tables, epsilon), method
-    if method not in ("naive", "concave"):
+    if method not in ("naive", "concave", "auto"):
         raise ValueError(f"unknown max-convolution method {method!r}; expected auto, naive, concave or fptas")
-    return solve_layers_dp(tables, method), method
+    mine: dict[str, int] = {}
+    budgets = solve_layers_dp(tables, method, mine)
+    if counts is not None:
+        for k, v in mine.items():
+            counts[k] = counts.get(k, 0) + v
+    if method != "auto":
+        return budgets, method
+    used = "naive" if mine.get("naive") else "monotone" if mine.get("monotone") else "concave"
+    return budgets, used

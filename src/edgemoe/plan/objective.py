@@ -19,9 +19,48 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edgemoe.errors import EdgeMoEError
+
 from .base import PlanProblem
 
 MISS_PENALTY_FACTOR = 10.0  # no cloud: a missing expert costs 10x the slowest finite call (our choice)
+
+
+def require_servable(problem: PlanProblem, method: str, coverage: bool) -> None:
+    """Raise EdgeMoEError when, without a cloud, some expert could be served by no one.
+
+    Checked before planning, so an infeasible instance is an error rather than a placement that quietly
+    pays the miss penalty: every expert must fit on at least one edge server (a device copy serves only its
+    owner), and with `coverage` the edge servers together must hold at least one copy of every expert.
+    """
+    if problem.is_cloud.any():
+        return
+    edge = np.array([k == "edge" for k in problem.node_kind], dtype=bool)
+    caps = np.asarray(problem.capacity_bytes, dtype=np.int64)[edge]
+    sizes = np.asarray(problem.expert_bytes, dtype=np.int64)
+    largest = int(caps.max()) if caps.size else 0
+    too_big = np.argwhere(sizes > largest)
+    if too_big.size:
+        layer, expert = (int(v) for v in too_big[0])
+        raise EdgeMoEError(
+            f"{method}: infeasible: no cloud, and expert (layer {layer}, expert {expert}) of "
+            f"{int(sizes[layer, expert])} bytes fits on no edge server (largest edge capacity_bytes {largest}; "
+            f"{len(too_big)} experts do not fit); add a cloud node or edge memory")
+    if coverage and int(caps.sum()) < int(sizes.sum()):
+        raise EdgeMoEError(
+            f"{method}: infeasible: no cloud, and the edge servers' capacity_bytes ({int(caps.sum())} in all) "
+            f"cannot hold one copy of every expert ({int(sizes.sum())} bytes); add a cloud node or edge memory")
+
+
+def require_covered(problem: PlanProblem, hosts: np.ndarray, method: str) -> None:
+    """Raise EdgeMoEError if some expert has no edge-server copy in hosts [N, L, E] (coverage required)."""
+    edge = np.array([k == "edge" for k in problem.node_kind], dtype=bool)
+    missing = np.argwhere(~hosts[edge].any(axis=0))
+    if missing.size:
+        layer, expert = (int(v) for v in missing[0])
+        raise EdgeMoEError(
+            f"{method}: infeasible: no cloud, and {len(missing)} experts (first: layer {layer}, expert {expert}) "
+            "could not be packed onto the edge servers' memory (capacity_bytes); add a cloud node or edge memory")
 
 
 @dataclass(frozen=True)

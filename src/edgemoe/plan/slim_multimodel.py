@@ -5,9 +5,18 @@ Decision: the models are concatenated along the layer axis. Model m's layers bec
 expert id -1 ("no expert") at every other model's layer, so it costs nothing there, and its user's
 frequencies there are zero. Every planner then sees one problem whose per-node knapsack spans all
 models' experts: storage is shared, and no planner needs to know about models. Requirements: the
-problems describe the same nodes and users (names, kinds, capacities, homes, weights) and the models
-have the same number of experts per layer E (K may differ: the shorter Top-K rows are padded with -1).
+problems describe the same nodes and users (names, kinds, capacities, homes, weights). K may differ (the
+shorter Top-K rows are padded with -1) and so may E: a model with fewer experts per layer is padded to
+the largest E with *padding experts* of 0 bytes that no token routes to. They cost no memory and are
+worth nothing, so no planner's choice changes; coverage gives them a free copy; `make_placement` drops
+them (params["experts_per_layer"] [L] says how many experts each layer really has).
 Each user's comm_s row is taken from its own model's problem (hidden-state sizes may differ).
+
+Uplink model (documented, not a new term): a user's K parallel calls of one layer each ship the hidden
+state; comm_s[u, n] is the round trip of one call, and the layer costs the max over its calls. We assume
+per-call channels (the K uploads do not queue behind each other on the user's uplink). Sharing the
+uplink would add (number of remote calls - 1) x the upload time to a layer; with the hidden state at
+4-16 kB and the per-call compute and backhaul dominating, that term is small, and it is left out.
 """
 
 from __future__ import annotations
@@ -34,9 +43,7 @@ def _check_same_cluster(problems: Sequence[PlanProblem]) -> None:
         caches = ~first.is_cloud  # a cloud's capacity is ignored (it holds everything)
         if not np.array_equal(p.capacity_bytes[caches], first.capacity_bytes[caches]):
             raise EdgeMoEError(f"combine_models: problems[{i}].capacity_bytes differs from problems[0].capacity_bytes")
-        if p.profile.E != first.profile.E:
-            raise EdgeMoEError(f"combine_models: problems[{i}] has E={p.profile.E} experts per layer, "
-                               f"problems[0] has {first.profile.E}; models sharing storage need equal E")
+
 
 
 def _block_diag_tokens(profiles: Sequence[Profile], field: str, fill, dtype, K: int) -> np.ndarray:
@@ -52,9 +59,33 @@ def _block_diag_tokens(profiles: Sequence[Profile], field: str, fill, dtype, K: 
     return out
 
 
+def _pad(arr: np.ndarray, axes: tuple[int, ...], E: int, fill) -> np.ndarray:
+    """arr with each of `axes` padded at the end to length E with `fill`."""
+    widths = [(0, E - arr.shape[a]) if a in axes else (0, 0) for a in range(arr.ndim)]
+    return np.pad(arr, widths, constant_values=fill)
+
+
+def pad_experts(profile: Profile, E: int) -> Profile:
+    """`profile` with E experts per layer: the added ones have 0 bytes, 0 FLOPs and are never routed to."""
+    if profile.E == E:
+        return profile
+    from dataclasses import replace
+
+    p = profile
+    return replace(
+        p, meta=replace(p.meta, num_experts=E),
+        router_logits=_pad(p.router_logits, (2,), E, 0.0), freq=_pad(p.freq, (1,), E, 0.0),
+        freq_by_domain=_pad(p.freq_by_domain, (2,), E, 0.0), coact=_pad(p.coact, (1, 2), E, 0),
+        trans=_pad(p.trans, (1, 2), E, 0.0), sim=_pad(p.sim, (1, 2), E, 0.0),
+        subst_err=_pad(p.subst_err, (1, 2), E, 2.0), expert_bytes=_pad(p.expert_bytes, (1,), E, 0),
+        expert_flops=_pad(p.expert_flops, (1,), E, 0),
+    )
+
+
 def combine_profiles(profiles: Sequence[Profile], names: Sequence[str]) -> Profile:
     """One profile whose layers are the models' layers in order and whose domains are "name:domain"."""
-    E = profiles[0].E
+    E = max(p.E for p in profiles)
+    profiles = [pad_experts(p, E) for p in profiles]
     K = max(p.K for p in profiles)
     L = sum(p.L for p in profiles)
     topk = _block_diag_tokens(profiles, "topk", -1, np.int16, K)
@@ -109,12 +140,15 @@ def combine_models(problems: Sequence[PlanProblem], user_model: np.ndarray,
     user_domain = np.array([problems[m].user_domain[u] + domain_offset[m] for u, m in zip(users, user_model, strict=True)])
     comm = np.stack([problems[m].comm_s[u] for u, m in zip(users, user_model, strict=True)])
     layer_model = np.concatenate([np.full(p.profile.L, m) for m, p in enumerate(problems)])
+    E = profile.E
+    experts_per_layer = np.concatenate([np.full(p.profile.L, p.profile.E) for p in problems])
     first = problems[0]
     return PlanProblem(
         profile=profile, node_names=first.node_names, node_kind=first.node_kind,
         capacity_bytes=first.capacity_bytes, user_names=first.user_names, user_home=first.user_home,
         user_weight=first.user_weight, user_domain=user_domain.astype(np.int64), comm_s=comm,
-        compute_s=np.concatenate([p.compute_s for p in problems], axis=1),
-        expert_bytes=np.concatenate([p.expert_bytes for p in problems], axis=0),
-        params={"models": names, "layer_model": layer_model.tolist(), "user_model": user_model.tolist()},
+        compute_s=np.concatenate([_pad(p.compute_s, (2,), E, 0.0) for p in problems], axis=1),
+        expert_bytes=np.concatenate([_pad(p.expert_bytes, (1,), E, 0) for p in problems], axis=0),
+        params={"models": names, "layer_model": layer_model.tolist(), "user_model": user_model.tolist(),
+                "experts_per_layer": experts_per_layer.tolist()},
     )

@@ -20,7 +20,6 @@ layers it touches plus one max-convolution per node that actually needs it.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,8 +27,9 @@ import numpy as np
 from .base import PlanProblem
 from .maxconv import solve_layers
 from .objective import SlimModel, expert_latency, latency_per_user_from_tau, marginal_prob
-from .slim_values import set_gains, value_table
+from .slim_values import free_units, set_gains, value_table
 
+DP_PAIRS_PER_CELL = 8  # work units: one user-set cell of a value table ~ 8 (budget, budget) pairs of the DP
 REL_TOL = 1e-12  # relative: a change must cut latency by more than this to count (prevents cycling on ties)
 TABLE_VERSIONS = 4  # cached value tables kept per (node, layer): the current and a few reverted states
 
@@ -53,8 +53,15 @@ class Block:
     call: np.ndarray  # [U_n, L, E] seconds on the node (inf where the user may not use it)
     capacity: int  # capacity in units
     units: np.ndarray  # [L, E] expert sizes in units
+    unit: int  # bytes per unit
+    capacity_bytes: int
     related: np.ndarray  # [R] other nodes whose caches change this block's tables
     is_edge: bool
+
+
+def dp_work(num_layers: int, capacity: int) -> int:
+    """Work units of one block's max-convolution DP (the naive bound (L - 1) (C + 1)^2)."""
+    return (num_layers - 1) * (capacity + 1) ** 2 // DP_PAIRS_PER_CELL
 
 
 def sole_copies(hosts: np.ndarray, edge_nodes: np.ndarray, node: int) -> np.ndarray:
@@ -85,6 +92,8 @@ class BlockSearch:
         self.last: dict[int, tuple[bytes, bytes]] = {}  # node -> (layer keys, own cache) at its last solve
         self.block_solves = 0
         self.tables_built = 0
+        self.work = 0  # user-set cells of the tables built (U_n x M_l each) plus `dp_work` per block solve
+        self.max_work = np.inf  # work budget (deterministic units); checked before each block solve
         self.exact_tables = True
 
     def objective(self) -> float:
@@ -117,6 +126,7 @@ class BlockSearch:
                                              self.settings.enum_max, self.settings.beam_width)
             self.exact_tables &= exact
             self.tables_built += 1
+            self.work += block.users.size * self.model.layers[layer].sets.shape[0]
             entry = (table, g.candidates, pick)
             if len(cache) >= TABLE_VERSIONS:
                 cache.pop(next(iter(cache)))
@@ -135,7 +145,7 @@ class BlockSearch:
             return False  # same tables, same cache, already confirmed optimal for them
         self.block_solves += 1
         L = block.units.shape[0]
-        capacity = block.capacity - int(block.units[fixed].sum())
+        capacity = free_units(block.capacity_bytes, self.problem.expert_bytes[fixed].sum(), block.unit)
         tau_free = None
         if any(keys[layer] not in self.tables.get((node, layer), {}) for layer in range(L)):
             trial = self.hosts.copy()
@@ -144,6 +154,7 @@ class BlockSearch:
         entries = [self._table(block, layer, keys[layer], tau_free) for layer in range(L)]
         tables = np.stack([e[0][: capacity + 1] for e in entries])
         budgets, _ = solve_layers(tables, self.settings.maxconv, self.settings.epsilon)
+        self.work += dp_work(L, capacity)
         held = fixed.copy()
         for layer, (_, cands, pick) in enumerate(entries):
             held[layer, cands[pick[budgets[layer]]]] = True
@@ -171,13 +182,16 @@ class BlockSearch:
         self.tau[users] = tau_new
         return True
 
-    def settle(self, order: list[int], deadline: float = np.inf, max_sweeps: int = 50) -> int:
-        """Sweep blocks in `order` until a whole sweep changes nothing or time.perf_counter() passes
-        `deadline` (every applied change lowers latency, so stopping early is safe). Returns sweeps run."""
+    def exhausted(self) -> bool:
+        return self.work >= self.max_work
+
+    def settle(self, order: list[int], max_sweeps: int = 50) -> int:
+        """Sweep blocks in `order` until a whole sweep changes nothing or the table budget is spent
+        (every applied change lowers latency, so stopping early is safe). Returns sweeps run."""
         for sweep in range(1, max_sweeps + 1):
             changed = False
             for n in order:
-                if time.perf_counter() > deadline:
+                if self.exhausted():
                     return sweep
                 changed |= self.solve(n)
             if not changed:
@@ -203,7 +217,7 @@ def kick(search: BlockSearch, node: int, rng: np.random.Generator, weighted_prob
     block = search.blocks[node]
     held = search.hosts[node].copy()
     fixed = search.fixed(node)
-    free = block.capacity - int(block.units[held].sum())
+    free = block.capacity_bytes - int(expert_bytes[held].sum())  # bytes: the exact constraint
     forced_any = False
     for _ in range(num_forced):
         score = kick_scores(search, block, weighted_prob)
@@ -211,14 +225,15 @@ def kick(search: BlockSearch, node: int, rng: np.random.Generator, weighted_prob
         if score.sum() <= 0:
             break
         layer, expert = divmod(int(rng.choice(score.size, p=score / score.sum())), held.shape[1])
-        need = int(block.units[layer, expert])
+        need = int(expert_bytes[layer, expert])
+        evictable = np.argwhere(held & ~fixed)
+        if free + int(expert_bytes[held & ~fixed].sum()) < need:
+            break  # cannot make room without dropping a copy coverage needs
         while free < need:
-            evictable = np.argwhere(held & ~fixed)
-            if evictable.size == 0:
-                return forced_any
             out = evictable[rng.integers(len(evictable))]
+            evictable = evictable[(evictable != out).any(axis=1)]
             held[tuple(out)] = False
-            free += int(block.units[tuple(out)])
+            free += int(expert_bytes[tuple(out)])
         held[layer, expert] = True
         free -= need
         forced_any = True
@@ -229,7 +244,7 @@ def kick(search: BlockSearch, node: int, rng: np.random.Generator, weighted_prob
 
 def make_blocks(problem: PlanProblem, model: SlimModel, nodes: list[int], coverage: bool,
                 capacity_units) -> list[Block]:
-    """Block descriptions for `nodes`; capacity_units(node) -> (C, units [L, E])."""
+    """Block descriptions for `nodes`; capacity_units(node) -> (unit bytes, C, units [L, E])."""
     if not nodes:
         return []
     edge = np.isin(nodes, model.edge_nodes)  # [B]
@@ -241,34 +256,36 @@ def make_blocks(problem: PlanProblem, model: SlimModel, nodes: list[int], covera
     nodes_arr = np.asarray(nodes, dtype=np.int64)
     blocks = []
     for i, n in enumerate(nodes):
-        capacity, units = capacity_units(n)
+        unit, capacity, units = capacity_units(n)
         users = np.flatnonzero(serves[i])
         blocks.append(Block(node=n, users=users, call=model.node_call(n)[users], capacity=capacity, units=units,
+                            unit=unit, capacity_bytes=int(problem.capacity_bytes[n]),
                             related=nodes_arr[shared[i]], is_edge=bool(edge[i])))
     return blocks
 
 
 def refine(problem: PlanProblem, model: SlimModel, hosts: np.ndarray, order: list[int], capacity_units,
            settings: SolverSettings, coverage: bool, kicks: int, num_forced: int, seed: int,
-           seconds: float = np.inf):
-    """Settle, then up to `kicks` kicks, within `seconds` of wall time; returns (best hosts [N, L, E], info)."""
-    deadline = time.perf_counter() + seconds
+           max_work: float = np.inf):
+    """Settle, then up to `kicks` kicks, while the value tables built cover fewer than `max_work`
+    user-set cells (deterministic work units, never seconds); returns (best hosts [N, L, E], info)."""
     blocks = make_blocks(problem, model, order, coverage, capacity_units)
     search = BlockSearch(problem, model, hosts, blocks, coverage, settings)
+    search.max_work = max_work
     start_objective = search.objective()
-    sweeps = search.settle(order, deadline)
+    sweeps = search.settle(order)
     best_value, best_hosts, best_tau = search.objective(), search.hosts.copy(), search.tau.copy()
     settled = best_value
     rng = np.random.default_rng(seed)
     weighted_prob = marginal_prob(model, problem.expert_bytes.shape[1]) * model.weight[:, None, None]
     kickable = [b.node for b in blocks if b.capacity > 0 and b.users.size > 0]
     accepted = done = 0
-    while kickable and done < kicks and time.perf_counter() < deadline:
+    while kickable and done < kicks and not search.exhausted():
         done += 1
         node = int(rng.choice(kickable))
         if kick(search, node, rng, weighted_prob, num_forced, problem.expert_bytes):
             rest = [n for n in rng.permutation(order).tolist() if n != node]
-            search.settle(rest + [node], deadline)
+            search.settle(rest + [node])
             value = search.objective()
             if value < best_value - REL_TOL * best_value:
                 best_value, best_hosts, best_tau = value, search.hosts.copy(), search.tau.copy()
@@ -277,7 +294,8 @@ def refine(problem: PlanProblem, model: SlimModel, hosts: np.ndarray, order: lis
         search.restore(best_hosts, best_tau)
     info = {"refine_start_s": start_objective, "refine_settled_s": settled, "refine_sweeps": sweeps,
             "kicks": kicks, "kicks_run": done, "kicks_accepted": accepted,
-            "refine_stopped_by": "time" if done < kicks and kickable else "kicks",
+            "refine_stopped_by": "work" if done < kicks and kickable else "kicks", "refine_work": search.work,
+            "refine_max_work": max_work,
             "block_solves": search.block_solves, "tables_built": search.tables_built,
             "refine_exact_tables": search.exact_tables}
     return best_hosts, info

@@ -12,9 +12,41 @@ by a beam search that grows subsets one expert at a time (an extension, not from
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+
+
+def capacity_grid(expert_bytes: np.ndarray, capacity_bytes: int, max_units: int) -> tuple[int, int, np.ndarray]:
+    """(unit bytes, C, units [L, E]): the node's capacity and each expert's size in one discrete unit.
+
+    The unit is the gcd of all expert sizes (one slot when they are equal). If that gives more than
+    `max_units` units, the unit grows to ceil(capacity / max_units) and sizes round up, which keeps every
+    DP solution feasible (it may waste up to one unit per expert).
+    """
+    sizes = np.asarray(expert_bytes, dtype=np.int64)
+    unit = int(np.gcd.reduce(sizes.ravel())) if sizes.size else 1
+    unit = max(unit, 1)
+    if capacity_bytes // unit > max_units:
+        unit = math.ceil(capacity_bytes / max_units)
+    units = -(-sizes // unit)
+    return unit, int(capacity_bytes // unit), units
+
+
+def capacity_units(expert_bytes: np.ndarray, capacity_bytes: int, max_units: int) -> tuple[int, np.ndarray]:
+    """(C, units [L, E]) of `capacity_grid` (without the unit)."""
+    return capacity_grid(expert_bytes, capacity_bytes, max_units)[1:]
+
+
+def free_units(capacity_bytes: int, used_bytes: int, unit: int) -> int:
+    """Units left for the DP once `used_bytes` are taken (fixed copies): whole units of the free bytes.
+
+    Counted in bytes, not as C minus the fixed copies' rounded-up units: those copies were placed by byte
+    (coverage repair), so their rounded sizes may exceed C. Any choice within the result fits in bytes,
+    since every expert's rounded size is at least its true size.
+    """
+    return max(int(capacity_bytes) - int(used_bytes), 0) // int(unit)
 
 
 @dataclass(frozen=True)
@@ -34,31 +66,39 @@ def set_gains(tau: np.ndarray, call: np.ndarray, prob: np.ndarray, weight: np.nd
     expert ids (E = no expert).
     """
     U, E = tau.shape
-    K = sets.shape[1]
-    pad = np.zeros((U, 1))
-    cur = np.concatenate([tau, pad], axis=1)[:, sets]  # [U, M, K]
-    new = np.minimum(cur, np.concatenate([call, pad], axis=1)[:, sets])
-    helps = (new < cur) & (prob[:, :, None] * weight[:, None, None] > 0)  # [U, M, K]
-    useful_pos = helps.any(axis=0)  # [M, K]
+    M, K = sets.shape
+    # Only (user, set) pairs with positive mass matter: a user's domain picks a fraction of the sets
+    # (about a third with three domains), so work on that sparse list of pairs, not the dense [U, M].
+    mass_all = prob * weight[:, None]
+    pu, pm = np.nonzero(mass_all > 0)  # [P]
+    cur = np.concatenate([tau, np.zeros((U, 1))], axis=1)[pu[:, None], sets[pm]]  # [P, K]
+    new = np.minimum(cur, np.concatenate([call, np.zeros((U, 1))], axis=1)[pu[:, None], sets[pm]])
+    helps = new < cur  # [P, K]
+    useful_pos = np.zeros((M, K), bool)
+    hit_p, hit_k = np.nonzero(helps)
+    useful_pos[pm[hit_p], hit_k] = True
     useful_sets = np.flatnonzero(useful_pos.any(axis=1))
     if useful_sets.size == 0:
         return SetGains(np.zeros((0, 2**K)), np.zeros((0, K), np.int64), np.zeros(0, np.int64))
-    cur, new = cur[:, useful_sets], new[:, useful_sets]
-    mass = prob[:, useful_sets] * weight[:, None]  # [U, M']
+    row_of = np.full(M, -1, dtype=np.int64)
+    row_of[useful_sets] = np.arange(useful_sets.size)
+    keep = row_of[pm] >= 0
+    cur, new, row, mass = cur[keep], new[keep], row_of[pm[keep]], mass_all[pu[keep], pm[keep]]
     # served(mask) = max(max of `new` over the members in mask, max of `cur` over the others). Both maxima
-    # are built for every mask from the mask without its lowest bit: one [U, M'] maximum per mask.
-    in_mask = np.zeros((2**K, *cur.shape[:2]))  # call times are >= 0, so 0 is the max of an empty set
-    out_mask = np.zeros((2**K, *cur.shape[:2]))
+    # are built for every mask from the mask without its lowest bit: one [P] maximum per mask.
+    in_mask = np.zeros((2**K, cur.shape[0]))  # call times are >= 0, so 0 is the max of an empty set
+    out_mask = np.zeros((2**K, cur.shape[0]))
     for mask in range(1, 2**K):
         low = (mask & -mask).bit_length() - 1
-        in_mask[mask] = np.maximum(in_mask[mask & (mask - 1)], new[:, :, low])
+        in_mask[mask] = np.maximum(in_mask[mask & (mask - 1)], new[:, low])
     full = 2**K - 1
     for mask in range(full - 1, -1, -1):  # out_mask[mask] = max of cur over the members NOT in mask
         low = ((full & ~mask) & -(full & ~mask)).bit_length() - 1
-        out_mask[mask] = np.maximum(out_mask[mask | (1 << low)], cur[:, :, low])
-    served = np.maximum(in_mask, out_mask)  # [2^K, U, M']
-    base = out_mask[0]
-    gain = np.einsum("um,sum->ms", mass, base[None] - served)
+        out_mask[mask] = np.maximum(out_mask[mask | (1 << low)], cur[:, low])
+    saved = (out_mask[0][None] - np.maximum(in_mask, out_mask)) * mass[None]  # [2^K, P]
+    idx = row[None, :] * 2**K + np.arange(2**K)[:, None]
+    gain = np.bincount(idx.ravel(), weights=saved.ravel(), minlength=useful_sets.size * 2**K)
+    gain = gain.reshape(useful_sets.size, 2**K)
     members = sets[useful_sets]
     candidates = np.unique(members[useful_pos[useful_sets]])
     lookup = np.full(E + 1, -1, dtype=np.int64)
@@ -86,29 +126,72 @@ def value_table(g: SetGains, units: np.ndarray, capacity: int, enum_max: int = 1
     n = g.candidates.size
     if n == 0 or capacity == 0:
         return np.zeros(capacity + 1), np.zeros((capacity + 1, n), bool), True
+    singles = modular_values(g)
+    if singles is not None:
+        return (*_modular_table(singles, units, capacity), True)
     if n <= enum_max:
         return (*_enumerate(g, units, capacity), True)
     return (*_beam(g, units, capacity, beam_width), False)
+
+
+def modular_values(g: SetGains, rel_tol: float = 1e-12) -> np.ndarray | None:
+    """[c] each candidate's value alone if g is modular (no set's saving depends on which other members
+    are cached: K = 1, or sets with one useful member), else None.
+
+    g(S) = m(S) + h(S) with m the sum of singleton values and h >= 0 the supermodular interaction; the
+    layer table needs no subset search exactly when h = 0.
+    """
+    M, K = g.cand_pos.shape
+    masks = np.arange(2**K)
+    bits = (masks[:, None] >> np.arange(K)[None]) & 1  # [2^K, K]
+    single = g.gain[:, 1 << np.arange(K)]  # [M, K] value of each member alone
+    additive = single @ bits.T  # [M, 2^K]
+    scale = max(float(np.abs(g.gain).max(initial=0.0)), 1e-300)
+    if np.abs(g.gain - additive).max(initial=0.0) > rel_tol * scale:
+        return None
+    valid = g.cand_pos >= 0
+    return np.bincount(g.cand_pos[valid], weights=single[valid], minlength=g.candidates.size)
+
+
+def _modular_table(values: np.ndarray, units: np.ndarray, capacity: int):
+    """Exact V(c) for a modular g: a 0/1 knapsack by DP over candidates, O(c x C) (sorted prefix sums
+    when sizes are equal, which is what the DP then computes). Returns ([C+1], [C+1, c])."""
+    n = values.size
+    units = units.astype(np.int64)
+    best = np.zeros(capacity + 1)
+    take = np.zeros((n, capacity + 1), bool)
+    for x in range(n):
+        if values[x] <= 0 or units[x] > capacity:
+            continue
+        shifted = np.full(capacity + 1, -np.inf)
+        shifted[units[x]:] = best[: capacity + 1 - units[x]] + values[x]
+        take[x] = shifted > best + 1e-18
+        best = np.maximum(best, shifted)
+    pick = np.zeros((capacity + 1, n), bool)
+    room = np.arange(capacity + 1)  # backtrack every budget at once
+    for x in range(n - 1, -1, -1):
+        pick[:, x] = take[x, room]
+        room = room - np.where(pick[:, x], units[x], 0)
+    return best, pick
 
 
 def _best_by_size(values: np.ndarray, sizes: np.ndarray, subsets: np.ndarray, capacity: int):
     """Cumulative best over size <= c. values, sizes: [P]; subsets: [P, c] bool. Returns ([C+1], [C+1, c])."""
     fits = sizes <= capacity
     values, sizes, subsets = values[fits], sizes[fits], subsets[fits]
-    table = np.zeros(capacity + 1)
-    pick = np.zeros((capacity + 1, subsets.shape[1]), bool)
     order = np.lexsort((-values, sizes))  # by size, best first within a size
     first = order[np.concatenate([[True], np.diff(sizes[order]) != 0])]
     exact = np.full(capacity + 1, -1, dtype=np.int64)
     exact[sizes[first]] = first
-    best_val, best_idx = 0.0, -1
-    for c in range(capacity + 1):
-        i = exact[c]
-        if i >= 0 and values[i] > best_val + 1e-18:
-            best_val, best_idx = values[i], i
-        table[c] = best_val
-        if best_idx >= 0:
-            pick[c] = subsets[best_idx]
+    cand = np.where(exact >= 0, values[np.maximum(exact, 0)], 0.0)
+    cand = np.where(cand > 1e-18, cand, 0.0)  # the empty set (value 0) wins non-positive values
+    table = np.maximum.accumulate(cand)
+    improved = cand > np.concatenate([[0.0], table[:-1]])  # a strictly better subset first appears at c
+    src = np.maximum.accumulate(np.where(improved, np.arange(capacity + 1), 0))
+    idx = np.where(table > 0, exact[src], -1)
+    pick = np.zeros((capacity + 1, subsets.shape[1]), bool)
+    rows = idx >= 0
+    pick[rows] = subsets[idx[rows]]
     return table, pick
 
 

@@ -15,7 +15,6 @@ Without a cloud every expert keeps an edge-server copy (`cover_edges`, sole copi
 
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
@@ -25,40 +24,23 @@ from edgemoe.errors import EdgeMoEError
 from .base import Placement, PlanProblem, empty_hosts, make_placement, register
 from .baselines import ensure_coverage, global_demand, resolve_coverage
 from .maxconv import solve_layers
-from .objective import SlimModel, expert_latency, latency_per_user_from_tau, slim_model
+from .objective import (
+    SlimModel,
+    expert_latency,
+    latency_per_user_from_tau,
+    require_covered,
+    require_servable,
+    slim_model,
+)
 from .slim_k1 import cache_nodes, greedy_k1, slimcaching_k1
-from .slim_refine import SolverSettings, sole_copies
+from .slim_refine import SolverSettings, dp_work, sole_copies
 from .slim_refine import refine as refine_hosts
-from .slim_values import set_gains, value_table
+from .slim_values import capacity_grid, capacity_units, free_units, set_gains, value_table  # noqa: F401 (capacity_units re-exported)
 
 ORDERS = ("edge-first", "devices-first", "covered-weight")
-REFINE_MIN_S = 1.0  # default refinement time cap: at least this long (small instances finish their kicks in it)
-REFINE_SHARE = 0.75  # ... or this share of the passes' own time (keeps Qwen scale under its 30 s target)
-
-
-def refine_budget(refine_seconds: float | None, passes_seconds: float) -> float:
-    """Seconds the refinement may take (see `slimcaching`'s refine_seconds)."""
-    if refine_seconds is None:
-        return max(REFINE_MIN_S, REFINE_SHARE * passes_seconds)
-    if not refine_seconds >= 0:
-        raise EdgeMoEError(f"slimcaching: refine_seconds must be >= 0 (or None for the default), got {refine_seconds}")
-    return float(refine_seconds)
-
-
-def capacity_units(expert_bytes: np.ndarray, capacity_bytes: int, max_units: int) -> tuple[int, np.ndarray]:
-    """(C, units [L, E]): the node's capacity and each expert's size in one discrete unit.
-
-    The unit is the gcd of all expert sizes (one slot when they are equal). If that gives more than
-    `max_units` units, the unit grows to ceil(capacity / max_units) and sizes round up, which keeps every
-    DP solution feasible (it may waste up to one unit per expert).
-    """
-    sizes = np.asarray(expert_bytes, dtype=np.int64)
-    unit = int(np.gcd.reduce(sizes.ravel())) if sizes.size else 1
-    unit = max(unit, 1)
-    if capacity_bytes // unit > max_units:
-        unit = math.ceil(capacity_bytes / max_units)
-    units = -(-sizes // unit)
-    return int(capacity_bytes // unit), units
+REFINE_WORK_PASSES = 0.25  # default refinement work cap: a quarter of one pass's work ...
+MAX_UNITS = 1024  # finest capacity grid: rounding each expert up to a unit wastes < 0.1% of a node per expert
+REFINE_MIN_WORK = 200_000  # ... but at least this many user-set cells (small instances run all their kicks)
 
 
 def block_order(problem: PlanProblem, model: SlimModel, order: str) -> list[int]:
@@ -114,7 +96,7 @@ def cover_edges(problem: PlanProblem, hosts: np.ndarray) -> np.ndarray:
 
 def successive(problem: PlanProblem, model: SlimModel, passes: int = 1, order: str = "edge-first",
                maxconv: str = "auto", epsilon: float = 0.1, enum_max: int = 12, beam_width: int = 8,
-               max_units: int = 4096, start: np.ndarray | None = None,
+               max_units: int = MAX_UNITS, start: np.ndarray | None = None,
                coverage: bool = False) -> tuple[np.ndarray, dict]:
     """Successive per-node decomposition from `start` hosts [N, L, E] (default: empty caches).
 
@@ -141,8 +123,9 @@ def successive(problem: PlanProblem, model: SlimModel, passes: int = 1, order: s
             if hosts[n].any():  # a later pass: take the node's own cache out before re-solving it
                 hosts[n] = fixed
                 tau[users] = expert_latency(model, hosts, users)
-            capacity, units = capacity_units(problem.expert_bytes, int(problem.capacity_bytes[n]), max_units)
-            held, info = solve_block(model, tau[users], calls[n], users, capacity - int(units[fixed].sum()), units,
+            unit, _, units = capacity_grid(problem.expert_bytes, int(problem.capacity_bytes[n]), max_units)
+            room = free_units(problem.capacity_bytes[n], problem.expert_bytes[fixed].sum(), unit)
+            held, info = solve_block(model, tau[users], calls[n], users, room, units,
                                      maxconv, epsilon, enum_max, beam_width)
             methods[info["method"]] = methods.get(info["method"], 0) + 1
             all_exact &= info["exact_tables"]
@@ -161,59 +144,97 @@ def successive(problem: PlanProblem, model: SlimModel, passes: int = 1, order: s
     return best_hosts, info
 
 
+def refine_blocks(problem: PlanProblem, model: SlimModel, hosts: np.ndarray, order: str, settings: SolverSettings,
+                  cover: bool, kicks: int, forced: int, seed: int, refine_work: float,
+                  max_units: int) -> tuple[np.ndarray, dict]:
+    """`slim_refine.refine` with the work cap max(refine_work x one pass's work, REFINE_MIN_WORK)."""
+
+    def units_of(node: int):
+        return capacity_grid(problem.expert_bytes, int(problem.capacity_bytes[node]), max_units)
+
+    blocks = block_order(problem, model, order)
+    L = problem.expert_bytes.shape[0]
+    pass_work = sum(model.node_users(n).size for n in blocks) * sum(ls.sets.shape[0] for ls in model.layers) \
+        + sum(dp_work(L, units_of(n)[1]) for n in blocks)
+    max_work = max(refine_work * pass_work, REFINE_MIN_WORK) if refine_work > 0 else 0.0
+    return refine_hosts(problem, model, cover_edges(problem, hosts) if cover else hosts, blocks, units_of, settings,
+                        cover, kicks, forced, seed, max_work)
+
+
 @register("slimcaching")
 def slimcaching(problem: PlanProblem, *, algorithm: str = "auto", passes: int = 1, order: str = "edge-first",
                 maxconv: str = "auto", epsilon: float = 0.1, enum_max: int = 12, beam_width: int = 8,
-                max_units: int = 4096, warm_start: str = "empty", refine: bool = True, kicks: int = 256,
-                forced: int = 2, seed: int = 0, refine_seconds: float | None = None,
-                coverage: bool | None = None) -> Placement:
+                max_units: int = MAX_UNITS, warm_start: str = "empty", refine: bool = True, kicks: int = 256,
+                forced: int = 2, seed: int = 0, refine_work: float = REFINE_WORK_PASSES,
+                k1_seeds: int = 3, k1_max_seeds: int = 5000, coverage: bool | None = None) -> Placement:
     """SlimCaching placement of `problem` (devices and edge servers).
 
-    algorithm: "auto" (K = 1 -> "greedy-k1", else "successive"), "greedy-k1" or "successive".
+    algorithm: "auto" (K = 1 -> "greedy-k1", then with `refine` the block passes and the refinement
+    started from its result, the better kept; else "successive"), "greedy-k1" or "successive".
     passes: rounds over all blocks (1 = paper-faithful). order: block order (`ORDERS`).
     maxconv: "auto" | "naive" | "concave" | "fptas" (with `epsilon`). enum_max: largest number of useful
     experts per layer whose subsets are enumerated exactly; above it a beam of `beam_width` is used.
     max_units: finest capacity grid per node.
     refine (successive only): after the passes, settle the blocks and run `kicks` seeded kicks of `forced`
-    experts each (`slim_refine`); refine=False with passes=1 is the paper-faithful variant. refine_seconds caps
-    the refinement's wall time (None: max(REFINE_MIN_S, REFINE_SHARE x the passes' time); inf: no cap, fully
-    deterministic); the best placement found when it runs out is returned.
+    experts each (`slim_refine`); refine=False with passes=1 is the paper-faithful variant. refine_work caps
+    the refinement's work in deterministic units: the value tables it builds may cover at most
+    max(refine_work x one pass's, REFINE_MIN_WORK) user-set cells (a table of a node with U_n users at a
+    layer with M distinct Top-K sets is U_n x M cells; its cost grows with that); inf: kicks only. Whichever
+    budget runs out first stops it, with the best placement so far: the result depends on input and seed only.
+    k1_seeds, k1_max_seeds (greedy-k1, unequal sizes): partial enumeration with seeds of up to k1_seeds items
+    per node, fewer when a node would need more than k1_max_seeds seeds (`slim_k1`).
     coverage: give every expert an edge-server copy; default (None) exactly when there is no cloud.
     """
     start = time.perf_counter()
-    model = slim_model(problem)
     cover = resolve_coverage(problem, coverage)
+    require_servable(problem, "slimcaching", cover)
+    model = slim_model(problem)
     warm = None
     if warm_start == "sum-greedy":
         warm = greedy_k1(problem, model, "ratio")
     elif warm_start != "empty":
         raise EdgeMoEError(f"slimcaching: warm_start={warm_start!r}; expected empty or sum-greedy")
-    if kicks < 0 or forced < 1:
-        raise EdgeMoEError(f"slimcaching: kicks must be >= 0 and forced >= 1, got kicks={kicks}, forced={forced}")
+    if kicks < 0 or forced < 1 or not refine_work >= 0:
+        raise EdgeMoEError(f"slimcaching: kicks and refine_work must be >= 0 and forced >= 1, got kicks={kicks}, "
+                           f"refine_work={refine_work}, forced={forced}")
+    polish = False
     if algorithm == "auto":
         algorithm = "greedy-k1" if problem.profile.K == 1 else "successive"
-    if algorithm == "greedy-k1":
-        hosts, info = slimcaching_k1(problem, model)
-    elif algorithm == "successive":
-        if passes < 1:
-            raise EdgeMoEError(f"slimcaching: passes must be >= 1, got {passes}")
-        hosts, info = successive(problem, model, passes, order, maxconv, epsilon, enum_max, beam_width, max_units,
-                                 warm, cover)
+        polish = algorithm == "greedy-k1" and refine
+    if algorithm in ("greedy-k1", "successive") and passes < 1:
+        raise EdgeMoEError(f"slimcaching: passes must be >= 1, got {passes}")
+    settings = SolverSettings(maxconv=maxconv, epsilon=epsilon, enum_max=enum_max, beam_width=beam_width)
+
+    def improve(start_hosts: np.ndarray | None) -> tuple[np.ndarray, dict]:
+        """The successive passes from start_hosts (None: empty), then the refinement if asked."""
+        found, found_info = successive(problem, model, passes, order, maxconv, epsilon, enum_max, beam_width,
+                                       max_units, start_hosts, cover)
         if refine:
-            settings = SolverSettings(maxconv=maxconv, epsilon=epsilon, enum_max=enum_max, beam_width=beam_width)
+            found, refine_info = refine_blocks(problem, model, found, order, settings, cover, kicks, forced, seed,
+                                               refine_work, max_units)
+            found_info.update(refine_info)
+        return found, found_info
 
-            def units_of(node: int):
-                return capacity_units(problem.expert_bytes, int(problem.capacity_bytes[node]), max_units)
-
-            hosts, refine_info = refine_hosts(problem, model, cover_edges(problem, hosts) if cover else hosts,
-                                              block_order(problem, model, order), units_of, settings, cover, kicks,
-                                              forced, seed, refine_budget(refine_seconds, time.perf_counter() - start))
-            info.update(refine_info)
+    if algorithm == "greedy-k1":
+        hosts, info = slimcaching_k1(problem, model, k1_seeds, k1_max_seeds)
+        if polish:
+            # K = 1 blocks have modular, exact tables, so block passes from the greedy result only improve
+            # it; the better of the two is kept, so the guarantee of the greedy result still holds.
+            polished, polish_info = improve(hosts)
+            before, after = (float(model.weight @ latency_per_user_from_tau(model, expert_latency(model, h)))
+                             for h in (hosts, polished))
+            info.update(polish_objective_s=after, greedy_objective_s=before, polished=after < before)
+            if after < before:
+                hosts = polished
+                info.update({k: v for k, v in polish_info.items() if k.startswith(("refine", "kicks"))})
+    elif algorithm == "successive":
+        hosts, info = improve(warm)
     else:
         raise EdgeMoEError(f"slimcaching: algorithm={algorithm!r}; expected auto, greedy-k1 or successive")
     if cover:
         cover_edges(problem, hosts)
+        require_covered(problem, hosts, "slimcaching")
     objective = float(model.weight @ latency_per_user_from_tau(model, expert_latency(model, hosts)))
     info.update(objective_s=objective, epsilon=epsilon, maxconv=maxconv, enum_max=enum_max, beam_width=beam_width,
-                refine=refine and algorithm == "successive", coverage=cover, plan_seconds=time.perf_counter() - start)
+                refine=refine and (algorithm == "successive" or polish), coverage=cover, plan_seconds=time.perf_counter() - start)
     return make_placement(problem, "slimcaching", hosts, **info)

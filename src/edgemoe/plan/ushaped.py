@@ -26,7 +26,7 @@ import numpy as np
 
 from .base import Placement, PlanProblem, empty_hosts, make_placement, register
 from .baselines import resolve_coverage
-from .objective import expected_latency, slim_model
+from .objective import expected_latency, require_covered, require_servable, slim_model
 from .slimcaching import cover_edges
 
 
@@ -53,6 +53,8 @@ def ushaped(problem: PlanProblem, coverage: bool | None = None) -> Placement:
     coverage: repair so every expert has an edge copy; default (None) exactly when there is no cloud.
     """
     start = time.perf_counter()
+    cover = resolve_coverage(problem, coverage)
+    require_servable(problem, "u-shaped", cover)
     layer_bytes = problem.expert_bytes.sum(axis=1)  # [L]
     L = layer_bytes.size
     hosts = empty_hosts(problem)
@@ -74,9 +76,9 @@ def ushaped(problem: PlanProblem, coverage: bool | None = None) -> Placement:
                 break
             hosts[n, layer] = True
             used += int(layer_bytes[layer])
-    cover = resolve_coverage(problem, coverage)
     if cover:
         cover_edges(problem, hosts)
+        require_covered(problem, hosts, "u-shaped")
     return make_placement(problem, "u-shaped", hosts, head_layers=head_len, coverage=cover,
                           objective_s=expected_latency(problem, hosts), native_latency_s=native_latency(problem, hosts),
                           plan_seconds=time.perf_counter() - start)
