@@ -35,11 +35,11 @@ class UpcycleConfig:
     """
 
     model: TrainConfig = TrainConfig(steps=0, max_minutes=0.0)  # shape, batch, weight decay, aux loss, eval, dtype
-    dense_steps: int = 1000
+    dense_steps: int = 900
     dense_lr: float = 3e-3
     dense_warmup: int = 50
     dense_final_lr_ratio: float = 0.1  # cosine from dense_lr down to 10%: the MoE phase continues from there
-    moe_steps: int = 400
+    moe_steps: int = 300
     moe_expert_lr: float = 3e-4  # = where the dense cosine ended: experts drift slowly and stay substitutable
     moe_router_lr: float = 3e-3  # the fresh router learns at the dense peak rate
     moe_warmup: int = 20  # fresh AdamW moments
