@@ -3,7 +3,8 @@
 Per model, on WikiText-2 test (never trained on): perplexity with exact execution and with one routed
 slot changed at every token in every MoE layer:
   - top-1 (or top-2) expert replaced by its most router-similar expert (largest router-logit cosine
-    `sim`, the paper's grouping) or by its measured-best substitute (smallest `subst_err`), gate kept;
+    `sim`, the paper's grouping), by its measured-best substitute (smallest `subst_err`), or per token by
+    the expert whose output is closest (an oracle: the limit of any selector), gate kept;
   - the slot zeroed (gate 0, the other gate unchanged);
   - the slot dropped and the remaining gate renormalised.
 Both substitute maps and the per-layer substitution errors come from a calibration profile on the shared
@@ -84,6 +85,25 @@ def drop_slot(slot: int):
     return policy
 
 
+def oracle_slot(adapter, slot: int):
+    """Policy: per token, the expert whose output on this token's hidden state is closest to the one in `slot`.
+
+    The limit any per-expert substitute map can reach (it knows every expert's output for every token).
+    """
+    def policy(call):
+        T = call.hidden.shape[0]
+        rows = torch.arange(T)
+        outs = torch.stack([adapter.expert_output(call.layer, e, call.hidden) for e in range(adapter.num_experts)])
+        own = call.topk[:, slot]
+        dist = ((outs - outs[own, rows][None]) ** 2).sum(-1)  # [E, T]
+        dist[own, rows] = float("inf")
+        experts = call.topk.clone()
+        experts[:, slot] = dist.argmin(0)
+        return Intervention(experts)
+
+    return policy
+
+
 @contextmanager
 def zeroed_slot(adapter, slot: int):
     """Within the block, slot `slot`'s gate is 0 at every MoE layer and the other gates stay as they are.
@@ -123,6 +143,7 @@ def measure(name: str, tokens: int, calib_tokens: int, subst_tokens: int) -> dic
     for slot, label in ((0, "top1"), (1, "top2")):
         for kind, m in maps.items():
             rows[f"{label}_{kind}"] = ppl(replace_slot(slot, m))
+        rows[f"{label}_oracle"] = ppl(oracle_slot(adapter, slot))
         with zeroed_slot(adapter, slot):
             rows[f"{label}_zero"] = ppl()
         rows[f"{label}_renormalise"] = ppl(drop_slot(slot))
@@ -164,6 +185,7 @@ def main() -> None:
         "definitions": {
             "router_similar": "substitute = argmax over e' != e of the router-logit cosine sim[l, e, e']",
             "measured_best": "substitute = argmin over e' != e of subst_err[l, e, e'] (calibration hidden states)",
+            "oracle": "per token, the expert e' != e whose output on that token is closest to e's (the limit)",
             "zero": "the slot's gate set to 0, the other gate unchanged",
             "renormalise": "the slot dropped, the other gate rescaled to the original gate total (1)",
             "median_err_*": "per MoE layer, median over experts of ||Y_sub - Y_e|| / ||Y_e|| for that substitute",
