@@ -117,3 +117,25 @@ def test_packaged_name_is_registered():
         assert "edgemoe train --upcycle" in str(exc)
     else:
         assert path.endswith("default_upcycled_model")
+
+
+def test_cli_upcycle_option_runs_the_upcycle_recipe(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    import edgemoe.models.upcycle as up
+    from edgemoe.cli import app
+
+    seen = {}
+
+    def fake(data, out, cfg):
+        seen.update(data=data, out=out, cfg=cfg)
+        return {"steps_done": 1, "train_minutes": 0.0, "heldout_perplexity": {}}
+
+    monkeypatch.setattr(up, "train_upcycled_model", fake)
+    res = CliRunner().invoke(app, ["train", "--upcycle", "--data", str(tmp_path), "--stop-after", "950", "--seed", "3"])
+    assert res.exit_code == 0, res.output
+    cfg = seen["cfg"]
+    assert str(seen["out"]).endswith("default_upcycled_model")
+    # No wall-clock budget unless asked for: the recipe's steps decide.
+    assert (cfg.max_minutes, cfg.stop_after, cfg.model.seed) == (0.0, 950, 3)
+    assert (cfg.dense_steps, cfg.moe_steps) == (UpcycleConfig().dense_steps, UpcycleConfig().moe_steps)
