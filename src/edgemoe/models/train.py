@@ -96,9 +96,12 @@ def heldout_perplexity(model, ids: np.ndarray, batch_size: int = 16) -> float:
         adapter.remove_hooks()
 
 
-def load_training_data(data_root: str | Path, tokenizer, cfg: TrainConfig, log=print) -> dict:
-    """The shared corpus at `data_root` as blocks: train, held-out per domain and WikiText-2 test, plus a description."""
-    train_src = shared_corpus(data_root, "train")
+def load_training_data(data_root: str | Path, tokenizer, cfg: TrainConfig, log=print, train_src=None) -> dict:
+    """The shared corpus at `data_root` as blocks: train, held-out per domain and WikiText-2 test, plus a description.
+
+    `train_src`: the training sources when the caller has read them already (shared_corpus(data_root, "train")).
+    """
+    train_src = train_src if train_src is not None else shared_corpus(data_root, "train")
     heldout_src = shared_corpus(data_root, "heldout")
     domains = tuple(s.domain for s in train_src)
     train = tokenize_blocks(train_src, tokenizer, cfg.block_len, domains=domains)
@@ -113,8 +116,7 @@ def load_training_data(data_root: str | Path, tokenizer, cfg: TrainConfig, log=p
         "heldout": "10% of documents per domain by a hash of the document id (edgemoe.data.sources)",
         "never_trained_on": "WikiText-2 test",
     }
-    return {"train": train, "heldout": heldout, "wiki_test": wiki_test, "domains": domains,
-            "train_sources": train_src, "description": description}
+    return {"train": train, "heldout": heldout, "wiki_test": wiki_test, "domains": domains, "description": description}
 
 
 def evaluate_heldout(model, data: dict) -> dict[str, float]:
@@ -166,8 +168,9 @@ def train_default_model(data_root: str | Path, out: str | Path, cfg: TrainConfig
     t_start = time.time()
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    tokenizer = train_tokenizer(shared_corpus(data_root, "train"), cfg.vocab_size, cfg.tokenizer_chars_per_domain)
-    data = load_training_data(data_root, tokenizer, cfg, log=log)
+    train_src = shared_corpus(data_root, "train")
+    tokenizer = train_tokenizer(train_src, cfg.vocab_size, cfg.tokenizer_chars_per_domain)
+    data = load_training_data(data_root, tokenizer, cfg, log=log, train_src=train_src)
 
     model = build_model(cfg)
     n_params = sum(p.numel() for p in model.parameters())
