@@ -125,20 +125,36 @@ REPORT_FILES = ("report.md", "report.html", "*.png", "*.json")  # demo and repor
 @app.command()
 def train(
     data: Annotated[Path, typer.Option(help="the shared data folder (wikitext-2/, gutenberg/, tinyshakespeare/)")] = SHARED_DATA,
-    out: Annotated[Path, typer.Option(help="output model folder")] = Path("src/edgemoe/assets/default_model"),
-    steps: Annotated[int, typer.Option(min=1, help="optimizer steps")] = 3000,
-    max_minutes: Annotated[float, typer.Option(min=0, help="wall-clock budget; training stops early when spent (0: none)")] = 30.0,
+    out: Annotated[Path | None, typer.Option(help="output model folder (default: src/edgemoe/assets/default_model, "
+                                                  "or default_upcycled_model with --upcycle)")] = None,
+    steps: Annotated[int, typer.Option(min=1, help="optimizer steps (ignored with --upcycle: its recipe fixes both phases)")] = 3000,
+    max_minutes: Annotated[float | None, typer.Option(min=0, help="wall-clock budget; training stops early when spent (0: none; "
+                                                           "default 30, none with --upcycle)")] = None,
     stop_after: Annotated[int | None, typer.Option(min=1, help="stop after this many steps (the schedule still spans --steps); "
-                                                              "with --max-minutes 0 this replays a budget-cut run")] = None,
+                                                       "with --max-minutes 0 this replays a budget-cut run")] = None,
     seed: Annotated[int, typer.Option(min=0, help="random seed")] = 0,
+    upcycle: Annotated[bool, typer.Option(help="train default-upcycled instead: dense pretraining, the FFN copied into "
+                                               "every expert, fresh router, MoE training")] = False,
 ):
     """Train the default model (Mixtral format) on the multi-domain corpus and save it with its recipe."""
     from edgemoe.models.train import TrainConfig, train_default_model
 
-    _finite(max_minutes, "--max-minutes")
+    if max_minutes is not None:
+        _finite(max_minutes, "--max-minutes")
     try:
-        recipe = train_default_model(data, out, TrainConfig(steps=steps, max_minutes=max_minutes, stop_after=stop_after, seed=seed),
-                                     log=say)
+        if upcycle:
+            from dataclasses import replace
+
+            from edgemoe.models.upcycle import UpcycleConfig, train_upcycled_model
+
+            base = UpcycleConfig()
+            out = out or Path("src/edgemoe/assets/default_upcycled_model")
+            cfg = replace(base, model=replace(base.model, seed=seed), max_minutes=max_minutes or 0.0, stop_after=stop_after)
+            recipe = train_upcycled_model(data, out, cfg, log=say)
+        else:
+            out = out or Path("src/edgemoe/assets/default_model")
+            recipe = train_default_model(data, out, TrainConfig(steps=steps, max_minutes=30.0 if max_minutes is None else max_minutes,
+                                                                stop_after=stop_after, seed=seed), log=say)
     except EdgeMoEError as exc:
         _fail(exc)
     typer.echo(f"saved {out} after {recipe['steps_done']} steps, {recipe['train_minutes']} min; "

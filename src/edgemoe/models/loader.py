@@ -1,4 +1,4 @@
-"""Load an HF MoE checkpoint (hub id, local folder, or 'default') into its family adapter."""
+"""Load an HF MoE checkpoint (hub id, local folder, or a packaged name) into its family adapter."""
 
 from __future__ import annotations
 
@@ -20,19 +20,25 @@ ADAPTERS: dict[str, type[MoEAdapter]] = {
     for t in cls.model_types
 }
 DEFAULT_MODEL = "default"
+# Packaged models: name -> (folder under edgemoe/assets, the command that rebuilds it).
+PACKAGED_MODELS: dict[str, tuple[str, str]] = {
+    DEFAULT_MODEL: ("default_model", "edgemoe train"),
+    "default-upcycled": ("default_upcycled_model", "edgemoe train --upcycle"),
+}
 
 
-def default_model_path() -> Path:
-    """The small MoE trained by `edgemoe train` and shipped inside the package."""
-    return Path(__file__).resolve().parent.parent / "assets" / "default_model"
+def default_model_path(name: str = DEFAULT_MODEL) -> Path:
+    """The folder of packaged model `name`: 'default' (trained by `edgemoe train`) or 'default-upcycled'."""
+    return Path(__file__).resolve().parent.parent / "assets" / PACKAGED_MODELS[name][0]
 
 
 def resolve_model_path(spec: str) -> str:
-    """'default' -> the packaged model; an existing folder -> itself; anything else is a hub id."""
-    if spec == DEFAULT_MODEL:
-        path = default_model_path()
+    """A packaged name ('default', 'default-upcycled') -> its folder; an existing folder -> itself; else a hub id."""
+    if spec in PACKAGED_MODELS:
+        path = default_model_path(spec)
         if not (path / "config.json").is_file():
-            raise EdgeMoEError(f"the default model is missing at {path} (run `edgemoe train` to rebuild it)")
+            raise EdgeMoEError(f"the packaged model {spec!r} is missing at {path} "
+                               f"(run `{PACKAGED_MODELS[spec][1]}` to rebuild it)")
         return str(path)
     path = Path(spec)
     if path.exists():
@@ -60,7 +66,7 @@ def adapter_for(model: torch.nn.Module, source: str = "") -> MoEAdapter:
 
 
 def load_moe(spec: str = DEFAULT_MODEL, dtype: torch.dtype = torch.float32) -> MoEAdapter:
-    """Load model `spec` (hub id, folder or 'default') in `dtype` and wrap it in its family adapter.
+    """Load model `spec` (hub id, folder, 'default' or 'default-upcycled') in `dtype` and wrap it in its family adapter.
 
     Raises EdgeMoEError for a missing path, an unknown or non-MoE architecture, or an unreachable hub id.
     """

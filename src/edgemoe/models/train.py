@@ -97,6 +97,71 @@ def heldout_perplexity(model, ids: np.ndarray, batch_size: int = 16) -> float:
         adapter.remove_hooks()
 
 
+def load_training_data(data_root: str | Path, tokenizer, cfg: TrainConfig, log=print, train_src=None) -> dict:
+    """The shared corpus at `data_root` as blocks: train, held-out per domain and WikiText-2 test, plus a description.
+
+    `train_src`: the training sources when the caller has read them already (shared_corpus(data_root, "train")).
+    """
+    train_src = train_src if train_src is not None else shared_corpus(data_root, "train")
+    heldout_src = shared_corpus(data_root, "heldout")
+    domains = tuple(s.domain for s in train_src)
+    train = tokenize_blocks(train_src, tokenizer, cfg.block_len, domains=domains)
+    heldout = tokenize_blocks(heldout_src, tokenizer, cfg.block_len, domains=domains,
+                              max_tokens_per_source=cfg.eval_tokens_per_domain)
+    wiki_test = tokenize_blocks([wikitext_test(data_root)], tokenizer, cfg.block_len, domains=domains,
+                                max_tokens_per_source=cfg.eval_tokens_per_domain)
+    log(f"tokens: train {train.num_tokens:,} ({', '.join(f'{d}={int((train.domain == i).sum()) * cfg.block_len:,}' for i, d in enumerate(domains))})")
+    description = {
+        "train": {s.domain: {"source": s.name, "documents": len(s.docs), "chars": s.num_chars} for s in train_src},
+        "train_tokens": train.num_tokens,
+        "heldout": "10% of documents per domain by a hash of the document id (edgemoe.data.sources)",
+        "never_trained_on": "WikiText-2 test",
+    }
+    return {"train": train, "heldout": heldout, "wiki_test": wiki_test, "domains": domains, "description": description}
+
+
+def evaluate_heldout(model, data: dict) -> dict[str, float]:
+    """Perplexity per held-out domain and on WikiText-2 test (`data` from load_training_data)."""
+    heldout = data["heldout"]
+    ppl = {d: heldout_perplexity(model, heldout.ids[heldout.domain == i]) for i, d in enumerate(data["domains"])}
+    ppl["wikitext2_test"] = heldout_perplexity(model, data["wiki_test"].ids)
+    model.train()
+    return ppl
+
+
+def train_steps(model, train, rng: np.random.Generator, opt, sched, steps: int, batch_size: int, router_loss: bool = True,
+                log=print, tag: str = "", deadline: float | None = None, every_50=None, total: int | None = None) -> list[float]:
+    """`steps` optimizer steps on blocks `train` (ids [B, S], domain [B]) -> the loss of each step.
+
+    Every batch holds an equal share of each domain, so the router sees all of them all the time. Stops
+    early (and says so) once `time.time()` passes `deadline`. `every_50(step)` runs after every 50th step.
+    """
+    n_dom = len(train.domains)
+    by_domain = [np.flatnonzero(train.domain == i) for i in range(n_dom)]
+    model.train()
+    losses: list[float] = []
+    t0 = time.time()
+    prefix = f"{tag} " if tag else ""
+    for step in bar(range(1, steps + 1), desc=tag or "train", unit="step"):  # a bar on a terminal only
+        pick = np.concatenate([rng.choice(ix, batch_size // n_dom) for ix in by_domain])
+        x = torch.from_numpy(train.ids[pick])
+        out_ = model(input_ids=x, labels=x, output_router_logits=router_loss)
+        opt.zero_grad(set_to_none=True)
+        out_.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(out_.loss.item())
+        if step % 50 == 0:
+            log(f"{prefix}step {step}/{total or steps} loss {np.mean(losses[-50:]):.3f} ({(time.time() - t0) / 60:.1f} min)")
+            if every_50 is not None:
+                every_50(step)
+        if deadline is not None and time.time() > deadline:
+            log(f"wall-clock budget reached at {prefix}step {step}")
+            break
+    return losses
+
+
 def train_default_model(data_root: str | Path, out: str | Path, cfg: TrainConfig = TrainConfig(), log=print) -> dict:
     """Train tokenizer and model on the shared corpus at `data_root`, save to `out`, return the recipe."""
     from transformers import get_cosine_schedule_with_warmup
@@ -106,59 +171,30 @@ def train_default_model(data_root: str | Path, out: str | Path, cfg: TrainConfig
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     train_src = shared_corpus(data_root, "train")
-    heldout_src = shared_corpus(data_root, "heldout")
-    domains = tuple(s.domain for s in train_src)
     tokenizer = train_tokenizer(train_src, cfg.vocab_size, cfg.tokenizer_chars_per_domain)
-    train = tokenize_blocks(train_src, tokenizer, cfg.block_len, domains=domains)
-    heldout = tokenize_blocks(heldout_src, tokenizer, cfg.block_len, domains=domains,
-                              max_tokens_per_source=cfg.eval_tokens_per_domain)
-    wiki_test = tokenize_blocks([wikitext_test(data_root)], tokenizer, cfg.block_len, domains=domains,
-                                max_tokens_per_source=cfg.eval_tokens_per_domain)
-    log(f"tokens: train {train.num_tokens:,} ({', '.join(f'{d}={int((train.domain == i).sum()) * cfg.block_len:,}' for i, d in enumerate(domains))})")
+    data = load_training_data(data_root, tokenizer, cfg, log=log, train_src=train_src)
 
     model = build_model(cfg)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params / 1e6:.2f}M parameters")
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     sched = get_cosine_schedule_with_warmup(opt, cfg.warmup, cfg.steps)
-    by_domain = [np.flatnonzero(train.domain == i) for i in range(len(domains))]
-    model.train()
-    step, losses = 0, []
-    deadline = t_start + 60 * cfg.max_minutes
-    for step in bar(range(1, cfg.steps + 1), desc="train", unit="step"):  # a bar on a terminal only
-        # Equal share of every domain in each batch, so the router sees all of them all the time.
-        pick = np.concatenate([rng.choice(ix, cfg.batch_size // len(domains)) for ix in by_domain])
-        x = torch.from_numpy(train.ids[pick])
-        out_ = model(input_ids=x, labels=x, output_router_logits=True)
-        opt.zero_grad(set_to_none=True)
-        out_.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(out_.loss))
-        if step % 50 == 0:
-            log(f"step {step}/{cfg.steps} loss {np.mean(losses[-50:]):.3f} ({(time.time() - t_start) / 60:.1f} min)")
-        if cfg.max_minutes > 0 and time.time() > deadline:
-            log(f"wall-clock budget of {cfg.max_minutes} min reached at step {step}")
-            break
-        if cfg.stop_after is not None and step >= cfg.stop_after:
-            break
+    deadline = t_start + 60 * cfg.max_minutes if cfg.max_minutes > 0 else None
+    steps = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
+    losses = train_steps(model, data["train"], rng, opt, sched, steps, cfg.batch_size, log=log, deadline=deadline,
+                         total=cfg.steps)
+    step = len(losses)
     train_minutes = (time.time() - t_start) / 60
+    domains = data["domains"]
 
-    ppl = {d: heldout_perplexity(model, heldout.ids[heldout.domain == i]) for i, d in enumerate(domains)}
-    ppl["wikitext2_test"] = heldout_perplexity(model, wiki_test.ids)
+    ppl = evaluate_heldout(model, data)
     log("held-out perplexity: " + ", ".join(f"{k}={v:.1f}" for k, v in ppl.items()))
     recipe = {
         "what": "edgemoe default model: Mixtral-format MoE causal LM trained from scratch on four domains",
         "command": f"edgemoe train --data {data_root} --out {out}",
         "config": asdict(cfg),
         "parameters": n_params,
-        "data": {
-            "train": {s.domain: {"source": s.name, "documents": len(s.docs), "chars": s.num_chars} for s in train_src},
-            "train_tokens": train.num_tokens,
-            "heldout": "10% of documents per domain by a hash of the document id (edgemoe.data.sources)",
-            "never_trained_on": "WikiText-2 test",
-        },
+        "data": data["description"],
         "steps_done": step,
         "tokens_seen": step * (cfg.batch_size // len(domains)) * len(domains) * cfg.block_len,
         "train_minutes": round(train_minutes, 2),
@@ -179,7 +215,7 @@ def train_default_model(data_root: str | Path, out: str | Path, cfg: TrainConfig
 
 
 TRAINED_MODEL_FILES = frozenset({"config.json", "generation_config.json", "model.safetensors", "recipe.json",
-                                 "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+                                 "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "train_log.txt"})
 
 
 def is_trained_model_folder(path: Path) -> bool:
