@@ -34,6 +34,8 @@ from edgemoe.errors import EdgeMoEError
 from .base import Placement, PlanProblem, empty_hosts, make_placement, register
 from .baselines import access_nodes, fillable_nodes, free_bytes, node_load, replica_counts
 from .groups import THETA_HI, THETA_LO, SimilarityGroups, groups_for
+from .ordermoe_search import LatencySearch, frequent_sets
+from .paths import PathModel
 
 # Tie-break weight of the free-memory fraction in stage 1: below any load difference that matters
 # (loads sum to 1, so 8 equal servers have 0.125 each) but enough to spread when loads tie.
@@ -216,9 +218,23 @@ def redundant_deployment(
     return hosts
 
 
+ALGORITHMS = ("search", "two-stage")
+PATHS_PER_USER = 256  # calibration paths replayed per user (4096 rows on edge8: about 30 ms per full replay)
+SETS_PER_LAYER = 24  # frequent Top-K sets per layer offered as one-move completions
+MAX_EVALS = 4000  # objective evaluations the search may spend (each a batched incremental replay)
+
+
 @register("ordermoe")
 def plan_ordermoe(
     problem: PlanProblem,
+    mode: str | None = None,
+    algorithm: str = "search",
+    budget: float = 0.0,
+    paths_per_user: int = PATHS_PER_USER,
+    sets_per_layer: int = SETS_PER_LAYER,
+    max_evals: int = MAX_EVALS,
+    swap_rounds: int = 4,
+    init: str = "successive",
     grouping: str = "layer-aware",
     theta_hi: float = THETA_HI,
     theta_lo: float = THETA_LO,
@@ -229,27 +245,114 @@ def plan_ordermoe(
     eta: float = ETA,
     gamma: float = GAMMA,
     rep_weight: float = 1.0,
-    fill: str = "edge",
+    fill: str | None = None,
     cover: str | None = None,
 ) -> Placement:
-    """OrderMoE placement (see the module docstring).
+    """OrderMoE placement.
+
+    algorithm "search" (default, `ordermoe_search`): minimise the runtime's expected per-token latency in
+    token-location `mode` ("migrate" or "home"; None: problem.params["mode"], else "migrate"), replaying
+    `paths_per_user` calibration paths per user, with substitution within `budget` per token-layer
+    (0: exact execution), by a lazy greedy over single copies and completions of the `sets_per_layer` most
+    frequent Top-K sets, a coverage repair (no cloud) and `swap_rounds` rounds of swaps; at most
+    `max_evals` objective evaluations. fill: node kinds to fill (default "edge,device" for "search",
+    "edge" for "two-stage"; the cloud never).
+
+    algorithm "two-stage": the earlier reconstruction of §3.4.3 (representative coverage, then redundant
+    deployment by a per-user latency gain; module docstring), kept as an ablation. Its knobs: redundancy,
+    eta, gamma, rep_weight, cover.
 
     grouping: "layer-aware" (theta_hi -> theta_lo over depth), "uniform" (one `theta`, default the middle
-    of theta_hi and theta_lo) or "fixed" (`groups_per_layer` dominants per layer, default E // 2).
-    redundancy=False stops after stage 1 (ablation). eta: stage-1 spread tie-break weight; gamma: stage-2
-    discount for users that already have a local substitute; rep_weight: weight of representativeness in
-    the stage-2 gain. fill: node kinds to fill ("edge" or "edge,device"). cover: what stage 1 places,
-    "all" experts once, only the groups' "dominants", or "none"; default "all" without a cloud and
-    "dominants" with one (the cloud already serves everything, so memory goes to copies that pay).
+    of theta_hi and theta_lo) or "fixed" (`groups_per_layer` dominants per layer, default E // 2); the
+    groups give the substitutes (search with budget > 0) and the two-stage coverage.
     """
     for name, value in (("eta", eta), ("gamma", gamma), ("rep_weight", rep_weight)):
         if value < 0 or (name == "gamma" and value > 1):
             raise EdgeMoEError(f"ordermoe: {name}={value} out of range ({'[0, 1]' if name == 'gamma' else '>= 0'})")
+    if algorithm not in ALGORITHMS:
+        raise EdgeMoEError(f"ordermoe: algorithm={algorithm!r}; expected one of {list(ALGORITHMS)}")
+    groups = _make_groups(problem, grouping, theta_hi, theta_lo, theta, groups_per_layer, max_group_size)
+    common = {"algorithm": algorithm, "grouping": grouping, "theta_hi": theta_hi, "theta_lo": theta_lo,
+              "theta": theta, "groups_per_layer": groups_per_layer, "max_group_size": max_group_size,
+              "num_groups": groups.num_groups.tolist()}
+    if algorithm == "search":
+        hosts, info = _search(problem, groups, mode, budget, paths_per_user, sets_per_layer, max_evals, swap_rounds,
+                              "edge,device" if fill is None else fill, init)
+        params = {**common, **info}
+    else:
+        hosts, cover = _two_stage(problem, groups, redundancy, eta, gamma, rep_weight, fill or "edge", cover)
+        params = {**common, "redundancy": redundancy, "eta": eta, "gamma": gamma, "rep_weight": rep_weight,
+                  "fill": fill or "edge", "cover": cover}
+    placement = make_placement(problem, "ordermoe", hosts, **params)
+    placement.check_capacity()
+    return placement
+
+
+def _search(problem: PlanProblem, groups: SimilarityGroups, mode: str | None, budget: float, paths_per_user: int,
+            sets_per_layer: int, max_evals: int, swap_rounds: int, fill: str, init: str) -> tuple[np.ndarray, dict]:
+    """The latency search (`ordermoe_search`); returns (hosts [N, L, E], facts for the placement's params)."""
+    mode = problem.params.get("mode", "migrate") if mode is None else mode
+    if init not in ("successive", "greedy"):
+        raise EdgeMoEError(f"ordermoe: init={init!r}; expected 'successive' or 'greedy'")
+    if max_evals < 0 or swap_rounds < 0 or sets_per_layer < 0:
+        raise EdgeMoEError("ordermoe: max_evals, swap_rounds and sets_per_layer must be >= 0")
+    kinds = {k.strip() for k in fill.split(",")}
+    present = set(problem.node_kind)
+    fillable = fillable_nodes(problem, ",".join(sorted(kinds & present)) or fill)
+    model = PathModel(problem, mode, paths_per_user, budget, groups.substitute_ids)
+    search = LatencySearch(problem, model, empty_hosts(problem), fillable, max_evals)
+    sets = frequent_sets(model, sets_per_layer)
+    L, E = problem.expert_bytes.shape
+    singles = [(layer, (e,)) for layer in range(L) for e in range(E)]
+    cands = singles + [(layer, s) for layer in range(L) for s in sets[layer]]
+    start = search.objective_s
+    edge = np.array([k == "edge" for k in problem.node_kind])
+    cover = not problem.is_cloud.any()
+    nodes = np.flatnonzero(fillable)
+    if init == "successive":
+        search.hosts = _successive_start(problem, fillable)
+        used = (search.hosts * search.sizes[None]).sum(axis=(1, 2))
+        search.free = np.where(fillable, np.asarray(problem.capacity_bytes, dtype=np.int64) - used, 0)
+        search.state = model.replay(search.hosts)
+        search.greedy(cands, nodes, refreshes=1)
+    elif cover:  # every expert once first: unused ones parked, the rest placed where they pay most
+        demand = np.zeros((L, E))
+        for layer in range(L):
+            np.add.at(demand[layer], model.topk[:, layer].ravel(), np.repeat(model.weight, model.topk.shape[2]))
+        search.park_unused(edge, demand)
+        search.greedy(singles, np.flatnonzero(fillable & edge), refreshes=2, cover=edge)
+    if init == "greedy":
+        search.greedy(cands, nodes)
+    greedy_s = search.objective_s
+    search.swaps(edge if cover else None, swap_rounds)
+    info = {"mode": mode, "budget": budget, "paths_per_user": paths_per_user, "rows": model.num_rows,
+            "sets_per_layer": sets_per_layer, "init": init, "max_evals": max_evals, "swap_rounds": swap_rounds, "fill": fill,
+            "coverage": cover, "evaluations": search.evals, "moves": search.accepted,
+            "expected_latency_ms": 1e3 * search.objective_s, "greedy_latency_ms": 1e3 * greedy_s,
+            "empty_latency_ms": 1e3 * start}
+    return search.hosts, info
+
+
+def _successive_start(problem: PlanProblem, fillable: np.ndarray) -> np.ndarray:
+    """[N, L, E] start of the search: the per-node successive decomposition (`slimcaching.successive`, 3 passes,
+    no refinement), which places co-activated experts together exactly for the home-mode latency."""
+    from .objective import slim_model
+    from .slimcaching import cover_edges, successive
+
+    hosts, _ = successive(problem, slim_model(problem), passes=3, coverage=not problem.is_cloud.any())
+    if not problem.is_cloud.any():
+        cover_edges(problem, hosts)
+    hosts[~fillable & ~problem.is_cloud] = False
+    return hosts
+
+
+def _two_stage(problem: PlanProblem, groups: SimilarityGroups, redundancy: bool, eta: float, gamma: float,
+               rep_weight: float, fill: str, cover: str | None) -> tuple[np.ndarray, str]:
+    """The two-stage ablation: representative coverage, then redundant deployment."""
     if cover is None:
         cover = "dominants" if problem.is_cloud.any() else "all"
     if cover not in {"all", "dominants", "none"}:
         raise EdgeMoEError(f"ordermoe: cover={cover!r}; expected 'all', 'dominants' or 'none'")
-    groups = _make_groups(problem, grouping, theta_hi, theta_lo, theta, groups_per_layer, max_group_size)
     fillable = fillable_nodes(problem, fill)
     load = node_load(problem, fillable)
     freq = np.einsum("u,ule->le", problem.user_weight, problem.user_freq())
@@ -258,15 +361,7 @@ def plan_ordermoe(
     hosts = representative_coverage(problem, groups, weight, fillable, load, eta, cover)
     if redundancy:
         redundant_deployment(problem, groups, hosts, fillable, load, weight, 1.0 + rep_weight * rep, gamma)
-    params = {
-        "grouping": grouping, "theta_hi": theta_hi, "theta_lo": theta_lo, "theta": theta,
-        "groups_per_layer": groups_per_layer, "max_group_size": max_group_size, "redundancy": redundancy,
-        "eta": eta, "gamma": gamma, "rep_weight": rep_weight, "fill": fill, "cover": cover,
-        "num_groups": groups.num_groups.tolist(),
-    }
-    placement = make_placement(problem, "ordermoe", hosts, **params)
-    placement.check_capacity()
-    return placement
+    return hosts, cover
 
 
 def _make_groups(

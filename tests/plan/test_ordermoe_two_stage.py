@@ -1,4 +1,5 @@
-"""OrderMoE placement: the worked example, spreading of groups, lazy greedy = plain greedy, ablations."""
+"""OrderMoE's two-stage ablation (algorithm="two-stage"): the worked example, spreading of groups,
+lazy greedy = plain greedy, ablations."""
 
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ from edgemoe.plan.synthetic import synthetic_problem
 
 from .conftest import make_problem, symmetric_sim
 
+
+def two_stage(problem, **kwargs):
+    return plan_ordermoe(problem, algorithm="two-stage", **kwargs)
+
 # The worked example of docs/planners-ordermoe.md: one layer, experts 0~1 and 2~3 similar,
 # two servers of 3 slots, user0 (70 % of tokens) homed on edge0, user1 (30 %) on edge1, 20 ms apart.
 FREQ = np.array([[0.8, 0.6, 0.4, 0.2]])
@@ -46,14 +51,14 @@ def test_worked_example_groups_and_representativeness():
 
 
 def test_worked_example_stage1_spreads_groups():
-    placement = plan_ordermoe(example_problem(), redundancy=False)
+    placement = two_stage(example_problem(), redundancy=False)
     # 0 -> edge0 (load 0.7 beats 0.3); 2 -> edge0 (neither holds group 1; 0.7 + 0.1*2/3 > 0.3 + 0.1);
     # 1 -> edge1 (edge0 already holds group 0's 0); 3 -> edge1 likewise. Each server covers both groups.
     assert placement.hosts[:, 0].astype(int).tolist() == [[1, 0, 1, 0], [0, 1, 0, 1]]
 
 
 def test_worked_example_stage2_busiest_first():
-    placement = plan_ordermoe(example_problem())
+    placement = two_stage(example_problem())
     # edge0 (busiest) first. Its candidates 1 and 3 both have a local substitute there (gamma = 0.5):
     #   gain(1) = (1 + 0.514) * 0.7 * 0.6 * 0.020 s * 0.5 = 6.4e-3 > gain(3) = (1 + 0.533) * 0.7 * 0.2 * 0.020 * 0.5
     # then edge1: gain(0) = (1 + 0.386) * 0.3 * 0.8 * 0.020 * 0.5 > gain(2) = (1 + 0.267) * 0.3 * 0.4 * 0.020 * 0.5
@@ -64,26 +69,26 @@ def test_worked_example_stage2_busiest_first():
 
 def test_ablations_record_params_and_differ():
     problem = synthetic_problem(num_servers=4, num_layers=4, num_experts=8, slots_per_server=12, seed=3)
-    full = plan_ordermoe(problem)
-    no_red = plan_ordermoe(problem, redundancy=False)
-    uniform = plan_ordermoe(problem, grouping="uniform")
-    fixed = plan_ordermoe(problem, grouping="fixed", groups_per_layer=2)
+    full = two_stage(problem)
+    no_red = two_stage(problem, redundancy=False)
+    uniform = two_stage(problem, grouping="uniform")
+    fixed = two_stage(problem, grouping="fixed", groups_per_layer=2)
     fill = fillable_nodes(problem)
     # With a cloud, stage 1 places one representative (the dominant) per group by default ...
     dominants = layer_aware_groups(problem.profile).is_dominant()
     assert no_red.params["cover"] == "dominants" and np.array_equal(no_red.replicas(), dominants.astype(int))
     # ... and every expert once when asked (the no-cloud default).
-    assert (plan_ordermoe(problem, redundancy=False, cover="all").replicas() == 1).all()
-    assert plan_ordermoe(problem, redundancy=False, cover="none").replicas().sum() == 0
+    assert (two_stage(problem, redundancy=False, cover="all").replicas() == 1).all()
+    assert two_stage(problem, redundancy=False, cover="none").replicas().sum() == 0
     assert full.bytes_used()[fill].sum() == problem.capacity_bytes[fill].sum()  # stage 2 spends all memory
     assert uniform.params["grouping"] == "uniform" and fixed.params["num_groups"] == [2, 2, 2, 2]
     assert not np.array_equal(full.hosts, no_red.hosts)
     with pytest.raises(EdgeMoEError, match="grouping"):
-        plan_ordermoe(problem, grouping="spectral")
+        two_stage(problem, grouping="spectral")
     with pytest.raises(EdgeMoEError, match="cover"):
-        plan_ordermoe(problem, cover="some")
+        two_stage(problem, cover="some")
     with pytest.raises(EdgeMoEError, match="gamma"):
-        plan_ordermoe(problem, gamma=1.5)
+        two_stage(problem, gamma=1.5)
 
 
 def _colocated_pairs(hosts, groups, fill):
@@ -108,7 +113,7 @@ def test_ordermoe_spreads_group_members_more_than_uniform(slots):
                                     with_cloud=False, seed=seed)
         groups = layer_aware_groups(problem.profile)
         fill = fillable_nodes(problem)
-        ours.append(_colocated_pairs(plan_ordermoe(problem, redundancy=False).hosts, groups, fill))
+        ours.append(_colocated_pairs(two_stage(problem, redundancy=False).hosts, groups, fill))
         theirs.append(_colocated_pairs(plan_uniform(problem).hosts, groups, fill))
     assert all(o <= t for o, t in zip(ours, theirs, strict=True))
     assert np.mean(ours) < np.mean(theirs)
