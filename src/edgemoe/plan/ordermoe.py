@@ -26,6 +26,7 @@ the share of its group's traffic the expert can stand in for, weighted by simila
 from __future__ import annotations
 
 import heapq
+from dataclasses import replace
 
 import numpy as np
 
@@ -235,6 +236,7 @@ def plan_ordermoe(
     max_evals: int = MAX_EVALS,
     swap_rounds: int = 4,
     init: str = "successive",
+    relocate_rounds: int = 2,
     grouping: str = "layer-aware",
     theta_hi: float = THETA_HI,
     theta_lo: float = THETA_LO,
@@ -277,7 +279,7 @@ def plan_ordermoe(
               "num_groups": groups.num_groups.tolist()}
     if algorithm == "search":
         hosts, info = _search(problem, groups, mode, budget, paths_per_user, sets_per_layer, max_evals, swap_rounds,
-                              "edge,device" if fill is None else fill, init)
+                              "edge,device" if fill is None else fill, init, relocate_rounds)
         params = {**common, **info}
     else:
         hosts, cover = _two_stage(problem, groups, redundancy, eta, gamma, rep_weight, fill or "edge", cover)
@@ -289,7 +291,7 @@ def plan_ordermoe(
 
 
 def _search(problem: PlanProblem, groups: SimilarityGroups, mode: str | None, budget: float, paths_per_user: int,
-            sets_per_layer: int, max_evals: int, swap_rounds: int, fill: str, init: str) -> tuple[np.ndarray, dict]:
+            sets_per_layer: int, max_evals: int, swap_rounds: int, fill: str, init: str, relocate_rounds: int) -> tuple[np.ndarray, dict]:
     """The latency search (`ordermoe_search`); returns (hosts [N, L, E], facts for the placement's params)."""
     mode = problem.params.get("mode", "migrate") if mode is None else mode
     if init not in ("successive", "greedy"):
@@ -311,6 +313,8 @@ def _search(problem: PlanProblem, groups: SimilarityGroups, mode: str | None, bu
     nodes = np.flatnonzero(fillable)
     if init == "successive":
         search.hosts = _successive_start(problem, fillable)
+        if mode == "migrate":
+            search.hosts = _relocated_start(problem, model, search.hosts, fillable, relocate_rounds)
         used = (search.hosts * search.sizes[None]).sum(axis=(1, 2))
         search.free = np.where(fillable, np.asarray(problem.capacity_bytes, dtype=np.int64) - used, 0)
         search.state = model.replay(search.hosts)
@@ -326,7 +330,7 @@ def _search(problem: PlanProblem, groups: SimilarityGroups, mode: str | None, bu
     greedy_s = search.objective_s
     search.swaps(edge if cover else None, swap_rounds)
     info = {"mode": mode, "budget": budget, "paths_per_user": paths_per_user, "rows": model.num_rows,
-            "sets_per_layer": sets_per_layer, "init": init, "max_evals": max_evals, "swap_rounds": swap_rounds, "fill": fill,
+            "sets_per_layer": sets_per_layer, "init": init, "relocate_rounds": relocate_rounds, "max_evals": max_evals, "swap_rounds": swap_rounds, "fill": fill,
             "coverage": cover, "evaluations": search.evals, "moves": search.accepted,
             "expected_latency_ms": 1e3 * search.objective_s, "greedy_latency_ms": 1e3 * greedy_s,
             "empty_latency_ms": 1e3 * start}
@@ -344,6 +348,39 @@ def _successive_start(problem: PlanProblem, fillable: np.ndarray) -> np.ndarray:
         cover_edges(problem, hosts)
     hosts[~fillable & ~problem.is_cloud] = False
     return hosts
+
+
+def location_problem(problem: PlanProblem, model: PathModel, hosts: np.ndarray) -> PlanProblem:
+    """The home-mode problem of where tokens actually are (migrate mode): one pseudo-user per (node c, domain d)
+    with the share of token-layers that start at c (replayed under hosts [N, L, E]) as its weight, homed at c.
+
+    The successive decomposition then places co-activated experts where the migrating tokens sit, not only at
+    their users' homes.
+    """
+    replay = model.replay(hosts)
+    D = max(int(problem.user_domain.max()) + 1, 1)
+    mass = np.zeros((problem.num_nodes, D))
+    domain = np.asarray(problem.user_domain)[model.user]
+    for layer in range(model.L):
+        np.add.at(mass, (replay.location[:, layer], domain), model.weight / model.L)
+    node, dom = np.nonzero(mass > 0)
+    return replace(problem, user_names=tuple(f"at-{problem.node_names[c]}-d{d}" for c, d in zip(node, dom, strict=True)),
+                   user_home=node.astype(np.int64), user_weight=mass[node, dom] / mass[node, dom].sum(),
+                   user_domain=dom.astype(np.int64), comm_s=model.rt[node])
+
+
+def _relocated_start(problem: PlanProblem, model: PathModel, hosts: np.ndarray, fillable: np.ndarray,
+                     rounds: int) -> np.ndarray:
+    """Re-solve the successive decomposition for where tokens are (`location_problem`) while that lowers the
+    objective, at most `rounds` times."""
+    best, best_s = hosts, model.expected_latency(hosts)
+    for _ in range(rounds):
+        cand = _successive_start(location_problem(problem, model, best), fillable)
+        cand_s = model.expected_latency(cand)
+        if cand_s >= best_s * (1 - 1e-9):
+            break
+        best, best_s = cand, cand_s
+    return best
 
 
 def _two_stage(problem: PlanProblem, groups: SimilarityGroups, redundancy: bool, eta: float, gamma: float,
