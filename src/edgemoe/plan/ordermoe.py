@@ -220,6 +220,7 @@ def redundant_deployment(
 
 
 ALGORITHMS = ("search", "two-stage")
+BUDGET = 0.05  # the ordermoe policy's default allowance per token-layer (docs/runtime.md): plan for it
 PATHS_PER_USER = 256  # calibration paths replayed per user (4096 rows on edge8: about 30 ms per full replay)
 SETS_PER_LAYER = 24  # frequent Top-K sets per layer offered as one-move completions
 MAX_EVALS = 4000  # objective evaluations the search may spend (each a batched incremental replay)
@@ -230,7 +231,7 @@ def plan_ordermoe(
     problem: PlanProblem,
     mode: str | None = None,
     algorithm: str = "search",
-    budget: float = 0.0,
+    budget: float = BUDGET,
     paths_per_user: int = PATHS_PER_USER,
     sets_per_layer: int = SETS_PER_LAYER,
     max_evals: int = MAX_EVALS,

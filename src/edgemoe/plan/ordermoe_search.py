@@ -11,9 +11,10 @@ step below evaluates exact changes of that objective (incrementally: only the ro
    the miss penalty, so uncovered experts with any demand come first.
 2. Coverage (no cloud): experts the sampled paths never use still get one copy, on the node where making
    room costs least (the cheapest duplicate to evict): rare members parked where they hurt least.
-3. Swap search: per node and layer, the held copy whose removal costs least is exchanged for the missing
-   candidate whose addition gains most, if the pair lowers the objective; rounds over all nodes until no
-   swap helps or the move budget is spent.
+3. Local search, in rounds until nothing helps or the evaluation budget is spent: exchange two nodes'
+   whole contents at one layer (migrate mode: a token should find layer l's set and layer l+1's on nodes
+   along its way); then per node, drop the copy whose removal costs least and add the missing one whose
+   addition gains most, if the pair lowers the objective.
 
 Budgets are counted in evaluations (`max_evals`), never seconds, so the result is deterministic.
 """
@@ -152,12 +153,71 @@ class LatencySearch:
         """Rounds over the nodes: exchange a node's least useful copy (any layer) for its most useful missing
         expert while that lowers the objective; `edge_cover` [N] (no cloud): a sole edge copy stays."""
         for _ in range(rounds):
-            improved = False
+            improved = self._exchanges()
             for n in np.flatnonzero(self.fillable):
                 while self.evals_left > 0 and self._swap_node(int(n), edge_cover):
                     improved = True
             if not improved or self.evals_left <= 0:
                 return
+
+    def _exchanges(self) -> bool:
+        """Swap two nodes' whole contents at one layer when both still fit and the objective falls: in migrate
+        mode a token that runs layer l on node a and layer l+1 on node b wants the layers' sets on the nodes
+        it passes, and no single-copy exchange gets there. Coverage is unchanged by construction."""
+        improved = False
+        # Devices serve only their owners: exchanging their contents helps nobody else, so only servers swap.
+        nodes = np.flatnonzero(self.fillable & np.array([k == "edge" for k in self.problem.node_kind]))
+        cap = np.asarray(self.problem.capacity_bytes, dtype=np.int64)
+        for i, a in enumerate(nodes):
+            for b in nodes[i + 1:]:
+                improved |= self._swap_nodes(int(a), int(b), cap)
+                for layer in range(self.sizes.shape[0]):
+                    ha, hb = self.hosts[a, layer].copy(), self.hosts[b, layer].copy()
+                    if np.array_equal(ha, hb) or self.evals_left <= 0:
+                        continue
+                    da, db = int(self.sizes[layer][hb].sum() - self.sizes[layer][ha].sum()), 0
+                    db = -da
+                    used = cap - self.free
+                    if used[a] + da > cap[a] or used[b] + db > cap[b]:
+                        continue
+                    self.hosts[a, layer], self.hosts[b, layer] = hb, ha
+                    changed = np.flatnonzero(ha != hb)
+                    delta, patch = self.model.delta(self.state, self.hosts, layer, changed)
+                    self._count()
+                    if delta < -1e-12 * max(1.0, self.objective_s):
+                        self.model.commit(self.state, patch)
+                        self.free[a] -= da
+                        self.free[b] -= db
+                        self.accepted += 1
+                        improved = True
+                    else:
+                        self.hosts[a, layer], self.hosts[b, layer] = ha, hb
+        return improved
+
+    def _swap_nodes(self, a: int, b: int, cap: np.ndarray) -> bool:
+        """Exchange everything nodes a and b hold (if both fit afterwards), layer by layer; kept if better."""
+        used = cap - self.free
+        if used[a] > cap[b] or used[b] > cap[a] or self.evals_left <= 0:
+            return False
+        layers = [layer for layer in range(self.sizes.shape[0]) if not np.array_equal(self.hosts[a, layer], self.hosts[b, layer])]
+        if len(layers) < 2:
+            return False  # one layer: the per-layer exchange covers it
+        saved = (self.hosts.copy(), self.state.latency_s.copy(), self.state.location.copy(), self.state.budget_left.copy())
+        total = 0.0
+        for layer in layers:
+            ha, hb = self.hosts[a, layer].copy(), self.hosts[b, layer].copy()
+            self.hosts[a, layer], self.hosts[b, layer] = hb, ha
+            delta, patch = self.model.delta(self.state, self.hosts, layer, np.flatnonzero(ha != hb))
+            self._count()
+            self.model.commit(self.state, patch)
+            total += delta
+        if total < -1e-12 * max(1.0, self.objective_s):
+            self.free[a], self.free[b] = cap[a] - used[b], cap[b] - used[a]
+            self.accepted += 1
+            return True
+        self.hosts[...] = saved[0]
+        self.state.latency_s[...], self.state.location[...], self.state.budget_left[...] = saved[1:]
+        return False
 
     def _swap_node(self, n: int, edge_cover: np.ndarray | None) -> bool:
         """One exchange on node n: drop its cheapest copy, add the best missing one; undone unless the

@@ -43,8 +43,8 @@ def one_way_s(problem: PlanProblem) -> np.ndarray:
     """[N, N] one-way seconds of one hidden state between nodes (0 on the diagonal).
 
     `problem.xfer_s` when the problem carries it (plan_problem does). Otherwise it is rebuilt from the users'
-    round trips comm_s [U, N] (halved, symmetric); pairs of nodes that are nobody's home go through the
-    home that joins them fastest.
+    round trips comm_s [U, N] (halved, symmetric, as given); pairs of nodes that are nobody's home go
+    through the home that joins them fastest.
     """
     N = problem.num_nodes
     if getattr(problem, "xfer_s", None) is not None:
@@ -57,8 +57,9 @@ def one_way_s(problem: PlanProblem) -> np.ndarray:
         x[h] = np.minimum(x[h], row)
         x[:, h] = np.minimum(x[:, h], row)
     np.fill_diagonal(x, 0.0)
+    known = np.isfinite(x)
     for h in np.unique(problem.user_home):
-        x = np.minimum(x, x[:, h, None] + x[None, h, :])
+        x = np.where(known, x, np.minimum(x, x[:, h, None] + x[None, h, :]))
     np.fill_diagonal(x, 0.0)
     return x
 
@@ -114,6 +115,7 @@ class PathModel:
         self.subs = None if substitutes is None else np.asarray(substitutes, dtype=np.int64)
         self.subst_err = np.asarray(prof.subst_err, dtype=np.float64)
         # rows_with[l][e]: rows whose Top-K set at layer l contains e (the rows a change of (l, e) touches)
+        self._touched: dict = {}
         self.rows_with = [[np.flatnonzero((self.topk[:, layer] == e).any(axis=1)) for e in range(E)]
                           for layer in range(L)]
 
@@ -200,21 +202,23 @@ class PathModel:
         q_slot = np.where(can, gates * err, 0.0)
         best_lat, best_nxt = self._finish(layer, rows, loc, experts, node, miss)
         best_q = np.zeros(R)
-        if can.any():
-            for bits in range(1, 2 ** K):
-                mask = ((bits >> np.arange(K)) & 1).astype(bool)[None, :] & np.ones((R, 1), bool)
-                valid = ~(mask & ~can).any(axis=1)
-                q = (mask * q_slot).sum(axis=1)
-                valid &= q <= left + 1e-12
+        some = np.flatnonzero(can.any(axis=1) & (left > 0))  # only these rows have a choice
+        if some.size:
+            for mask_k in _subsets(K):
+                mask = np.broadcast_to(mask_k, (some.size, K))
+                q = (mask * q_slot[some]).sum(axis=1)
+                valid = ~(mask & ~can[some]).any(axis=1) & (q <= left[some] + 1e-12)
                 if not valid.any():
                     continue
-                e2 = np.where(mask, sub, experts)
-                n2 = np.where(mask, loc[:, None], node)
-                lat, nxt = self._finish(layer, rows, loc, e2, n2, miss & ~mask)
-                better = valid & (lat + 1e-9 * q < best_lat + 1e-9 * best_q)
-                best_lat = np.where(better, lat, best_lat)
-                best_nxt = np.where(better, nxt, best_nxt)
-                best_q = np.where(better, q, best_q)
+                r = some[valid]
+                m = mask[valid]
+                e2 = np.where(m, sub[r], experts[r])
+                n2 = np.where(m, loc[r, None], node[r])
+                lat, nxt = self._finish(layer, rows[r], loc[r], e2, n2, miss[r] & ~m)
+                q = q[valid]
+                better = lat + 1e-9 * q < best_lat[r] + 1e-9 * best_q[r]
+                r, lat, nxt, q = r[better], lat[better], nxt[better], q[better]
+                best_lat[r], best_nxt[r], best_q[r] = lat, nxt, q
         return best_lat, best_nxt, left - best_q
 
     # --------------------------------------------------------------------------------- whole paths
@@ -239,12 +243,18 @@ class PathModel:
     def touched_rows(self, layer: int, experts) -> np.ndarray:
         """[R'] rows whose set at `layer` contains one of `experts` (or, with substitution, a group mate)."""
         experts = set(int(e) for e in experts)
+        if len(experts) == 1 and self._touched.get((layer, *experts)) is not None:
+            return self._touched[(layer, *experts)]
+        key = (layer, *experts) if len(experts) == 1 else None
         if self.budget > 0:
             for e in list(experts):
                 experts |= {int(m) for m in self.subs[layer, e] if m >= 0}
                 experts |= {int(m) for m in np.flatnonzero((self.subs[layer] == e).any(axis=1))}
         parts = [self.rows_with[layer][e] for e in sorted(experts)]
-        return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+        rows = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+        if key is not None:
+            self._touched[key] = rows
+        return rows
 
     def delta(self, state: Replay, hosts: np.ndarray, layer: int, experts, rows: np.ndarray | None = None):
         """Change of the expected latency when `hosts` (already modified at `layer` for `experts`) replaces
@@ -326,6 +336,14 @@ class PathModel:
         state.latency_s[rows] = lat
         state.location[rows] = loc
         state.budget_left[rows] = left
+
+
+def _subsets(K: int) -> list[np.ndarray]:
+    """[K] bool masks of the substitution subsets tried: all non-empty ones for K <= 4, else each single slot
+    and all slots (the runtime enumerates prefixes there; this keeps the planner's replay cheap)."""
+    if K <= 4:
+        return [((bits >> np.arange(K)) & 1).astype(bool) for bits in range(1, 2 ** K)]
+    return [np.arange(K) == k for k in range(K)] + [np.ones(K, bool)]
 
 
 def sample_rows(problem: PlanProblem, paths_per_user: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

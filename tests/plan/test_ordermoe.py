@@ -1,0 +1,168 @@
+"""OrderMoE's latency search: the path replay is the runtime's own arithmetic, and the search reaches the
+brute-force / ILP optimum on small instances (within 5%)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from edgemoe.errors import EdgeMoEError
+from edgemoe.plan import plan
+from edgemoe.plan.base import empty_hosts
+from edgemoe.plan.groups import groups_for
+from edgemoe.plan.objective import expected_latency
+from edgemoe.plan.ordermoe import location_problem, plan_ordermoe
+from edgemoe.plan.paths import PathModel, one_way_s
+from edgemoe.plan.synthetic import synthetic_problem
+
+
+def _runtime_layer_latency(profile, cluster, placement, mode, users, topk, gates):
+    from edgemoe.runtime import make_context, make_policy
+    from edgemoe.runtime.local import replay_decisions
+
+    ctx = make_context(profile, cluster, placement, mode=mode, domain_fallback=True)
+    return replay_decisions(make_policy("exact", ctx), users, topk, gates)
+
+
+@pytest.mark.parametrize("mode", ["migrate", "home"])
+@pytest.mark.parametrize("cluster", ["edge8", "device-edge-cloud"])
+def test_replay_equals_the_runtime_exact_policy(mode, cluster):
+    """Budget 0: every layer's latency and next location are the `exact` policy's, to the last bit."""
+    from edgemoe.cluster.cost import plan_problem
+    from edgemoe.profile import synthetic_profile
+
+    profile = synthetic_profile(num_layers=3, num_experts=8, top_k=2, num_tokens=400, seed=4)
+    problem = plan_problem(profile, cluster, domain_fallback=True)
+    placement = plan(problem, "lfu")
+    model = PathModel(problem, mode, paths_per_user=24, budget=0.0)
+    rep = model.replay(placement.hosts)
+    dec = _runtime_layer_latency(profile, cluster, placement, mode, model.user, model.topk, model.gates)
+    np.testing.assert_array_equal(rep.latency_s, dec.latency_s)
+    np.testing.assert_array_equal(rep.location[:, 1:], dec.next_location)
+
+
+@pytest.mark.parametrize("mode", ["migrate", "home"])
+def test_incremental_deltas_equal_full_replays(mode):
+    problem = synthetic_problem(num_servers=3, num_users=5, num_layers=3, num_experts=6, slots_per_server=5, seed=2)
+    groups = groups_for(problem.profile)
+    for budget in (0.0, 0.2):
+        model = PathModel(problem, mode, 40, budget, groups.substitute_ids)
+        hosts = plan(problem, "random", seed=1).hosts.copy()
+        state = model.replay(hosts)
+        base = model.expected_latency(hosts)
+        batch = model.delta_batch(state, hosts, 1, [2], np.array([0, 1, 2]), True)
+        for n in range(3):
+            old = hosts[n, 1, 2]
+            hosts[n, 1, 2] = True
+            single, patch = model.delta(state, hosts, 1, [2])
+            assert single == pytest.approx(model.expected_latency(hosts) - base, abs=1e-12)
+            assert batch[n] == pytest.approx(single, abs=1e-12)
+            hosts[n, 1, 2] = old
+        hosts[0, 1, 2] = not hosts[0, 1, 2]
+        _, patch = model.delta(state, hosts, 1, [2])
+        model.commit(state, patch)
+        fresh = model.replay(hosts)
+        np.testing.assert_array_equal(state.latency_s, fresh.latency_s)
+        np.testing.assert_array_equal(state.location, fresh.location)
+
+
+def test_home_mode_without_cloud_is_slimcachings_objective():
+    """With every token path replayed, home mode and no cloud: the replay is SlimCaching's expected latency."""
+    problem = synthetic_problem(num_servers=3, num_users=4, num_layers=2, num_experts=6, slots_per_server=6,
+                                with_cloud=False, num_tokens=300, seed=5)
+    model = PathModel(problem, "home", paths_per_user=10_000)
+    for seed in range(3):
+        hosts = plan(problem, "random", seed=seed).hosts
+        assert model.expected_latency(hosts) == pytest.approx(expected_latency(problem, hosts), rel=1e-12)
+
+
+def test_one_way_fallback_rebuilds_the_round_trips():
+    problem = synthetic_problem(num_servers=3, num_users=6, with_cloud=True, seed=3)
+    x = one_way_s(replace(problem, xfer_s=None))
+    home = problem.user_home
+    np.testing.assert_allclose((x + x.T)[home], problem.comm_s)
+    assert np.isfinite(x).all() and (np.diag(x) == 0).all()
+
+
+def _brute_force(problem, model, fill):
+    """Best hosts over every way to fill the nodes (1 MB experts, so subsets of at most `slots` items)."""
+    L, E = problem.expert_bytes.shape
+    slots = [int(problem.capacity_bytes[n] // 1_000_000) for n in fill]
+    items = list(range(L * E))
+    choices = [[c for k in range(s + 1) for c in itertools.combinations(items, k)] for s in slots]
+    best = (np.inf, None)
+    no_cloud = not problem.is_cloud.any()
+    for combo in itertools.product(*choices):
+        hosts = empty_hosts(problem)
+        for n, chosen in zip(fill, combo, strict=True):
+            hosts[n].ravel()[list(chosen)] = True
+        if no_cloud and not hosts[fill].any(axis=0).all():
+            continue
+        value = model.expected_latency(hosts)
+        if value < best[0]:
+            best = (value, hosts)
+    return best
+
+
+@pytest.mark.parametrize("mode", ["migrate", "home"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_search_reaches_the_brute_force_optimum(mode, seed):
+    """2 servers x 2 slots, 2 layers x 3 experts (K=2), a cloud: within 5% of the best of all 484 placements."""
+    problem = synthetic_problem(num_servers=2, num_users=3, num_layers=2, num_experts=3, slots_per_server=2,
+                                num_tokens=200, seed=seed)
+    placement = plan_ordermoe(problem, mode=mode, budget=0.0, paths_per_user=10_000)
+    model = PathModel(problem, mode, paths_per_user=10_000)
+    optimum, _ = _brute_force(problem, model, [0, 1])
+    got = model.expected_latency(placement.hosts)
+    assert got <= 1.05 * optimum
+    assert placement.params["expected_latency_ms"] == pytest.approx(1e3 * got)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_search_within_5_percent_of_the_ilp_in_home_mode(seed):
+    """No cloud, home mode: the exact ILP's optimum of SlimCaching's objective is the runtime's optimum too."""
+    problem = synthetic_problem(num_servers=3, num_users=4, num_layers=2, num_experts=4, slots_per_server=4,
+                                with_cloud=False, num_tokens=300, seed=seed)
+    ilp = plan(problem, "exact", time_limit=60.0)
+    ours = plan_ordermoe(problem, mode="home", budget=0.0, paths_per_user=10_000)
+    assert expected_latency(problem, ours.hosts) <= 1.05 * expected_latency(problem, ilp.hosts)
+    assert ours.replicas().min() >= 1  # coverage without a cloud
+
+
+def test_location_problem_weights_where_tokens_sit():
+    problem = synthetic_problem(num_servers=3, num_users=4, num_layers=3, num_experts=6, slots_per_server=5, seed=1)
+    model = PathModel(problem, "migrate", 50)
+    hosts = plan(problem, "lfu").hosts
+    pseudo = location_problem(problem, model, hosts)
+    assert pseudo.user_weight.sum() == pytest.approx(1.0)
+    rep = model.replay(hosts)
+    at = {n: float(model.weight @ (rep.location[:, :-1] == n).mean(axis=1)) for n in range(problem.num_nodes)}
+    for n, share in at.items():
+        assert pseudo.user_weight[pseudo.user_home == n].sum() == pytest.approx(share)
+
+
+def test_search_is_deterministic_fits_and_records_its_facts():
+    problem = synthetic_problem(num_servers=4, num_users=6, num_layers=3, num_experts=8, slots_per_server=6, seed=7)
+    a = plan_ordermoe(problem, mode="migrate")
+    b = plan_ordermoe(problem, mode="migrate")
+    np.testing.assert_array_equal(a.hosts, b.hosts)
+    a.check_capacity()
+    p = a.params
+    assert p["mode"] == "migrate" and p["algorithm"] == "search" and p["budget"] == 0.05
+    assert p["expected_latency_ms"] <= p["greedy_latency_ms"] + 1e-9 <= p["empty_latency_ms"]
+    assert p["evaluations"] <= p["max_evals"] + 8
+
+
+def test_bad_params_are_named():
+    problem = synthetic_problem(num_servers=2, num_users=2, num_layers=2, num_experts=4, seed=0)
+    with pytest.raises(EdgeMoEError, match="mode"):
+        plan_ordermoe(problem, mode="teleport")
+    with pytest.raises(EdgeMoEError, match="algorithm"):
+        plan_ordermoe(problem, algorithm="magic")
+    with pytest.raises(EdgeMoEError, match="init"):
+        plan_ordermoe(problem, init="random")
+    with pytest.raises(EdgeMoEError, match="budget"):
+        plan_ordermoe(problem, budget=-1.0)
