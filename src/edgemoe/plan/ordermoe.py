@@ -34,7 +34,15 @@ from edgemoe.errors import EdgeMoEError
 
 from .base import Placement, PlanProblem, empty_hosts, make_placement, register
 from .baselines import access_nodes, fillable_nodes, free_bytes, node_load, replica_counts
-from .groups import THETA_HI, THETA_LO, SimilarityGroups, groups_for
+from .groups import (
+    MAX_ERR,
+    THETA_HI,
+    THETA_LO,
+    SimilarityGroups,
+    cosine_error_spearman,
+    groups_for,
+    traffic_coverage,
+)
 from .ordermoe_search import LatencySearch, frequent_sets
 from .paths import PathModel
 
@@ -244,6 +252,7 @@ def plan_ordermoe(
     theta: float | None = None,
     groups_per_layer: int | None = None,
     max_group_size: int | None = None,
+    max_err: float = MAX_ERR,
     redundancy: bool = True,
     eta: float = ETA,
     gamma: float = GAMMA,
@@ -258,29 +267,42 @@ def plan_ordermoe(
     `paths_per_user` calibration paths per user, with substitution within `budget` per token-layer
     (0: exact execution), by a lazy greedy over single copies and completions of the `sets_per_layer` most
     frequent Top-K sets, a coverage repair (no cloud) and `swap_rounds` rounds of swaps; at most
-    `max_evals` objective evaluations. fill: node kinds to fill (default "edge,device" for "search",
-    "edge" for "two-stage"; the cloud never).
+    `max_evals` objective evaluations. fill: node kinds to fill (default "edge,device" in home mode, the
+    device-edge-cloud setting where devices cache for their owner, else "edge"; the cloud never).
 
     algorithm "two-stage": the earlier reconstruction of §3.4.3 (representative coverage, then redundant
     deployment by a per-user latency gain; module docstring), kept as an ablation. Its knobs: redundancy,
     eta, gamma, rep_weight, cover.
 
-    grouping: "layer-aware" (theta_hi -> theta_lo over depth), "uniform" (one `theta`, default the middle
-    of theta_hi and theta_lo) or "fixed" (`groups_per_layer` dominants per layer, default E // 2); the
-    groups give the substitutes (search with budget > 0) and the two-stage coverage.
+    grouping: "layer-aware" (theta_hi -> theta_lo over depth, router cosine: the paper's option), "uniform"
+    (one `theta`, default the middle of theta_hi and theta_lo), "fixed" (`groups_per_layer` dominants per
+    layer, default E // 2) or "error" (measured substitution error <= `max_err` both ways); the groups give
+    the substitutes (search with budget > 0) and the two-stage coverage. The placement's params report per
+    layer the traffic share with a substitute (and with one better than zeroing the branch) and the
+    Spearman correlation of router cosine with measured error.
     """
     for name, value in (("eta", eta), ("gamma", gamma), ("rep_weight", rep_weight)):
         if value < 0 or (name == "gamma" and value > 1):
             raise EdgeMoEError(f"ordermoe: {name}={value} out of range ({'[0, 1]' if name == 'gamma' else '>= 0'})")
     if algorithm not in ALGORITHMS:
         raise EdgeMoEError(f"ordermoe: algorithm={algorithm!r}; expected one of {list(ALGORITHMS)}")
-    groups = _make_groups(problem, grouping, theta_hi, theta_lo, theta, groups_per_layer, max_group_size)
+    groups = _make_groups(problem, grouping, theta_hi, theta_lo, theta, groups_per_layer, max_group_size, max_err)
+    rho, _ = cosine_error_spearman(problem.profile.sim, problem.profile.subst_err)
     common = {"algorithm": algorithm, "grouping": grouping, "theta_hi": theta_hi, "theta_lo": theta_lo,
               "theta": theta, "groups_per_layer": groups_per_layer, "max_group_size": max_group_size,
-              "num_groups": groups.num_groups.tolist()}
+              "max_err": max_err, "num_groups": groups.num_groups.tolist(),
+              # per layer: how much traffic the groups give a stand-in, and whether router cosine predicts
+              # the measured substitution error at all (Spearman; well below 0 when it does)
+              "traffic_with_substitute": np.round(traffic_coverage(groups, problem.profile.freq), 4).tolist(),
+              "traffic_with_substitute_better_than_zero":
+                  np.round(traffic_coverage(groups, problem.profile.freq, 1.0), 4).tolist(),
+              "spearman_cosine_vs_error": [None if np.isnan(r) else round(float(r), 4) for r in rho]}
     if algorithm == "search":
+        mode = problem.params.get("mode", "migrate") if mode is None else mode
+        # home mode is SlimCaching's device-edge-cloud setting, where devices cache for their owner too
+        fill = fill or ("edge,device" if mode == "home" else "edge")
         hosts, info = _search(problem, groups, mode, budget, paths_per_user, sets_per_layer, max_evals, swap_rounds,
-                              "edge,device" if fill is None else fill, init, relocate_rounds)
+                              fill, init, relocate_rounds)
         params = {**common, **info}
     else:
         hosts, cover = _two_stage(problem, groups, redundancy, eta, gamma, rep_weight, fill or "edge", cover)
@@ -404,7 +426,7 @@ def _two_stage(problem: PlanProblem, groups: SimilarityGroups, redundancy: bool,
 
 def _make_groups(
     problem: PlanProblem, grouping: str, theta_hi: float, theta_lo: float, theta: float | None,
-    groups_per_layer: int | None, max_group_size: int | None,
+    groups_per_layer: int | None, max_group_size: int | None, max_err: float = MAX_ERR,
 ) -> SimilarityGroups:
     if grouping == "layer-aware":
         return groups_for(problem.profile, "layer-aware", theta_hi=theta_hi, theta_lo=theta_lo,
@@ -415,4 +437,6 @@ def _make_groups(
     if grouping == "fixed":
         count = max(1, problem.profile.E // 2) if groups_per_layer is None else groups_per_layer
         return groups_for(problem.profile, "fixed", groups_per_layer=count, max_group_size=max_group_size)
-    raise EdgeMoEError(f"ordermoe: grouping={grouping!r}; expected 'layer-aware', 'uniform' or 'fixed'")
+    if grouping == "error":
+        return groups_for(problem.profile, "error", max_err=max_err, max_group_size=max_group_size)
+    raise EdgeMoEError(f"ordermoe: grouping={grouping!r}; expected 'layer-aware', 'uniform', 'fixed' or 'error'")
