@@ -166,3 +166,13 @@ def test_bad_params_are_named():
         plan_ordermoe(problem, init="random")
     with pytest.raises(EdgeMoEError, match="budget"):
         plan_ordermoe(problem, budget=-1.0)
+
+
+@pytest.mark.parametrize("init", ["successive", "greedy"])
+def test_both_starts_cover_every_expert_without_a_cloud(init):
+    problem = synthetic_problem(num_servers=3, num_users=4, num_layers=3, num_experts=6, slots_per_server=8,
+                                with_cloud=False, num_tokens=300, seed=3)
+    placement = plan_ordermoe(problem, mode="migrate", init=init, max_evals=400)
+    placement.check_capacity()
+    assert placement.replicas().min() >= 1
+    assert placement.params["expected_latency_ms"] <= placement.params["empty_latency_ms"]
