@@ -246,6 +246,7 @@ def plan_ordermoe(
     swap_rounds: int = 4,
     init: str = "successive",
     relocate_rounds: int = 2,
+    exchange_neighbours: int = 7,
     grouping: str = "layer-aware",
     theta_hi: float = THETA_HI,
     theta_lo: float = THETA_LO,
@@ -302,7 +303,7 @@ def plan_ordermoe(
         # home mode is SlimCaching's device-edge-cloud setting, where devices cache for their owner too
         fill = fill or ("edge,device" if mode == "home" else "edge")
         hosts, info = _search(problem, groups, mode, budget, paths_per_user, sets_per_layer, max_evals, swap_rounds,
-                              fill, init, relocate_rounds)
+                              fill, init, relocate_rounds, exchange_neighbours)
         params = {**common, **info}
     else:
         hosts, cover = _two_stage(problem, groups, redundancy, eta, gamma, rep_weight, fill or "edge", cover)
@@ -314,7 +315,8 @@ def plan_ordermoe(
 
 
 def _search(problem: PlanProblem, groups: SimilarityGroups, mode: str | None, budget: float, paths_per_user: int,
-            sets_per_layer: int, max_evals: int, swap_rounds: int, fill: str, init: str, relocate_rounds: int) -> tuple[np.ndarray, dict]:
+            sets_per_layer: int, max_evals: int, swap_rounds: int, fill: str, init: str, relocate_rounds: int,
+            exchange_neighbours: int) -> tuple[np.ndarray, dict]:
     """The latency search (`ordermoe_search`); returns (hosts [N, L, E], facts for the placement's params)."""
     mode = problem.params.get("mode", "migrate") if mode is None else mode
     if init not in ("successive", "greedy"):
@@ -325,7 +327,7 @@ def _search(problem: PlanProblem, groups: SimilarityGroups, mode: str | None, bu
     present = set(problem.node_kind)
     fillable = fillable_nodes(problem, ",".join(sorted(kinds & present)) or fill)
     model = PathModel(problem, mode, paths_per_user, budget, groups.substitute_ids)
-    search = LatencySearch(problem, model, empty_hosts(problem), fillable, max_evals)
+    search = LatencySearch(problem, model, empty_hosts(problem), fillable, max_evals, exchange_neighbours)
     sets = frequent_sets(model, sets_per_layer)
     L, E = problem.expert_bytes.shape
     singles = [(layer, (e,)) for layer in range(L) for e in range(E)]
@@ -353,7 +355,8 @@ def _search(problem: PlanProblem, groups: SimilarityGroups, mode: str | None, bu
     greedy_s = search.objective_s
     search.swaps(edge if cover else None, swap_rounds)
     info = {"mode": mode, "budget": budget, "paths_per_user": paths_per_user, "rows": model.num_rows,
-            "sets_per_layer": sets_per_layer, "init": init, "relocate_rounds": relocate_rounds, "max_evals": max_evals, "swap_rounds": swap_rounds, "fill": fill,
+            "sets_per_layer": sets_per_layer, "init": init, "relocate_rounds": relocate_rounds,
+            "exchange_neighbours": exchange_neighbours, "max_evals": max_evals, "swap_rounds": swap_rounds, "fill": fill,
             "coverage": cover, "evaluations": search.evals, "moves": search.accepted,
             "expected_latency_ms": 1e3 * search.objective_s, "greedy_latency_ms": 1e3 * greedy_s,
             "empty_latency_ms": 1e3 * start}

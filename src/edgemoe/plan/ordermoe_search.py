@@ -45,7 +45,7 @@ class LatencySearch:
     """Mutable search state: hosts [N, L, E], the replay under them, free bytes per node."""
 
     def __init__(self, problem: PlanProblem, model: PathModel, hosts: np.ndarray, fillable: np.ndarray,
-                 max_evals: int):
+                 max_evals: int, neighbours: int = 7):
         self.problem, self.model, self.fillable = problem, model, fillable
         self.hosts = hosts.copy()
         self.sizes = np.asarray(problem.expert_bytes, dtype=np.int64)
@@ -53,6 +53,7 @@ class LatencySearch:
         self.free = np.where(fillable, np.asarray(problem.capacity_bytes, dtype=np.int64) - used, 0)
         self.state: Replay = model.replay(self.hosts)
         self.evals_left = int(max_evals)
+        self.neighbours = max(1, int(neighbours))
         self.evals = 0
         self.accepted = 0
 
@@ -168,31 +169,39 @@ class LatencySearch:
         # Devices serve only their owners: exchanging their contents helps nobody else, so only servers swap.
         nodes = np.flatnonzero(self.fillable & np.array([k == "edge" for k in self.problem.node_kind]))
         cap = np.asarray(self.problem.capacity_bytes, dtype=np.int64)
-        for i, a in enumerate(nodes):
-            for b in nodes[i + 1:]:
-                improved |= self._swap_nodes(int(a), int(b), cap)
-                for layer in range(self.sizes.shape[0]):
-                    ha, hb = self.hosts[a, layer].copy(), self.hosts[b, layer].copy()
-                    if np.array_equal(ha, hb) or self.evals_left <= 0:
-                        continue
-                    da, db = int(self.sizes[layer][hb].sum() - self.sizes[layer][ha].sum()), 0
-                    db = -da
-                    used = cap - self.free
-                    if used[a] + da > cap[a] or used[b] + db > cap[b]:
-                        continue
-                    self.hosts[a, layer], self.hosts[b, layer] = hb, ha
-                    changed = np.flatnonzero(ha != hb)
-                    delta, patch = self.model.delta(self.state, self.hosts, layer, changed)
-                    self._count()
-                    if delta < -1e-12 * max(1.0, self.objective_s):
-                        self.model.commit(self.state, patch)
-                        self.free[a] -= da
-                        self.free[b] -= db
-                        self.accepted += 1
-                        improved = True
-                    else:
-                        self.hosts[a, layer], self.hosts[b, layer] = ha, hb
+        # Tokens hop between near servers: each server exchanges with its `neighbours` nearest only (by
+        # round trip, ties by index), which keeps a round linear in the number of servers.
+        rt = self.model.rt[np.ix_(nodes, nodes)]
+        near = np.argsort(np.where(np.eye(len(nodes), dtype=bool), np.inf, rt), axis=1, kind="stable")
+        near = near[:, :min(self.neighbours, len(nodes) - 1)]
+        pairs = sorted({(min(i, int(j)), max(i, int(j))) for i in range(len(nodes)) for j in near[i]})
+        for i, j in pairs:
+            a, b = int(nodes[i]), int(nodes[j])
+            improved |= self._swap_nodes(a, b, cap)
+            for layer in range(self.sizes.shape[0]):
+                improved |= self._swap_layer(a, b, layer, cap)
         return improved
+
+    def _swap_layer(self, a: int, b: int, layer: int, cap: np.ndarray) -> bool:
+        """Exchange what nodes a and b hold at `layer` (if both fit afterwards); kept if the objective falls."""
+        ha, hb = self.hosts[a, layer].copy(), self.hosts[b, layer].copy()
+        if np.array_equal(ha, hb) or self.evals_left <= 0:
+            return False
+        grow = int(self.sizes[layer][hb].sum() - self.sizes[layer][ha].sum())  # bytes node a gains
+        used = cap - self.free
+        if used[a] + grow > cap[a] or used[b] - grow > cap[b]:
+            return False
+        self.hosts[a, layer], self.hosts[b, layer] = hb, ha
+        delta, patch = self.model.delta(self.state, self.hosts, layer, np.flatnonzero(ha != hb))
+        self._count()
+        if delta < -1e-12 * max(1.0, self.objective_s):
+            self.model.commit(self.state, patch)
+            self.free[a] -= grow
+            self.free[b] += grow
+            self.accepted += 1
+            return True
+        self.hosts[a, layer], self.hosts[b, layer] = ha, hb
+        return False
 
     def _swap_nodes(self, a: int, b: int, cap: np.ndarray) -> bool:
         """Exchange everything nodes a and b hold (if both fit afterwards), layer by layer; kept if better."""
