@@ -10,11 +10,14 @@ from hypothesis import strategies as st
 from edgemoe.errors import EdgeMoEError
 from edgemoe.plan.groups import (
     adaptive_group_counts,
+    cosine_error_spearman,
     fixed_count_groups,
+    grouping_report,
     groups_for,
     layer_aware_groups,
     layer_thresholds,
     threshold_groups,
+    traffic_coverage,
     uniform_threshold_groups,
 )
 from edgemoe.profile import synthetic_profile
@@ -184,3 +187,59 @@ def _profile_with(freq, sim, err):
     L, E = freq.shape
     base = synthetic_profile(L, E, 1, 20, num_domains=1, seed=0)
     return replace(base, freq=freq, sim=sim, subst_err=err, freq_by_domain=freq[None])
+
+
+# ------------------------------------------------------------------ groups from measured error, and reports
+
+
+def _one_layer(sim_layer: np.ndarray, err_layer: np.ndarray, freq_layer: np.ndarray):
+    freq = np.asarray(freq_layer, float)[None]
+    return _profile_with(freq, sim_layer[None], err_layer[None])
+
+
+def test_error_groups_use_measured_error_both_ways():
+    # 0<->1 swap cheaply both ways; 2->3 is cheap but 3->2 is not, so 2 and 3 stay apart; cosine says the opposite.
+    err = np.full((4, 4), 1.5)
+    np.fill_diagonal(err, 0.0)
+    err[0, 1], err[1, 0] = 0.3, 0.5
+    err[2, 3], err[3, 2] = 0.2, 1.2
+    sim = symmetric_sim(4, {(2, 3): 0.95, (0, 1): -0.2})
+    profile = _one_layer(sim, err, [0.4, 0.3, 0.2, 0.1])
+    g = groups_for(profile, "error", max_err=0.9)
+    assert g.group_of[0].tolist() == [0, 0, 1, 2]
+    assert g.substitutes(0, 0).tolist() == [1] and g.substitutes(0, 2).tolist() == []
+    assert np.isnan(g.thresholds).all() and g.method == "error"
+    cosine = groups_for(profile, "uniform", theta=0.5)
+    assert cosine.group_of[0].tolist() == [0, 1, 2, 2]
+    # traffic with a substitute: error groups 0.4 + 0.3 of 1.0; cosine groups 0.2 + 0.1, and of those only
+    # 2 (-> 3 at 0.2) beats zeroing the branch
+    assert traffic_coverage(g, profile.freq).tolist() == pytest.approx([0.7])
+    assert traffic_coverage(cosine, profile.freq).tolist() == pytest.approx([0.3])
+    assert traffic_coverage(cosine, profile.freq, max_err=1.0).tolist() == pytest.approx([0.2])
+
+
+def test_spearman_sees_a_cosine_that_predicts_error_and_one_that_does_not():
+    rng = np.random.default_rng(0)
+    sim = rng.uniform(-1, 1, size=(2, 6, 6))
+    sim = 0.5 * (sim + np.swapaxes(sim, 1, 2))
+    err = np.stack([1.0 - sim[0], rng.uniform(0, 2, size=(6, 6))])  # layer 0: error falls as cosine rises
+    rho, p = cosine_error_spearman(sim, err)
+    assert rho[0] == pytest.approx(-1.0) and p[0] < 1e-6
+    assert abs(rho[1]) < 0.5
+
+
+def test_grouping_report_shapes_and_the_profile_report(tmp_path):
+    from edgemoe.profile.report import specialisation_report
+
+    profile = synthetic_profile(3, 8, 2, num_tokens=300, seed=1)
+    rep = grouping_report(profile)
+    assert len(rep["spearman_cosine_vs_error"]) == 3
+    assert set(rep["groupings"]) == {"layer-aware", "error"}
+    for g in rep["groupings"].values():
+        assert all(0.0 <= v <= 1.0 for v in g["traffic_with_substitute"])
+        assert all(b <= a for a, b in zip(g["traffic_with_substitute"], g["traffic_with_substitute_better_than_zero"],
+                                            strict=True))
+    # the synthetic profile's error is 1 - cosine + noise: the report must see cosine predicting it
+    assert all(r < -0.8 for r in rep["spearman_cosine_vs_error"])
+    out = specialisation_report(profile, tmp_path)
+    assert out["substitution"]["spearman_cosine_vs_error"] == rep["spearman_cosine_vs_error"]

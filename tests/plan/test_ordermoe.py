@@ -1,162 +1,178 @@
-"""OrderMoE placement: the worked example, spreading of groups, lazy greedy = plain greedy, ablations."""
+"""OrderMoE's latency search: the path replay is the runtime's own arithmetic, and the search reaches the
+brute-force / ILP optimum on small instances (within 5%)."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from edgemoe.errors import EdgeMoEError
-from edgemoe.plan.baselines import fillable_nodes, node_load, plan_uniform
-from edgemoe.plan.groups import layer_aware_groups
-from edgemoe.plan.ordermoe import (
-    _GainModel,
-    coverage_order,
-    plan_ordermoe,
-    redundant_deployment,
-    representative_coverage,
-    representativeness,
-)
+from edgemoe.plan import plan
+from edgemoe.plan.base import empty_hosts
+from edgemoe.plan.groups import groups_for
+from edgemoe.plan.objective import expected_latency
+from edgemoe.plan.ordermoe import location_problem, plan_ordermoe
+from edgemoe.plan.paths import PathModel, one_way_s
 from edgemoe.plan.synthetic import synthetic_problem
 
-from .conftest import make_problem, symmetric_sim
 
-# The worked example of docs/planners-ordermoe.md: one layer, experts 0~1 and 2~3 similar,
-# two servers of 3 slots, user0 (70 % of tokens) homed on edge0, user1 (30 %) on edge1, 20 ms apart.
-FREQ = np.array([[0.8, 0.6, 0.4, 0.2]])
-SIM = symmetric_sim(4, {(0, 1): 0.9, (2, 3): 0.8})[None]
+def _runtime_layer_latency(profile, cluster, placement, mode, users, topk, gates):
+    from edgemoe.runtime import make_context, make_policy
+    from edgemoe.runtime.local import replay_decisions
 
-
-def example_problem(**kwargs):
-    return make_problem(FREQ, SIM, slots=[3, 3], user_home=[0, 1], user_weight=[0.7, 0.3], **kwargs)
+    ctx = make_context(profile, cluster, placement, mode=mode, domain_fallback=True)
+    return replay_decisions(make_policy("exact", ctx), users, topk, gates)
 
 
-def test_worked_example_groups_and_representativeness():
-    problem = example_problem()
-    groups = layer_aware_groups(problem.profile)
-    assert groups.group_of.tolist() == [[0, 0, 1, 1]]
-    rep = representativeness(groups, FREQ, SIM)
-    # rep(0) = 0.6 * 0.9 / 1.4; rep(1) = 0.8 * 0.9 / 1.4; rep(2) = 0.2 * 0.8 / 0.6; rep(3) = 0.4 * 0.8 / 0.6
-    assert rep[0] == pytest.approx([0.54 / 1.4, 0.72 / 1.4, 0.16 / 0.6, 0.32 / 0.6])
-    # Rank-major order: dominants 0, 2 (by importance), then the second members 1, 3.
-    assert coverage_order(groups, FREQ * (1 + rep)).tolist() == [[0, 0], [0, 2], [0, 1], [0, 3]]
+@pytest.mark.parametrize("mode", ["migrate", "home"])
+@pytest.mark.parametrize("cluster", ["edge8", "device-edge-cloud"])
+def test_replay_equals_the_runtime_exact_policy(mode, cluster):
+    """Budget 0: every layer's latency and next location are the `exact` policy's, to the last bit."""
+    from edgemoe.cluster.cost import plan_problem
+    from edgemoe.profile import synthetic_profile
+
+    profile = synthetic_profile(num_layers=3, num_experts=8, top_k=2, num_tokens=400, seed=4)
+    problem = plan_problem(profile, cluster, domain_fallback=True)
+    placement = plan(problem, "lfu")
+    model = PathModel(problem, mode, paths_per_user=24, budget=0.0)
+    rep = model.replay(placement.hosts)
+    dec = _runtime_layer_latency(profile, cluster, placement, mode, model.user, model.topk, model.gates)
+    np.testing.assert_array_equal(rep.latency_s, dec.latency_s)
+    np.testing.assert_array_equal(rep.location[:, 1:], dec.next_location)
 
 
-def test_worked_example_stage1_spreads_groups():
-    placement = plan_ordermoe(example_problem(), redundancy=False)
-    # 0 -> edge0 (load 0.7 beats 0.3); 2 -> edge0 (neither holds group 1; 0.7 + 0.1*2/3 > 0.3 + 0.1);
-    # 1 -> edge1 (edge0 already holds group 0's 0); 3 -> edge1 likewise. Each server covers both groups.
-    assert placement.hosts[:, 0].astype(int).tolist() == [[1, 0, 1, 0], [0, 1, 0, 1]]
+@pytest.mark.parametrize("mode", ["migrate", "home"])
+def test_incremental_deltas_equal_full_replays(mode):
+    problem = synthetic_problem(num_servers=3, num_users=5, num_layers=3, num_experts=6, slots_per_server=5, seed=2)
+    groups = groups_for(problem.profile)
+    for budget in (0.0, 0.2):
+        model = PathModel(problem, mode, 40, budget, groups.substitute_ids)
+        hosts = plan(problem, "random", seed=1).hosts.copy()
+        state = model.replay(hosts)
+        base = model.expected_latency(hosts)
+        batch = model.delta_batch(state, hosts, 1, [2], np.array([0, 1, 2]), True)
+        for n in range(3):
+            old = hosts[n, 1, 2]
+            hosts[n, 1, 2] = True
+            single, patch = model.delta(state, hosts, 1, [2])
+            assert single == pytest.approx(model.expected_latency(hosts) - base, abs=1e-12)
+            assert batch[n] == pytest.approx(single, abs=1e-12)
+            hosts[n, 1, 2] = old
+        hosts[0, 1, 2] = not hosts[0, 1, 2]
+        _, patch = model.delta(state, hosts, 1, [2])
+        model.commit(state, patch)
+        fresh = model.replay(hosts)
+        np.testing.assert_array_equal(state.latency_s, fresh.latency_s)
+        np.testing.assert_array_equal(state.location, fresh.location)
 
 
-def test_worked_example_stage2_busiest_first():
-    placement = plan_ordermoe(example_problem())
-    # edge0 (busiest) first. Its candidates 1 and 3 both have a local substitute there (gamma = 0.5):
-    #   gain(1) = (1 + 0.514) * 0.7 * 0.6 * 0.020 s * 0.5 = 6.4e-3 > gain(3) = (1 + 0.533) * 0.7 * 0.2 * 0.020 * 0.5
-    # then edge1: gain(0) = (1 + 0.386) * 0.3 * 0.8 * 0.020 * 0.5 > gain(2) = (1 + 0.267) * 0.3 * 0.4 * 0.020 * 0.5
-    assert placement.hosts[:, 0].astype(int).tolist() == [[1, 1, 1, 0], [1, 1, 0, 1]]
-    assert placement.bytes_used().tolist() == [3_000_000, 3_000_000]
-    assert placement.params["num_groups"] == [2]
+def test_home_mode_without_cloud_is_slimcachings_objective():
+    """With every token path replayed, home mode and no cloud: the replay is SlimCaching's expected latency."""
+    problem = synthetic_problem(num_servers=3, num_users=4, num_layers=2, num_experts=6, slots_per_server=6,
+                                with_cloud=False, num_tokens=300, seed=5)
+    model = PathModel(problem, "home", paths_per_user=10_000)
+    for seed in range(3):
+        hosts = plan(problem, "random", seed=seed).hosts
+        assert model.expected_latency(hosts) == pytest.approx(expected_latency(problem, hosts), rel=1e-12)
 
 
-def test_ablations_record_params_and_differ():
-    problem = synthetic_problem(num_servers=4, num_layers=4, num_experts=8, slots_per_server=12, seed=3)
-    full = plan_ordermoe(problem)
-    no_red = plan_ordermoe(problem, redundancy=False)
-    uniform = plan_ordermoe(problem, grouping="uniform")
-    fixed = plan_ordermoe(problem, grouping="fixed", groups_per_layer=2)
-    fill = fillable_nodes(problem)
-    # With a cloud, stage 1 places one representative (the dominant) per group by default ...
-    dominants = layer_aware_groups(problem.profile).is_dominant()
-    assert no_red.params["cover"] == "dominants" and np.array_equal(no_red.replicas(), dominants.astype(int))
-    # ... and every expert once when asked (the no-cloud default).
-    assert (plan_ordermoe(problem, redundancy=False, cover="all").replicas() == 1).all()
-    assert plan_ordermoe(problem, redundancy=False, cover="none").replicas().sum() == 0
-    assert full.bytes_used()[fill].sum() == problem.capacity_bytes[fill].sum()  # stage 2 spends all memory
-    assert uniform.params["grouping"] == "uniform" and fixed.params["num_groups"] == [2, 2, 2, 2]
-    assert not np.array_equal(full.hosts, no_red.hosts)
-    with pytest.raises(EdgeMoEError, match="grouping"):
-        plan_ordermoe(problem, grouping="spectral")
-    with pytest.raises(EdgeMoEError, match="cover"):
-        plan_ordermoe(problem, cover="some")
-    with pytest.raises(EdgeMoEError, match="gamma"):
-        plan_ordermoe(problem, gamma=1.5)
+def test_one_way_fallback_rebuilds_the_round_trips():
+    problem = synthetic_problem(num_servers=3, num_users=6, with_cloud=True, seed=3)
+    x = one_way_s(replace(problem, xfer_s=None))
+    home = problem.user_home
+    np.testing.assert_allclose((x + x.T)[home], problem.comm_s)
+    assert np.isfinite(x).all() and (np.diag(x) == 0).all()
 
 
-def _colocated_pairs(hosts, groups, fill):
-    """Fraction of same-group member pairs that share a server."""
-    held = hosts[fill]
-    same = total = 0
-    for layer in range(groups.num_layers):
-        for grp in range(groups.num_groups[layer]):
-            members = groups.members(layer, grp)
-            for i, a in enumerate(members):
-                for b in members[i + 1:]:
-                    total += 1
-                    same += bool((held[:, layer, a] & held[:, layer, b]).any())
-    return same / max(total, 1)
+def _brute_force(problem, model, fill):
+    """Best hosts over every way to fill the nodes (1 MB experts, so subsets of at most `slots` items)."""
+    L, E = problem.expert_bytes.shape
+    slots = [int(problem.capacity_bytes[n] // 1_000_000) for n in fill]
+    items = list(range(L * E))
+    choices = [[c for k in range(s + 1) for c in itertools.combinations(items, k)] for s in slots]
+    best = (np.inf, None)
+    no_cloud = not problem.is_cloud.any()
+    for combo in itertools.product(*choices):
+        hosts = empty_hosts(problem)
+        for n, chosen in zip(fill, combo, strict=True):
+            hosts[n].ravel()[list(chosen)] = True
+        if no_cloud and not hosts[fill].any(axis=0).all():
+            continue
+        value = model.expected_latency(hosts)
+        if value < best[0]:
+            best = (value, hosts)
+    return best
 
 
-@pytest.mark.parametrize("slots", [24, 40])
-def test_ordermoe_spreads_group_members_more_than_uniform(slots):
-    ours, theirs = [], []
-    for seed in range(4):
-        problem = synthetic_problem(num_servers=4, num_layers=6, num_experts=16, slots_per_server=slots,
-                                    with_cloud=False, seed=seed)
-        groups = layer_aware_groups(problem.profile)
-        fill = fillable_nodes(problem)
-        ours.append(_colocated_pairs(plan_ordermoe(problem, redundancy=False).hosts, groups, fill))
-        theirs.append(_colocated_pairs(plan_uniform(problem).hosts, groups, fill))
-    assert all(o <= t for o, t in zip(ours, theirs, strict=True))
-    assert np.mean(ours) < np.mean(theirs)
+@pytest.mark.parametrize("mode", ["migrate", "home"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_search_reaches_the_brute_force_optimum(mode, seed):
+    """2 servers x 2 slots, 2 layers x 3 experts (K=2), a cloud: within 5% of the best of all 484 placements."""
+    problem = synthetic_problem(num_servers=2, num_users=3, num_layers=2, num_experts=3, slots_per_server=2,
+                                num_tokens=200, seed=seed)
+    placement = plan_ordermoe(problem, mode=mode, budget=0.0, paths_per_user=10_000)
+    model = PathModel(problem, mode, paths_per_user=10_000)
+    optimum, _ = _brute_force(problem, model, [0, 1])
+    got = model.expected_latency(placement.hosts)
+    assert got <= 1.05 * optimum
+    assert placement.params["expected_latency_ms"] == pytest.approx(1e3 * got)
 
 
-def test_busiest_server_gets_representatives_of_most_groups():
-    problem = synthetic_problem(num_servers=4, num_users=8, num_layers=4, num_experts=8, slots_per_server=10,
-                                with_cloud=True, seed=2)
-    weight = np.array([5.0, 1, 1, 1, 5.0, 1, 1, 1])  # users 0 and 4 are homed on edge0
-    problem = replace(problem, user_weight=weight / weight.sum())
-    fill = fillable_nodes(problem)
-    load = node_load(problem, fill)
-    groups = layer_aware_groups(problem.profile)
-    hosts = representative_coverage(problem, groups, problem.profile.freq, fill, load)
-    covered = [
-        sum(hosts[n, layer, groups.members(layer, g)].any() for layer in range(4) for g in range(groups.num_groups[layer]))
-        for n in range(4)
-    ]
-    assert int(np.argmax(load)) == 0
-    assert covered[0] == max(covered)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_search_within_5_percent_of_the_ilp_in_home_mode(seed):
+    """No cloud, home mode: the exact ILP's optimum of SlimCaching's objective is the runtime's optimum too."""
+    problem = synthetic_problem(num_servers=3, num_users=4, num_layers=2, num_experts=4, slots_per_server=4,
+                                with_cloud=False, num_tokens=300, seed=seed)
+    ilp = plan(problem, "exact", time_limit=60.0)
+    ours = plan_ordermoe(problem, mode="home", budget=0.0, paths_per_user=10_000)
+    assert expected_latency(problem, ours.hosts) <= 1.05 * expected_latency(problem, ilp.hosts)
+    assert ours.replicas().min() >= 1  # coverage without a cloud
 
 
-def _plain_greedy(problem, groups, hosts, fill, load, weight, rep_factor, gamma):
-    """Reference for stage 2: recompute every gain after every pick (no lazy evaluation)."""
-    model = _GainModel(problem, groups, hosts, fill, rep_factor, gamma)
-    sizes = problem.expert_bytes
-    for node in sorted(np.flatnonzero(fill), key=lambda n: (-load[n], n)):
-        while True:
-            free = problem.capacity_bytes[node] - (hosts[node] * sizes).sum()
-            per_byte = np.where(sizes <= free, model.gains(int(node)) / sizes, 0.0)
-            if per_byte.max() <= 0:
-                break
-            layer, expert = np.unravel_index(int(np.argmax(per_byte)), per_byte.shape)
-            model.add(int(node), int(layer), int(expert))
-    return hosts
+def test_location_problem_weights_where_tokens_sit():
+    problem = synthetic_problem(num_servers=3, num_users=4, num_layers=3, num_experts=6, slots_per_server=5, seed=1)
+    model = PathModel(problem, "migrate", 50)
+    hosts = plan(problem, "lfu").hosts
+    pseudo = location_problem(problem, model, hosts)
+    assert pseudo.user_weight.sum() == pytest.approx(1.0)
+    rep = model.replay(hosts)
+    at = {n: float(model.weight @ (rep.location[:, :-1] == n).mean(axis=1)) for n in range(problem.num_nodes)}
+    for n, share in at.items():
+        assert pseudo.user_weight[pseudo.user_home == n].sum() == pytest.approx(share)
 
 
-@settings(max_examples=15, deadline=None)
-@given(st.integers(0, 10_000), st.integers(2, 4), st.integers(6, 14), st.booleans())
-def test_lazy_stage2_matches_plain_greedy(seed, servers, slots, cloud):
-    problem = synthetic_problem(num_servers=servers, num_users=5, num_layers=3, num_experts=6,
-                                slots_per_server=slots, with_cloud=cloud, num_tokens=300, seed=seed)
-    groups = layer_aware_groups(problem.profile)
-    fill = fillable_nodes(problem)
-    load = node_load(problem, fill)
-    freq = problem.profile.freq
-    rep = representativeness(groups, freq, problem.profile.sim)
-    stage1 = representative_coverage(problem, groups, freq * (1 + rep), fill, load)
-    expected = _plain_greedy(problem, groups, stage1.copy(), fill, load, freq, 1 + rep, 0.9)
-    got = redundant_deployment(problem, groups, stage1.copy(), fill, load, freq, 1 + rep, 0.9, fill_rest=False)
-    np.testing.assert_array_equal(got, expected)
+def test_search_is_deterministic_fits_and_records_its_facts():
+    problem = synthetic_problem(num_servers=4, num_users=6, num_layers=3, num_experts=8, slots_per_server=6, seed=7)
+    a = plan_ordermoe(problem, mode="migrate")
+    b = plan_ordermoe(problem, mode="migrate")
+    np.testing.assert_array_equal(a.hosts, b.hosts)
+    a.check_capacity()
+    p = a.params
+    assert p["mode"] == "migrate" and p["algorithm"] == "search" and p["budget"] == 0.05
+    assert p["expected_latency_ms"] <= p["greedy_latency_ms"] + 1e-9 <= p["empty_latency_ms"]
+    assert p["evaluations"] <= p["max_evals"] + 8
+
+
+def test_bad_params_are_named():
+    problem = synthetic_problem(num_servers=2, num_users=2, num_layers=2, num_experts=4, seed=0)
+    with pytest.raises(EdgeMoEError, match="mode"):
+        plan_ordermoe(problem, mode="teleport")
+    with pytest.raises(EdgeMoEError, match="algorithm"):
+        plan_ordermoe(problem, algorithm="magic")
+    with pytest.raises(EdgeMoEError, match="init"):
+        plan_ordermoe(problem, init="random")
+    with pytest.raises(EdgeMoEError, match="budget"):
+        plan_ordermoe(problem, budget=-1.0)
+
+
+@pytest.mark.parametrize("init", ["successive", "greedy"])
+def test_both_starts_cover_every_expert_without_a_cloud(init):
+    problem = synthetic_problem(num_servers=3, num_users=4, num_layers=3, num_experts=6, slots_per_server=8,
+                                with_cloud=False, num_tokens=300, seed=3)
+    placement = plan_ordermoe(problem, mode="migrate", init=init, max_evals=400)
+    placement.check_capacity()
+    assert placement.replicas().min() >= 1
+    assert placement.params["expected_latency_ms"] <= placement.params["empty_latency_ms"]

@@ -74,8 +74,8 @@ def test_plan_writes_placement_and_expert_map(files, method):
 
 def test_plan_passes_params(files):
     out = files / "no-redundancy.json"
-    result = _run(files, "--method", "ordermoe", "--param", "redundancy=false", "--param", "gamma=0.25",
-                  "--param", "grouping=uniform", "--out", str(out))
+    result = _run(files, "--method", "ordermoe", "--param", "algorithm=two-stage", "--param", "redundancy=false",
+                  "--param", "gamma=0.25", "--param", "grouping=uniform", "--out", str(out))
     assert result.exit_code == 0, result.output
     params = json.loads(out.read_text())["params"]
     assert params["redundancy"] is False and params["gamma"] == 0.25 and params["grouping"] == "uniform"

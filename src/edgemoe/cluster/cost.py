@@ -151,6 +151,8 @@ def plan_problem(profile, cluster: Cluster | str, tokens_per_call: int = 1, queu
       the user's home to node n over the shortest-latency path; 0 at home. With `queueing` and any
       node utilisation > 0, the node's M/M/1 wait is added for n != home, so comm_s + compute_s is
       exactly the remote-call latency and a local call stays compute only.
+    - xfer_s [N, N]: one-way seconds of the same hidden states between any two nodes (no queue; the
+      `migrate` mode's hops).
     - user_weight [U] normalised; user_domain [U] index into profile.meta.domains.
     """
     from edgemoe.plan.base import PlanProblem
@@ -162,6 +164,8 @@ def plan_problem(profile, cluster: Cluster | str, tokens_per_call: int = 1, queu
     capacity = validate_for_model(cluster, profile.expert_bytes)
     compute = node_compute_s(cluster, profile.expert_flops, profile.expert_bytes, tokens_per_call)
     home = cluster.user_home
+    one_way = one_way_s(cluster, tokens_per_call * profile.meta.hidden_bytes)
+    np.fill_diagonal(one_way, 0.0)
     comm = round_trip_s(cluster, tokens_per_call * profile.meta.hidden_bytes)[home]
     queue = node_queue_s(cluster, compute, profile.freq) if queueing else np.zeros(cluster.num_nodes)
     away = np.arange(cluster.num_nodes)[None, :] != home[:, None]
@@ -171,6 +175,7 @@ def plan_problem(profile, cluster: Cluster | str, tokens_per_call: int = 1, queu
         profile=profile, node_names=cluster.node_names, node_kind=cluster.node_kind, capacity_bytes=capacity,
         user_names=cluster.user_names, user_home=home, user_weight=cluster.user_weight, user_domain=domain_index,
         comm_s=comm, compute_s=compute, expert_bytes=np.asarray(profile.expert_bytes, dtype=np.int64),
+        xfer_s=one_way,
         params={"cluster": cluster.name, "cluster_source": cluster.source, "tokens_per_call": tokens_per_call,
                 "hidden_bytes": int(profile.meta.hidden_bytes), "queue_s": dict(zip(cluster.node_names, queue.tolist(), strict=True)),
                 "domain_map": domain_map},

@@ -40,6 +40,7 @@ class PlanProblem:
     compute_s: np.ndarray  # [N, L, E] seconds for node n to run expert (l, e) on one token
     expert_bytes: np.ndarray  # [L, E] int64
     params: dict = field(default_factory=dict)  # free-form facts about how the tables were made
+    xfer_s: np.ndarray | None = None  # [N, N] one-way seconds of one hidden state (no queue); None: unknown
 
     @property
     def is_cloud(self) -> np.ndarray:

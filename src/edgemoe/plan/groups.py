@@ -8,6 +8,12 @@ Similarity is the profile's router-logit cosine `sim [L, E, E]` on the **raw cos
 - `uniform_threshold_groups`: the same with one threshold for every layer (the ablation).
 - `fixed_count_groups`: MC-SMoE style, the n_l most frequent experts are dominants and every other
   expert joins the dominant it is most similar to.
+- `error_groups`: the same leader clustering on *measured* substitution error instead of router cosine:
+  two experts may share a group when running either in place of the other costs at most `max_err`
+  (relative output error on calibration hidden states; zeroing the branch costs 1.0).
+
+How well router cosine predicts measured error (`cosine_error_spearman`) and how much of the traffic a
+grouping covers (`traffic_coverage`) are reported per layer by `grouping_report`.
 
 Threshold procedure (leader clustering in descending frequency): experts are visited from most to least
 frequent (ties: lower id first). An expert joins the most similar existing dominant whose similarity is
@@ -50,8 +56,8 @@ class SimilarityGroups:
     substitute_ids: np.ndarray  # [L, E, S] int64 ranked substitutes of each expert (same group), -1 padded
     substitute_sim: np.ndarray  # [L, E, S] float64 their similarity to the expert (nan where padded)
     substitute_err: np.ndarray  # [L, E, S] float64 their measured substitution error (nan where padded)
-    thresholds: np.ndarray  # [L] float64 raw-cosine threshold used per layer (nan for fixed-count groups)
-    method: str  # "layer-aware" | "uniform" | "fixed-count"
+    thresholds: np.ndarray  # [L] float64 raw-cosine threshold used per layer (nan for fixed-count and error groups)
+    method: str  # "layer-aware" | "uniform" | "fixed-count" | "error"
 
     @property
     def num_layers(self) -> int:
@@ -169,6 +175,79 @@ def fixed_count_groups(
         raise EdgeMoEError(f"max_group_size={cap} x groups_per_layer is smaller than E={E} in some layer")
     group_of = np.stack([_fixed_layer(sim[layer], freq[layer], int(counts[layer]), cap) for layer in range(L)])
     return _assemble(group_of, freq, sim, err, np.full(L, np.nan), "fixed-count")
+
+
+MAX_ERR = 0.9  # error groups: a substitute must beat zeroing the branch (error 1.0) by a margin
+
+
+def symmetric_error(subst_err: np.ndarray) -> np.ndarray:
+    """[L, E, E] max(err(e -> e'), err(e' -> e)): the worse direction, so membership is mutual."""
+    err = np.asarray(subst_err, dtype=np.float64)
+    return np.maximum(err, np.swapaxes(err, 1, 2))
+
+
+def error_groups(profile: Profile, max_err: float = MAX_ERR, max_group_size: int | None = None) -> SimilarityGroups:
+    """Leader clustering (descending frequency) on measured substitution error: an expert joins the existing
+    dominant it can swap with at the lowest symmetric error, if that error is <= max_err; else it leads.
+
+    Substitutes are ranked as for every grouping (measured error first). `thresholds` is nan (not a cosine).
+    """
+    sim, freq, err = profile.sim, profile.freq, profile.subst_err
+    L, E = _check_inputs(sim, freq, err)
+    if not max_err >= 0:
+        raise EdgeMoEError(f"max_err must be >= 0 (relative output error), got {max_err}")
+    cap = _check_cap(max_group_size, E)
+    closeness = -symmetric_error(err)  # larger = closer, so the cosine machinery applies unchanged
+    group_of = np.stack([_leader_layer(closeness[layer], freq[layer], -float(max_err), cap) for layer in range(L)])
+    return _assemble(group_of, freq, sim, err, np.full(L, np.nan), "error")
+
+
+def cosine_error_spearman(sim: np.ndarray, subst_err: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """([L] Spearman rho, [L] p-value) between router cosine sim[l, e, e'] and measured error
+    subst_err[l, e, e'] over the ordered pairs e != e'. A cosine that predicts error gives rho well below 0."""
+    from scipy.stats import spearmanr
+
+    L, E, _ = np.shape(sim)
+    off = ~np.eye(E, dtype=bool)
+    rho, p = np.full(L, np.nan), np.full(L, np.nan)
+    for layer in range(L):
+        x, y = np.asarray(sim[layer])[off], np.asarray(subst_err[layer])[off]
+        if np.ptp(x) > 0 and np.ptp(y) > 0:
+            res = spearmanr(x, y)
+            rho[layer], p[layer] = float(res.statistic), float(res.pvalue)
+    return rho, p
+
+
+def traffic_coverage(groups: SimilarityGroups, freq: np.ndarray, max_err: float | None = None) -> np.ndarray:
+    """[L] share of a layer's activations (freq [L, E]) whose expert has a substitute in its group; with
+    `max_err`, only substitutes whose measured error is below it count (1.0: better than zeroing)."""
+    has = groups.substitute_ids[:, :, 0] >= 0  # [L, E]
+    if max_err is not None:
+        best = np.where(np.isnan(groups.substitute_err), np.inf, groups.substitute_err).min(axis=2)
+        has &= best < max_err
+    freq = np.asarray(freq, dtype=np.float64)
+    total = freq.sum(axis=1)
+    return np.divide((freq * has).sum(axis=1), total, out=np.zeros(len(total)), where=total > 0)
+
+
+def grouping_report(profile: Profile, groupings: tuple[str, ...] = ("layer-aware", "error")) -> dict:
+    """Per layer: Spearman(router cosine, measured error), and for each grouping the mean group size, the
+    traffic share with a substitute, the share with one better than zeroing, and the median error of each
+    expert's best substitute."""
+    rho, p = cosine_error_spearman(profile.sim, profile.subst_err)
+    out = {"spearman_cosine_vs_error": np.round(rho, 4).tolist(), "spearman_p_value": [float(f"{v:.3g}") for v in p],
+           "groupings": {}}
+    for name in groupings:
+        g = groups_for(profile, name)
+        best = np.where(np.isnan(g.substitute_err), np.inf, g.substitute_err).min(axis=2)
+        med = [float(np.median(row[np.isfinite(row)])) if np.isfinite(row).any() else None for row in best]
+        out["groupings"][name] = {
+            "mean_group_size": np.round(g.mean_group_size(), 3).tolist(),
+            "traffic_with_substitute": np.round(traffic_coverage(g, profile.freq), 4).tolist(),
+            "traffic_with_substitute_better_than_zero": np.round(traffic_coverage(g, profile.freq, 1.0), 4).tolist(),
+            "median_best_substitute_error": [None if m is None else round(m, 4) for m in med],
+        }
+    return out
 
 
 def adaptive_group_counts(freq: np.ndarray, total_groups: int) -> np.ndarray:
@@ -292,7 +371,8 @@ def _check_cap(max_group_size: int | None, num_experts: int) -> int | None:
 
 
 def groups_for(profile: Profile, grouping: str = "layer-aware", **params) -> SimilarityGroups:
-    """Group `profile` by name: "layer-aware" (theta_hi, theta_lo), "uniform" (theta) or "fixed" (groups_per_layer).
+    """Group `profile` by name: "layer-aware" (theta_hi, theta_lo), "uniform" (theta), "fixed" (groups_per_layer)
+    or "error" (max_err: measured substitution error instead of router cosine).
 
     All accept max_group_size. Unknown parameters for the chosen grouping raise EdgeMoEError.
     """
@@ -300,6 +380,7 @@ def groups_for(profile: Profile, grouping: str = "layer-aware", **params) -> Sim
         "layer-aware": {"theta_hi", "theta_lo", "max_group_size"},
         "uniform": {"theta", "max_group_size"},
         "fixed": {"groups_per_layer", "max_group_size"},
+        "error": {"max_err", "max_group_size"},
     }
     if grouping not in allowed:
         raise EdgeMoEError(f"grouping={grouping!r}; expected one of {sorted(allowed)}")
@@ -310,5 +391,7 @@ def groups_for(profile: Profile, grouping: str = "layer-aware", **params) -> Sim
         return layer_aware_groups(profile, **params)
     if grouping == "uniform":
         return uniform_threshold_groups(profile, **params)
+    if grouping == "error":
+        return error_groups(profile, **params)
     params.setdefault("groups_per_layer", max(1, profile.E // 2))
     return fixed_count_groups(profile, **params)

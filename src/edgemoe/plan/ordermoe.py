@@ -26,6 +26,7 @@ the share of its group's traffic the expert can stand in for, weighted by simila
 from __future__ import annotations
 
 import heapq
+from dataclasses import replace
 
 import numpy as np
 
@@ -33,7 +34,17 @@ from edgemoe.errors import EdgeMoEError
 
 from .base import Placement, PlanProblem, empty_hosts, make_placement, register
 from .baselines import access_nodes, fillable_nodes, free_bytes, node_load, replica_counts
-from .groups import THETA_HI, THETA_LO, SimilarityGroups, groups_for
+from .groups import (
+    MAX_ERR,
+    THETA_HI,
+    THETA_LO,
+    SimilarityGroups,
+    cosine_error_spearman,
+    groups_for,
+    traffic_coverage,
+)
+from .ordermoe_search import LatencySearch, frequent_sets
+from .paths import PathModel
 
 # Tie-break weight of the free-memory fraction in stage 1: below any load difference that matters
 # (loads sum to 1, so 8 equal servers have 0.125 each) but enough to spread when loads tie.
@@ -216,40 +227,195 @@ def redundant_deployment(
     return hosts
 
 
+ALGORITHMS = ("search", "two-stage")
+BUDGET = 0.05  # the ordermoe policy's default allowance per token-layer (docs/runtime.md): plan for it
+PATHS_PER_USER = 128  # calibration paths replayed per user (2048 rows on edge8); 256 measured no better
+SETS_PER_LAYER = 24  # frequent Top-K sets per layer offered as one-move completions
+MAX_EVALS = 4000  # objective evaluations the search may spend (each a batched incremental replay)
+
+
 @register("ordermoe")
 def plan_ordermoe(
     problem: PlanProblem,
+    mode: str | None = None,
+    algorithm: str = "search",
+    budget: float = BUDGET,
+    paths_per_user: int = PATHS_PER_USER,
+    sets_per_layer: int = SETS_PER_LAYER,
+    max_evals: int = MAX_EVALS,
+    swap_rounds: int = 4,
+    init: str = "successive",
+    relocate_rounds: int = 2,
+    exchange_neighbours: int = 7,
     grouping: str = "layer-aware",
     theta_hi: float = THETA_HI,
     theta_lo: float = THETA_LO,
     theta: float | None = None,
     groups_per_layer: int | None = None,
     max_group_size: int | None = None,
+    max_err: float = MAX_ERR,
     redundancy: bool = True,
     eta: float = ETA,
     gamma: float = GAMMA,
     rep_weight: float = 1.0,
-    fill: str = "edge",
+    fill: str | None = None,
     cover: str | None = None,
 ) -> Placement:
-    """OrderMoE placement (see the module docstring).
+    """OrderMoE placement.
 
-    grouping: "layer-aware" (theta_hi -> theta_lo over depth), "uniform" (one `theta`, default the middle
-    of theta_hi and theta_lo) or "fixed" (`groups_per_layer` dominants per layer, default E // 2).
-    redundancy=False stops after stage 1 (ablation). eta: stage-1 spread tie-break weight; gamma: stage-2
-    discount for users that already have a local substitute; rep_weight: weight of representativeness in
-    the stage-2 gain. fill: node kinds to fill ("edge" or "edge,device"). cover: what stage 1 places,
-    "all" experts once, only the groups' "dominants", or "none"; default "all" without a cloud and
-    "dominants" with one (the cloud already serves everything, so memory goes to copies that pay).
+    algorithm "search" (default, `ordermoe_search`): minimise the runtime's expected per-token latency in
+    token-location `mode` ("migrate" or "home"; None: problem.params["mode"], else "migrate"), replaying
+    `paths_per_user` calibration paths per user, with substitution within `budget` per token-layer
+    (0: exact execution), by a lazy greedy over single copies and completions of the `sets_per_layer` most
+    frequent Top-K sets, a coverage repair (no cloud) and `swap_rounds` rounds of swaps; at most
+    `max_evals` objective evaluations. fill: node kinds to fill (default "edge,device" in home mode, the
+    device-edge-cloud setting where devices cache for their owner, else "edge"; the cloud never).
+
+    algorithm "two-stage": the earlier reconstruction of §3.4.3 (representative coverage, then redundant
+    deployment by a per-user latency gain; module docstring), kept as an ablation. Its knobs: redundancy,
+    eta, gamma, rep_weight, cover.
+
+    grouping: "layer-aware" (theta_hi -> theta_lo over depth, router cosine: the paper's option), "uniform"
+    (one `theta`, default the middle of theta_hi and theta_lo), "fixed" (`groups_per_layer` dominants per
+    layer, default E // 2) or "error" (measured substitution error <= `max_err` both ways); the groups give
+    the substitutes (search with budget > 0) and the two-stage coverage. The placement's params report per
+    layer the traffic share with a substitute (and with one better than zeroing the branch) and the
+    Spearman correlation of router cosine with measured error.
     """
     for name, value in (("eta", eta), ("gamma", gamma), ("rep_weight", rep_weight)):
         if value < 0 or (name == "gamma" and value > 1):
             raise EdgeMoEError(f"ordermoe: {name}={value} out of range ({'[0, 1]' if name == 'gamma' else '>= 0'})")
+    if algorithm not in ALGORITHMS:
+        raise EdgeMoEError(f"ordermoe: algorithm={algorithm!r}; expected one of {list(ALGORITHMS)}")
+    groups = _make_groups(problem, grouping, theta_hi, theta_lo, theta, groups_per_layer, max_group_size, max_err)
+    rho, _ = cosine_error_spearman(problem.profile.sim, problem.profile.subst_err)
+    common = {"algorithm": algorithm, "grouping": grouping, "theta_hi": theta_hi, "theta_lo": theta_lo,
+              "theta": theta, "groups_per_layer": groups_per_layer, "max_group_size": max_group_size,
+              "max_err": max_err, "num_groups": groups.num_groups.tolist(),
+              # per layer: how much traffic the groups give a stand-in, and whether router cosine predicts
+              # the measured substitution error at all (Spearman; well below 0 when it does)
+              "traffic_with_substitute": np.round(traffic_coverage(groups, problem.profile.freq), 4).tolist(),
+              "traffic_with_substitute_better_than_zero":
+                  np.round(traffic_coverage(groups, problem.profile.freq, 1.0), 4).tolist(),
+              "spearman_cosine_vs_error": [None if np.isnan(r) else round(float(r), 4) for r in rho]}
+    if algorithm == "search":
+        mode = problem.params.get("mode", "migrate") if mode is None else mode
+        # home mode is SlimCaching's device-edge-cloud setting, where devices cache for their owner too
+        fill = fill or ("edge,device" if mode == "home" else "edge")
+        hosts, info = _search(problem, groups, mode, budget, paths_per_user, sets_per_layer, max_evals, swap_rounds,
+                              fill, init, relocate_rounds, exchange_neighbours)
+        params = {**common, **info}
+    else:
+        hosts, cover = _two_stage(problem, groups, redundancy, eta, gamma, rep_weight, fill or "edge", cover)
+        params = {**common, "redundancy": redundancy, "eta": eta, "gamma": gamma, "rep_weight": rep_weight,
+                  "fill": fill or "edge", "cover": cover}
+    placement = make_placement(problem, "ordermoe", hosts, **params)
+    placement.check_capacity()
+    return placement
+
+
+def _search(problem: PlanProblem, groups: SimilarityGroups, mode: str | None, budget: float, paths_per_user: int,
+            sets_per_layer: int, max_evals: int, swap_rounds: int, fill: str, init: str, relocate_rounds: int,
+            exchange_neighbours: int) -> tuple[np.ndarray, dict]:
+    """The latency search (`ordermoe_search`); returns (hosts [N, L, E], facts for the placement's params)."""
+    mode = problem.params.get("mode", "migrate") if mode is None else mode
+    if init not in ("successive", "greedy"):
+        raise EdgeMoEError(f"ordermoe: init={init!r}; expected 'successive' or 'greedy'")
+    if max_evals < 0 or swap_rounds < 0 or sets_per_layer < 0:
+        raise EdgeMoEError("ordermoe: max_evals, swap_rounds and sets_per_layer must be >= 0")
+    kinds = {k.strip() for k in fill.split(",")}
+    present = set(problem.node_kind)
+    fillable = fillable_nodes(problem, ",".join(sorted(kinds & present)) or fill)
+    model = PathModel(problem, mode, paths_per_user, budget, groups.substitute_ids)
+    search = LatencySearch(problem, model, empty_hosts(problem), fillable, max_evals, exchange_neighbours)
+    sets = frequent_sets(model, sets_per_layer)
+    L, E = problem.expert_bytes.shape
+    singles = [(layer, (e,)) for layer in range(L) for e in range(E)]
+    cands = singles + [(layer, s) for layer in range(L) for s in sets[layer]]
+    start = search.objective_s
+    edge = np.array([k == "edge" for k in problem.node_kind])
+    cover = not problem.is_cloud.any()
+    nodes = np.flatnonzero(fillable)
+    if init == "successive":
+        search.hosts = _successive_start(problem, fillable)
+        if mode == "migrate":
+            search.hosts = _relocated_start(problem, model, search.hosts, fillable, relocate_rounds)
+        used = (search.hosts * search.sizes[None]).sum(axis=(1, 2))
+        search.free = np.where(fillable, np.asarray(problem.capacity_bytes, dtype=np.int64) - used, 0)
+        search.state = model.replay(search.hosts)
+        search.greedy(cands, nodes, refreshes=1)
+    elif cover:  # every expert once first: unused ones parked, the rest placed where they pay most
+        demand = np.zeros((L, E))
+        for layer in range(L):
+            np.add.at(demand[layer], model.topk[:, layer].ravel(), np.repeat(model.weight, model.topk.shape[2]))
+        search.park_unused(edge, demand)
+        search.greedy(singles, np.flatnonzero(fillable & edge), refreshes=2, cover=edge)
+    if init == "greedy":
+        search.greedy(cands, nodes)
+    greedy_s = search.objective_s
+    search.swaps(edge if cover else None, swap_rounds)
+    info = {"mode": mode, "budget": budget, "paths_per_user": paths_per_user, "rows": model.num_rows,
+            "sets_per_layer": sets_per_layer, "init": init, "relocate_rounds": relocate_rounds,
+            "exchange_neighbours": exchange_neighbours, "max_evals": max_evals, "swap_rounds": swap_rounds, "fill": fill,
+            "coverage": cover, "evaluations": search.evals, "moves": search.accepted,
+            "expected_latency_ms": 1e3 * search.objective_s, "greedy_latency_ms": 1e3 * greedy_s,
+            "empty_latency_ms": 1e3 * start}
+    return search.hosts, info
+
+
+def _successive_start(problem: PlanProblem, fillable: np.ndarray) -> np.ndarray:
+    """[N, L, E] start of the search: the per-node successive decomposition (`slimcaching.successive`, 3 passes,
+    no refinement), which places co-activated experts together exactly for the home-mode latency."""
+    from .objective import slim_model
+    from .slimcaching import cover_edges, successive
+
+    hosts, _ = successive(problem, slim_model(problem), passes=3, coverage=not problem.is_cloud.any())
+    if not problem.is_cloud.any():
+        cover_edges(problem, hosts)
+    hosts[~fillable & ~problem.is_cloud] = False
+    return hosts
+
+
+def location_problem(problem: PlanProblem, model: PathModel, hosts: np.ndarray) -> PlanProblem:
+    """The home-mode problem of where tokens actually are (migrate mode): one pseudo-user per (node c, domain d)
+    with the share of token-layers that start at c (replayed under hosts [N, L, E]) as its weight, homed at c.
+
+    The successive decomposition then places co-activated experts where the migrating tokens sit, not only at
+    their users' homes.
+    """
+    replay = model.replay(hosts)
+    D = max(int(problem.user_domain.max()) + 1, 1)
+    mass = np.zeros((problem.num_nodes, D))
+    domain = np.asarray(problem.user_domain)[model.user]
+    for layer in range(model.L):
+        np.add.at(mass, (replay.location[:, layer], domain), model.weight / model.L)
+    node, dom = np.nonzero(mass > 0)
+    return replace(problem, user_names=tuple(f"at-{problem.node_names[c]}-d{d}" for c, d in zip(node, dom, strict=True)),
+                   user_home=node.astype(np.int64), user_weight=mass[node, dom] / mass[node, dom].sum(),
+                   user_domain=dom.astype(np.int64), comm_s=model.rt[node])
+
+
+def _relocated_start(problem: PlanProblem, model: PathModel, hosts: np.ndarray, fillable: np.ndarray,
+                     rounds: int) -> np.ndarray:
+    """Re-solve the successive decomposition for where tokens are (`location_problem`) while that lowers the
+    objective, at most `rounds` times."""
+    best, best_s = hosts, model.expected_latency(hosts)
+    for _ in range(rounds):
+        cand = _successive_start(location_problem(problem, model, best), fillable)
+        cand_s = model.expected_latency(cand)
+        if cand_s >= best_s * (1 - 1e-9):
+            break
+        best, best_s = cand, cand_s
+    return best
+
+
+def _two_stage(problem: PlanProblem, groups: SimilarityGroups, redundancy: bool, eta: float, gamma: float,
+               rep_weight: float, fill: str, cover: str | None) -> tuple[np.ndarray, str]:
+    """The two-stage ablation: representative coverage, then redundant deployment."""
     if cover is None:
         cover = "dominants" if problem.is_cloud.any() else "all"
     if cover not in {"all", "dominants", "none"}:
         raise EdgeMoEError(f"ordermoe: cover={cover!r}; expected 'all', 'dominants' or 'none'")
-    groups = _make_groups(problem, grouping, theta_hi, theta_lo, theta, groups_per_layer, max_group_size)
     fillable = fillable_nodes(problem, fill)
     load = node_load(problem, fillable)
     freq = np.einsum("u,ule->le", problem.user_weight, problem.user_freq())
@@ -258,20 +424,12 @@ def plan_ordermoe(
     hosts = representative_coverage(problem, groups, weight, fillable, load, eta, cover)
     if redundancy:
         redundant_deployment(problem, groups, hosts, fillable, load, weight, 1.0 + rep_weight * rep, gamma)
-    params = {
-        "grouping": grouping, "theta_hi": theta_hi, "theta_lo": theta_lo, "theta": theta,
-        "groups_per_layer": groups_per_layer, "max_group_size": max_group_size, "redundancy": redundancy,
-        "eta": eta, "gamma": gamma, "rep_weight": rep_weight, "fill": fill, "cover": cover,
-        "num_groups": groups.num_groups.tolist(),
-    }
-    placement = make_placement(problem, "ordermoe", hosts, **params)
-    placement.check_capacity()
-    return placement
+    return hosts, cover
 
 
 def _make_groups(
     problem: PlanProblem, grouping: str, theta_hi: float, theta_lo: float, theta: float | None,
-    groups_per_layer: int | None, max_group_size: int | None,
+    groups_per_layer: int | None, max_group_size: int | None, max_err: float = MAX_ERR,
 ) -> SimilarityGroups:
     if grouping == "layer-aware":
         return groups_for(problem.profile, "layer-aware", theta_hi=theta_hi, theta_lo=theta_lo,
@@ -282,4 +440,6 @@ def _make_groups(
     if grouping == "fixed":
         count = max(1, problem.profile.E // 2) if groups_per_layer is None else groups_per_layer
         return groups_for(problem.profile, "fixed", groups_per_layer=count, max_group_size=max_group_size)
-    raise EdgeMoEError(f"ordermoe: grouping={grouping!r}; expected 'layer-aware', 'uniform' or 'fixed'")
+    if grouping == "error":
+        return groups_for(problem.profile, "error", max_err=max_err, max_group_size=max_group_size)
+    raise EdgeMoEError(f"ordermoe: grouping={grouping!r}; expected 'layer-aware', 'uniform', 'fixed' or 'error'")

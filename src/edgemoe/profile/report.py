@@ -40,6 +40,13 @@ def similarity_by_depth(sim: np.ndarray, thresholds=(0.3, 0.5, 0.7)) -> dict:
     }
 
 
+def grouping_report(profile: Profile) -> dict:
+    """`edgemoe.plan.groups.grouping_report` (imported here so the profile package does not need plan/ to load)."""
+    from edgemoe.plan.groups import grouping_report as report
+
+    return report(profile)
+
+
 def specialisation_report(profile: Profile, out_dir: str | Path, seed: int = 0) -> dict:
     """Write specialisation.json, usage_heatmaps.png and similarity.png under `out_dir`; return the JSON."""
     out_dir = Path(out_dir)
@@ -56,7 +63,8 @@ def specialisation_report(profile: Profile, out_dir: str | Path, seed: int = 0) 
         "num_tokens": profile.num_tokens,
         "domains": profile.meta.domains,
         "what": "Router specialisation: per-domain expert usage per layer, domain-expert mutual information "
-                "against a shuffled-domain null, and router-logit similarity by depth",
+                "against a shuffled-domain null, router-logit similarity by depth, and how well that similarity "
+                "predicts measured substitution error (Spearman) with the traffic share groups cover",
         "domain_expert_mutual_information_bits": mi.round(4).tolist(),
         "shuffled_domain_mutual_information_bits": mi_null.round(4).tolist(),
         "usage_entropy_bits": usage_entropy.round(3).tolist(),
@@ -65,6 +73,9 @@ def specialisation_report(profile: Profile, out_dir: str | Path, seed: int = 0) 
                                   for u, d in enumerate(profile.meta.domains)},
         "freq_by_domain": freq_u.round(4).tolist(),
         "similarity": similarity_by_depth(profile.sim),
+        # OrderMoE's groups: does router cosine predict measured substitution error, and how much traffic
+        # gets a stand-in (router-cosine groups vs groups from measured error)
+        "substitution": grouping_report(profile),
     }
     atomic_write_json(out_dir / "specialisation.json", report)
     _plot_usage(profile, out_dir / "usage_heatmaps.png")

@@ -1,0 +1,364 @@
+"""Expected per-token latency of the runtime, by replaying calibration routing paths (pure numpy).
+
+The OrderMoE planner optimises what the runtime will do, not a proxy of it. `PathModel` replays R sampled
+calibration tokens (their Top-K experts at every layer, the user whose domain they come from) through the
+runtime's layer rule (docs/runtime.md, "Layer cost"), with no queues:
+
+- the K branches start at the token's node c; branch k runs on c when c holds it, else on the cheapest
+  usable holder by round trip + compute (the cloud only when no usable non-cloud node holds it: the
+  `exact` policy's rule); it is ready at xfer[c, n_k] + compute[n_k, l, e_k];
+- `home` mode: the outputs come back to c, the layer costs max_k(ready_k + xfer[n_k, c]);
+- `migrate` mode: the outputs meet at the candidate (c, then the branch nodes in slot order) that finishes
+  first, where the token continues; the last layer adds the trip home;
+- an expert no usable node holds (no cloud, not yet covered) adds `miss_s` to the layer (additive, so the
+  search sees the gain of covering each one);
+- optional substitution (budget > 0): a branch the token's node lacks may run that node's best-ranked
+  group member with the original gate, at quality cost gate x subst_err; each row gets budget x L for its
+  pass, and every layer takes the fastest subset of substitutable branches that fits what is left (the
+  ordermoe policy's myopic choice, H = 0, without its pacing weight).
+
+Rows are decided layer by layer exactly as the runtime decides them, so with budget 0 the replay's layer
+latencies equal the `exact` policy's `Decision.latency_s` (tested against `edgemoe.runtime`).
+
+Incremental evaluation: a change of one node's experts at one layer only changes rows whose Top-K set at
+that layer meets the changed experts (or, with substitution, their group mates); among those, only the
+rows whose next location changes need the later layers replayed. `delta()` does exactly that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgemoe.errors import EdgeMoEError
+
+from .base import PlanProblem
+
+MODES = ("migrate", "home")
+MISS_FACTOR = 10.0  # an unreachable expert costs 10x the slowest real call (SlimCaching objective's penalty)
+
+
+def one_way_s(problem: PlanProblem) -> np.ndarray:
+    """[N, N] one-way seconds of one hidden state between nodes (0 on the diagonal).
+
+    `problem.xfer_s` when the problem carries it (plan_problem does). Otherwise it is rebuilt from the users'
+    round trips comm_s [U, N] (halved, symmetric, as given); pairs of nodes that are nobody's home go
+    through the home that joins them fastest.
+    """
+    N = problem.num_nodes
+    if getattr(problem, "xfer_s", None) is not None:
+        x = np.asarray(problem.xfer_s, dtype=np.float64).copy()
+        np.fill_diagonal(x, 0.0)
+        return x
+    x = np.full((N, N), np.inf)
+    for u, h in enumerate(problem.user_home):
+        row = np.asarray(problem.comm_s[u], dtype=np.float64) / 2.0
+        x[h] = np.minimum(x[h], row)
+        x[:, h] = np.minimum(x[:, h], row)
+    np.fill_diagonal(x, 0.0)
+    known = np.isfinite(x)
+    for h in np.unique(problem.user_home):
+        x = np.where(known, x, np.minimum(x, x[:, h, None] + x[None, h, :]))
+    np.fill_diagonal(x, 0.0)
+    return x
+
+
+def usable_nodes(problem: PlanProblem) -> np.ndarray:
+    """[U, N] bool: edge and cloud nodes serve everyone, a device only the user homed on it (the runtime's rule)."""
+    is_device = np.array([k == "device" for k in problem.node_kind])
+    own = np.arange(problem.num_nodes)[None, :] == np.asarray(problem.user_home)[:, None]
+    return ~is_device[None, :] | own
+
+
+@dataclass(frozen=True)
+class Replay:
+    """Per-row outcome of a replay. R rows, L layers."""
+
+    latency_s: np.ndarray  # [R, L] seconds of each layer
+    location: np.ndarray  # [R, L+1] node at the start of each layer (column L: after the last layer)
+    budget_left: np.ndarray  # [R, L+1] remaining quality budget at the start of each layer
+
+
+class PathModel:
+    """Replays sampled calibration paths under a placement; see the module docstring.
+
+    paths_per_user: calibration tokens sampled per user (evenly spaced over its domain's tokens; the
+    domain's tokens all when fewer). budget: quality allowance per token-layer (0: exact execution).
+    substitutes: [L, E, S] ranked group mates (-1 padded), needed when budget > 0.
+    """
+
+    def __init__(self, problem: PlanProblem, mode: str = "migrate", paths_per_user: int = 256, budget: float = 0.0,
+                 substitutes: np.ndarray | None = None):
+        if mode not in MODES:
+            raise EdgeMoEError(f"mode={mode!r}; expected one of {list(MODES)}")
+        if budget < 0 or not np.isfinite(budget):
+            raise EdgeMoEError(f"budget must be finite and >= 0, got {budget}")
+        if budget > 0 and substitutes is None:
+            raise EdgeMoEError("a budget > 0 needs the substitutes [L, E, S] of the similarity groups")
+        self.problem, self.mode, self.budget = problem, mode, float(budget)
+        prof = problem.profile
+        L, E = problem.expert_bytes.shape
+        self.L, self.E, self.N = L, E, problem.num_nodes
+        self.xfer = one_way_s(problem)  # [N, N]
+        self.rt = self.xfer + self.xfer.T
+        self.compute = np.asarray(problem.compute_s, dtype=np.float64)  # [N, L, E]
+        self.is_cloud = problem.is_cloud
+        self.usable = usable_nodes(problem)  # [U, N]
+        users, tokens, weight = sample_rows(problem, paths_per_user)
+        self.user, self.weight = users, weight  # [R]
+        self.home = np.asarray(problem.user_home, dtype=np.int64)[users]
+        self.topk = np.asarray(prof.topk, dtype=np.int64)[tokens]  # [R, L, K]
+        self.gates = np.abs(np.asarray(prof.gates, dtype=np.float64)[tokens])  # [R, L, K]
+        finite = self.rt[np.isfinite(self.rt)].max() + self.compute.max()
+        self.miss_s = MISS_FACTOR * float(finite)
+        self.subs = None if substitutes is None else np.asarray(substitutes, dtype=np.int64)
+        self.subst_err = np.asarray(prof.subst_err, dtype=np.float64)
+        # rows_with[l][e]: rows whose Top-K set at layer l contains e (the rows a change of (l, e) touches)
+        self._touched: dict = {}
+        self.rows_with = [[np.flatnonzero((self.topk[:, layer] == e).any(axis=1)) for e in range(E)]
+                          for layer in range(L)]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.user.shape[0])
+
+    # ------------------------------------------------------------------------------------ one layer
+    def step(self, hosts: np.ndarray, layer: int, rows: np.ndarray, loc: np.ndarray, left: np.ndarray, flip=None):
+        """Decide `layer` for `rows` [R'] at nodes `loc` [R'] with budget `left` [R'] under hosts [N, L, E].
+
+        flip: None, or (nodes [R'], changed [R', F] (-1 padded), value): row i sees
+        hosts[nodes[i], layer, changed[i]] = value (a batch of candidate placements, one call).
+        Returns (latency [R'], next location [R'], budget left after [R']).
+        """
+        experts = self.topk[rows, layer]  # [R', K]
+        gates = self.gates[rows, layer]
+        held = np.moveaxis(hosts[:, layer, experts], 0, -1)  # [R', K, N]
+        if flip is not None:
+            nodes, changed, value = flip
+            hit = (experts[:, :, None] == changed[:, None, :]).any(axis=2)  # [R', K]
+            ri, ki = np.nonzero(hit)
+            held[ri, ki, nodes[ri]] = value
+        node, miss = self._replicas(layer, rows, loc, experts, held)
+        if self.budget > 0:
+            return self._step_substitution(hosts, layer, rows, loc, left, experts, gates, node, miss, flip)
+        lat, nxt = self._finish(layer, rows, loc, experts, node, miss)
+        return lat, nxt, left
+
+    def _replicas(self, layer, rows, loc, experts, held):
+        """([R', K] node of each branch, [R', K] bool no usable holder) by the `exact` policy's rule."""
+        R = loc.shape[0]
+        ar = np.arange(R)
+        local = held[ar, :, loc]  # [R', K]
+        cand = held & self.usable[self.user[rows]][:, None, :]
+        if self.is_cloud.any():
+            edge = cand & ~self.is_cloud[None, None, :]
+            cand = np.where(edge.any(axis=2, keepdims=True), edge, cand)
+        cost = self.rt[loc][:, None, :] + np.moveaxis(self.compute[:, layer, experts], 0, -1)  # [R', K, N]
+        cost = np.where(cand, cost, np.inf)
+        node = cost.argmin(axis=2)
+        miss = ~cand.any(axis=2) & ~local
+        node = np.where(local, loc[:, None], node)
+        return node, miss
+
+    def _finish(self, layer, rows, loc, experts, node, miss):
+        """([R'] layer seconds, [R'] next location) of branches on `node` [R', K] (miss: [R', K] unreachable)."""
+        R = loc.shape[0]
+        comp = self.compute[node, layer, experts]
+        ready = self.xfer[loc[:, None], node] + comp  # [R', K]
+        # An unreachable branch adds the miss penalty on top of the layer (additive, so covering any one
+        # missing expert already pays) and takes no part in the max or the meeting.
+        penalty = self.miss_s * miss.sum(axis=1)
+        ready = np.where(miss, -np.inf, ready)
+        if self.mode == "home":
+            back = np.where(miss, 0.0, self.xfer[node, loc[:, None]])
+            return np.max(ready + back, axis=1, initial=0.0) + penalty, loc.copy()
+        node = np.where(miss, loc[:, None], node)
+        cand = np.concatenate([loc[:, None], node], axis=1)  # [R', K+1]
+        to = self.xfer[node[:, :, None], cand[:, None, :]]  # [R', K, K+1]
+        done = np.maximum(np.max(ready[:, :, None] + to, axis=1), 0.0)  # [R', K+1]
+        if layer == self.L - 1:
+            done = done + self.xfer[cand, self.home[rows][:, None]]
+        pick = done.argmin(axis=1)
+        ar = np.arange(R)
+        return done[ar, pick] + penalty, cand[ar, pick]
+
+    def _step_substitution(self, hosts, layer, rows, loc, left, experts, gates, node, miss, flip):
+        """The myopic substitution choice: fastest subset of substitutable branches within the budget."""
+        R, K = experts.shape
+        S = self.subs.shape[2]
+        mates = self.subs[layer, experts]  # [R', K, S]
+        ok = hosts[loc[:, None, None], layer, np.maximum(mates, 0)]
+        if flip is not None:
+            nodes, changed, value = flip
+            hit = (mates[..., None] == changed[:, None, None, :]).any(axis=3)  # [R', K, S]
+            ok = np.where(hit & (loc == nodes)[:, None, None], value, ok)
+        ok &= mates >= 0
+        has = ok.any(axis=2)
+        first = ok.argmax(axis=2)
+        sub = np.take_along_axis(np.maximum(mates, 0), first[..., None], 2)[..., 0]
+        can = has & (node != loc[:, None]) & (S > 0)
+        err = self.subst_err[layer, experts, sub]
+        q_slot = np.where(can, gates * err, 0.0)
+        best_lat, best_nxt = self._finish(layer, rows, loc, experts, node, miss)
+        best_q = np.zeros(R)
+        some = np.flatnonzero(can.any(axis=1) & (left > 0))  # only these rows have a choice
+        if some.size:
+            for mask_k in _subsets(K):
+                mask = np.broadcast_to(mask_k, (some.size, K))
+                q = (mask * q_slot[some]).sum(axis=1)
+                valid = ~(mask & ~can[some]).any(axis=1) & (q <= left[some] + 1e-12)
+                if not valid.any():
+                    continue
+                r = some[valid]
+                m = mask[valid]
+                e2 = np.where(m, sub[r], experts[r])
+                n2 = np.where(m, loc[r, None], node[r])
+                lat, nxt = self._finish(layer, rows[r], loc[r], e2, n2, miss[r] & ~m)
+                q = q[valid]
+                better = lat + 1e-9 * q < best_lat[r] + 1e-9 * best_q[r]
+                r, lat, nxt, q = r[better], lat[better], nxt[better], q[better]
+                best_lat[r], best_nxt[r], best_q[r] = lat, nxt, q
+        return best_lat, best_nxt, left - best_q
+
+    # --------------------------------------------------------------------------------- whole paths
+    def replay(self, hosts: np.ndarray) -> Replay:
+        """Replay every row through every layer under hosts [N, L, E]."""
+        R, L = self.num_rows, self.L
+        lat = np.zeros((R, L))
+        loc = np.zeros((R, L + 1), np.int64)
+        left = np.zeros((R, L + 1))
+        loc[:, 0] = self.home
+        left[:, 0] = self.budget * L
+        rows = np.arange(R)
+        for layer in range(L):
+            lat[:, layer], loc[:, layer + 1], left[:, layer + 1] = self.step(hosts, layer, rows, loc[:, layer],
+                                                                               left[:, layer])
+        return Replay(latency_s=lat, location=loc, budget_left=left)
+
+    def expected_latency(self, hosts: np.ndarray) -> float:
+        """Weighted mean per-token latency (seconds, MoE layers only) under hosts [N, L, E]."""
+        return float(self.weight @ self.replay(hosts).latency_s.sum(axis=1))
+
+    def touched_rows(self, layer: int, experts) -> np.ndarray:
+        """[R'] rows whose set at `layer` contains one of `experts` (or, with substitution, a group mate)."""
+        experts = set(int(e) for e in experts)
+        if len(experts) == 1 and self._touched.get((layer, *experts)) is not None:
+            return self._touched[(layer, *experts)]
+        key = (layer, *experts) if len(experts) == 1 else None
+        if self.budget > 0:
+            for e in list(experts):
+                experts |= {int(m) for m in self.subs[layer, e] if m >= 0}
+                experts |= {int(m) for m in np.flatnonzero((self.subs[layer] == e).any(axis=1))}
+        parts = [self.rows_with[layer][e] for e in sorted(experts)]
+        rows = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+        if key is not None:
+            self._touched[key] = rows
+        return rows
+
+    def delta(self, state: Replay, hosts: np.ndarray, layer: int, experts, rows: np.ndarray | None = None):
+        """Change of the expected latency when `hosts` (already modified at `layer` for `experts`) replaces
+        the hosts `state` was replayed under. Returns (seconds, patch); `commit(state, patch)` applies it."""
+        rows = self.touched_rows(layer, experts) if rows is None else rows
+        if rows.size == 0:
+            return 0.0, None
+        d, patch = self._propagate(state, hosts, layer, rows, None)
+        return float(d.sum()), patch
+
+    def delta_batch(self, state: Replay, hosts: np.ndarray, layer: int, experts, nodes: np.ndarray,
+                    value: bool) -> np.ndarray:
+        """[V] change of the expected latency if hosts[nodes[v], layer, experts] were set to `value`
+        (one candidate per node, the others untouched), all in one vectorised replay."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        changed = np.asarray(list(experts), dtype=np.int64)
+        return self._batch(state, hosts, layer, nodes, [changed] * nodes.size, value)
+
+    def delta_singles(self, state: Replay, hosts: np.ndarray, layer: int, node: int, experts: np.ndarray,
+                      value: bool) -> np.ndarray:
+        """[V] change of the expected latency if hosts[node, layer, experts[v]] alone were set to `value`."""
+        experts = np.asarray(experts, dtype=np.int64)
+        return self._batch(state, hosts, layer, np.full(experts.size, node), [experts[v:v + 1] for v in range(experts.size)],
+                           value)
+
+    def _batch(self, state, hosts, layer, nodes, changed: list, value: bool) -> np.ndarray:
+        """[V] deltas of V candidates: candidate v sets hosts[nodes[v], layer, changed[v]] = value."""
+        V = nodes.size
+        parts, owner = [], []
+        for v in range(V):
+            rows = self.touched_rows(layer, changed[v])
+            # Only rows whose user may use the node can feel a change there (a device serves its owner).
+            rows = rows[self.usable[self.user[rows], nodes[v]]]
+            parts.append(rows)
+            owner.append(np.full(rows.size, v))
+        rows = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        if rows.size == 0:
+            return np.zeros(V)
+        vi = np.concatenate(owner)
+        width = max(c.size for c in changed)
+        table = np.full((V, width), -1, np.int64)
+        for v, c in enumerate(changed):
+            table[v, :c.size] = c
+        flip = (nodes[vi], table[vi], value)
+        d, _ = self._propagate(state, hosts, layer, rows, flip)
+        return np.bincount(vi, weights=d, minlength=V)
+
+    def _propagate(self, state: Replay, hosts, layer, rows, flip, groups=None):
+        """Replay `rows` [R'] (possibly repeated) from `layer` on; ([R'] weighted delta per row, patch)."""
+        old = state.latency_s[rows, layer:].sum(axis=1)
+        lat_l, nxt, left = self.step(hosts, layer, rows, state.location[rows, layer], state.budget_left[rows, layer],
+                                     flip)
+        new_lat = state.latency_s[rows].copy()
+        new_loc = state.location[rows].copy()
+        new_left = state.budget_left[rows].copy()
+        new_lat[:, layer], new_loc[:, layer + 1], new_left[:, layer + 1] = lat_l, nxt, left
+        moved = (nxt != state.location[rows, layer + 1]) | (left != state.budget_left[rows, layer + 1])
+        sub = np.flatnonzero(moved)
+        for later in range(layer + 1, self.L):
+            if sub.size == 0:
+                break
+            r = rows[sub]
+            lat2, nxt2, left2 = self.step(hosts, later, r, new_loc[sub, later], new_left[sub, later])
+            new_lat[sub, later] = lat2
+            new_loc[sub, later + 1], new_left[sub, later + 1] = nxt2, left2
+            # A row back at its old location with its old budget replays the old way from here on (later
+            # layers' hosts did not change), and its copied old values already say so.
+            back = (nxt2 == state.location[r, later + 1]) & (left2 == state.budget_left[r, later + 1])
+            sub = sub[~back]
+        diff = self.weight[rows] * (new_lat[:, layer:].sum(axis=1) - old)
+        return diff, (rows, new_lat, new_loc, new_left)
+
+    @staticmethod
+    def commit(state: Replay, patch) -> None:
+        """Write a `delta` patch into `state` (in place)."""
+        if patch is None:
+            return
+        rows, lat, loc, left = patch
+        state.latency_s[rows] = lat
+        state.location[rows] = loc
+        state.budget_left[rows] = left
+
+
+def _subsets(K: int) -> list[np.ndarray]:
+    """[K] bool masks of the substitution subsets tried: all non-empty ones for K <= 4, else each single slot
+    and all slots (the runtime enumerates prefixes there; this keeps the planner's replay cheap)."""
+    if K <= 4:
+        return [((bits >> np.arange(K)) & 1).astype(bool) for bits in range(1, 2 ** K)]
+    return [np.arange(K) == k for k in range(K)] + [np.ones(K, bool)]
+
+
+def sample_rows(problem: PlanProblem, paths_per_user: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """([R] user, [R] calibration token, [R] weight): up to `paths_per_user` tokens of each user's domain,
+    evenly spaced (deterministic); weights w_u / (tokens sampled for u), so they sum to 1."""
+    if paths_per_user < 1:
+        raise EdgeMoEError(f"paths_per_user must be >= 1, got {paths_per_user}")
+    domain = np.asarray(problem.profile.domain, dtype=np.int64)
+    users, tokens, weight = [], [], []
+    for u, d in enumerate(np.asarray(problem.user_domain, dtype=np.int64)):
+        pool = np.flatnonzero(domain == d)
+        if pool.size == 0:
+            pool = np.arange(domain.size)
+        take = pool if pool.size <= paths_per_user else pool[np.linspace(0, pool.size - 1, paths_per_user).astype(np.int64)]
+        users.append(np.full(take.size, u))
+        tokens.append(take)
+        weight.append(np.full(take.size, problem.user_weight[u] / take.size))
+    return np.concatenate(users), np.concatenate(tokens), np.concatenate(weight)
