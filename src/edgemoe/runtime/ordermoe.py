@@ -33,7 +33,6 @@ from .policy import (
     branch_ready_s,
     choose_replicas,
     meeting_node,
-    register_policy,
     top1,
 )
 
@@ -188,7 +187,6 @@ class LookAhead:
         return np.einsum("es,nsm->nem", stats.prob, best)
 
 
-@register_policy("ordermoe")
 class OrderMoEPolicy(Policy):
     """OrderMoE runtime policy. Parameters (defaults and units in docs/runtime.md):
 
@@ -197,6 +195,8 @@ class OrderMoEPolicy(Policy):
     quality cost (None: half the median round trip per token-layer allowance); pressure_gain: kappa of the
     latency weight; sets_per_prev: Top-K sets kept per previous top-1 in the tables; max_enum_k.
     """
+
+    name = "ordermoe"
 
     def __init__(self, ctx: RuntimeContext, budget=0.05, horizon: int = 2, levels: int = 24,
                  quality_price: float | None = None, pressure_gain: float = 1.0, sets_per_prev: int = 4,

@@ -1,8 +1,8 @@
-"""The runtime-policy interface, the registry, and the layer arithmetic every policy shares (pure numpy).
+"""The runtime-policy interface and the layer arithmetic every policy shares (pure numpy).
 
 A policy decides, for T token rows at one MoE layer, which expert runs in each of the K slots and where:
 
-    policy = make_policy("ordermoe", ctx, budget=0.05, horizon=2)
+    policy = make_policy("ordermoe", ctx, budget=0.05, horizon=2)   # edgemoe.runtime.registry
     state = policy.start(users)                        # users: [T] user index of each token row
     for layer in range(L):
         dec = policy.decide(layer, topk[:, layer], gates[:, layer], state, load_s)   # state updated in place
@@ -17,7 +17,6 @@ branch including the transfers to the meeting node (+ the trip home after the la
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -140,41 +139,6 @@ class Policy:
 
     def choose(self, layer: np.ndarray, topk: np.ndarray, gates: np.ndarray, state: TokenState, load: np.ndarray) -> Decision:
         raise NotImplementedError
-
-
-# ------------------------------------------------------------------------------------------- registry
-
-_POLICIES: dict[str, Callable[..., Policy]] = {}
-
-
-def register_policy(name: str):
-    """Class decorator: make a Policy subclass available to `make_policy(name, ...)`."""
-
-    def deco(cls):
-        if name in _POLICIES:
-            raise ValueError(f"policy {name!r} registered twice")
-        cls.name = name
-        _POLICIES[name] = cls
-        return cls
-
-    return deco
-
-
-def policy_names() -> list[str]:
-    from . import baselines, ordermoe  # noqa: F401  (register)
-
-    return sorted(_POLICIES)
-
-
-def make_policy(name: str, ctx: RuntimeContext, **params) -> Policy:
-    """The policy called `name` ("exact", "ordermoe", "drop", "slimcaching") on `ctx` with `params`."""
-    names = policy_names()
-    if name not in _POLICIES:
-        raise EdgeMoEError(f"unknown policy {name!r}; expected one of {names}")
-    try:
-        return _POLICIES[name](ctx, **params)
-    except TypeError as exc:
-        raise EdgeMoEError(f"policy {name!r}: bad parameters {sorted(params)} ({exc})") from None
 
 
 # ------------------------------------------------------------------------------- shared layer arithmetic
