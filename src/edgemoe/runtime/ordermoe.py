@@ -33,54 +33,156 @@ from .policy import (
     branch_ready_s,
     choose_replicas,
     meeting_node,
+    replica_shortlist,
     top1,
 )
 
 EPS_S_PER_Q = 1e-9  # tie-break: between equally fast actions, spend no budget
 MAX_ENUM_K = 4  # enumerate all 2^K subsets up to K = 4 (16 actions); prefixes beyond
+KINDS = ("sub", "drop", "zero")  # what may stand in for an exact branch; on equal quality cost, the first wins
+STEER_REPLICAS = 4  # replicas per branch (besides exact's own choice) that a steered decision considers
+STEER_ALL_NODES = 16  # up to this many nodes, a steered decision may meet at any node; beyond, at a replica
 
 
 @dataclass(frozen=True)
 class Options:
-    """The actions of R rows at one layer. M actions per row."""
+    """The actions of R rows at one layer. A actions per row (substitution subsets, x meeting nodes if steered)."""
 
-    mask: np.ndarray  # [R, M, K] bool: slot substituted
-    valid: np.ndarray  # [R, M] bool: only substitutable slots substituted
-    experts: np.ndarray  # [R, M, K]
-    node: np.ndarray  # [R, M, K]
-    next_location: np.ndarray  # [R, M]
-    latency_s: np.ndarray  # [R, M]
-    quality: np.ndarray  # [R, M]
+    mask: np.ndarray  # [R, A, K] bool: slot not run exactly (substituted, dropped or zeroed)
+    valid: np.ndarray  # [R, A] bool: only replaceable slots replaced, each by an allowed stand-in
+    experts: np.ndarray  # [R, A, K] expert run (-1: not run)
+    node: np.ndarray  # [R, A, K] node running it (-1: not run)
+    zeroed: np.ndarray  # [R, A, K] bool: not run and zeroed (else, when not run, dropped and renormalised)
+    next_location: np.ndarray  # [R, A]
+    latency_s: np.ndarray  # [R, A]
+    quality: np.ndarray  # [R, A]
+
+
+def check_kinds(kinds) -> tuple[str, ...]:
+    """The stand-in kinds as a tuple in preference order; raises on unknown names."""
+    kinds = tuple(kinds.split(",") if isinstance(kinds, str) else kinds)
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        raise EdgeMoEError(f"substitutes: unknown kind(s) {bad}; expected a subset of {list(KINDS)}")
+    return tuple(k for k in KINDS if k in kinds)
+
+
+def stand_in_costs(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, topk: np.ndarray, gates: np.ndarray,
+                   mask: np.ndarray, kinds: tuple[str, ...]):
+    """Per replaced slot, the stand-in with the least predicted quality cost, and that cost.
+
+    layer, location: [R]; topk, gates: [R, K]; mask: [R, M, K] slots replaced by each action.
+    Quality cost, in units of gate x relative output error ||Y - Y_e|| / ||Y_e|| (profile calibration):
+    - sub: c's best-ranked local group member e' with the original gate: |g_k| * subst_err[l, e_k, e'];
+    - zero: the branch's output is lost, the other gates stay: |g_k| * 1;
+    - drop: the remaining gates are renormalised, so the slot's share goes to the exactly run slots j of the
+      action: |g_k| * sum_j w_j subst_err[l, e_k, e_j] with w the renormalised weights (a triangle-inequality
+      bound; for K = 2 it is exact: dropping k runs the other routed expert in its place).
+    Returns (kind [R, M, K] index into KINDS, cost [R, M, K] (inf: no stand-in allowed), sub [R, K] ids).
+    """
+    R, K = topk.shape
+    M = mask.shape[1]
+    lk = layer[:, None]
+    g = np.abs(gates)
+    sub = ctx.best_sub[location[:, None], lk, topk] if "sub" in kinds else np.full((R, K), -1, np.int64)
+    q_sub = np.where(sub >= 0, g * np.where(sub >= 0, ctx.best_sub_err[location[:, None], lk, topk], 0.0), np.inf)
+    q_zero = g if "zero" in kinds else np.full((R, K), np.inf)
+    if "drop" in kinds and K > 1:
+        err = ctx.subst_err[lk[:, :, None], topk[:, :, None], topk[:, None, :]]  # [R, K, K] err of e_k -> e_j
+        w = np.where(mask, 0.0, g[:, None, :])  # [R, M, K] weight of the slots run exactly
+        wsum = w.sum(axis=2, keepdims=True)
+        mix = np.einsum("rmj,rkj->rmk", w, err)
+        q_drop = np.where(wsum > 0, g[:, None, :] * mix / np.where(wsum > 0, wsum, 1.0), np.inf)
+    else:
+        q_drop = np.full((R, M, K), np.inf)
+    costs = np.stack([np.broadcast_to(q_sub[:, None, :], (R, M, K)), q_drop,
+                      np.broadcast_to(q_zero[:, None, :], (R, M, K))], axis=-1)  # [R, M, K, 3] in KINDS order
+    kind = costs.argmin(axis=-1)
+    return kind, np.take_along_axis(costs, kind[..., None], -1)[..., 0], sub
 
 
 def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, home: np.ndarray, usable: np.ndarray,
-                  topk: np.ndarray, gates: np.ndarray, load: np.ndarray, max_enum_k: int = MAX_ENUM_K) -> Options:
-    """Every substitution action for R rows (layer, location, home [R]; usable [R, N]; topk, gates [R, K])."""
+                  topk: np.ndarray, gates: np.ndarray, load: np.ndarray, max_enum_k: int = MAX_ENUM_K,
+                  kinds: tuple[str, ...] = KINDS, steer: bool = False, steer_replicas: int = STEER_REPLICAS) -> Options:
+    """Every action for R rows (layer, location, home [R]; usable [R, N]; topk, gates [R, K]; load [N]).
+
+    An action replaces a subset X of the non-local slots by their cheapest stand-in (`stand_in_costs`) and
+    runs the others exactly. Unsteered (the myopic rule): exact slots go where `exact` sends them and the
+    token meets its outputs by `meeting_node`'s earliest-finish rule. Steered (migrate mode): the action also
+    names the meeting node g among the token's node and each slot's candidate replicas (exact's choice + the
+    `steer_replicas` statically cheapest), and each exact slot runs on the replica whose output reaches g
+    first; the token continues from g (which may hold none of this layer's experts: it is positioned for
+    the next layers). A = M subsets unsteered, M x G steered with G = 1 + K (steer_replicas + 1).
+    """
     R, K = topk.shape
     node_x = choose_replicas(ctx, layer, location, usable, topk, load, "fallback")
     local = node_x == location[:, None]
-    sub = ctx.best_sub[location[:, None], layer[:, None], topk]  # [R, K]
-    can = ~local & (sub >= 0)
-    q_slot = np.where(can, np.abs(gates) * np.where(can, ctx.best_sub_err[location[:, None], layer[:, None], topk], 0.0), 0.0)
     if K <= max_enum_k:
         bits = ((np.arange(2 ** K)[:, None] >> np.arange(K)[None, :]) & 1).astype(bool)  # [M, K]
         mask = np.broadcast_to(bits[None], (R, 2 ** K, K))
     else:
         ready_x = branch_ready_s(ctx, layer, location, topk, node_x, load)
-        order = np.argsort(-np.where(can, ready_x, -np.inf), axis=1, kind="stable")  # substitutable, slowest first
+        order = np.argsort(-np.where(~local, ready_x, -np.inf), axis=1, kind="stable")  # non-local, slowest first
         rank = np.empty_like(order)
         np.put_along_axis(rank, order, np.arange(K)[None, :].repeat(R, 0), axis=1)
-        mask = rank[:, None, :] < np.arange(K + 1)[None, :, None]  # prefix j substitutes the j slowest
-    valid = ~(mask & ~can[:, None, :]).any(axis=2)
-    experts = np.where(mask, sub[:, None, :], topk[:, None, :])
-    node = np.where(mask, location[:, None, None], node_x[:, None, :])
+        mask = rank[:, None, :] < np.arange(K + 1)[None, :, None]  # prefix j replaces the j slowest
     M = mask.shape[1]
-    loc_m = np.broadcast_to(location[:, None], (R, M))
-    layer_m = np.broadcast_to(layer[:, None], (R, M))
-    ready = branch_ready_s(ctx, layer_m, loc_m, experts, node, load)
-    nxt, lat = meeting_node(ctx, layer_m, loc_m, np.broadcast_to(home[:, None], (R, M)), node, ready)
-    quality = (mask * q_slot[:, None, :]).sum(axis=2)
-    return Options(mask=mask, valid=valid, experts=experts, node=node, next_location=nxt, latency_s=lat, quality=quality)
+    kind, q_alt, sub = stand_in_costs(ctx, layer, location, topk, gates, mask, kinds)
+    valid = ~(mask & (local[:, None, :] | ~np.isfinite(q_alt))).any(axis=2)
+    is_sub = mask & (kind == 0)
+    experts = np.where(mask, np.where(is_sub, sub[:, None, :], -1), topk[:, None, :])
+    zeroed = mask & (kind == 2)
+    quality = np.where(mask, np.where(np.isfinite(q_alt), q_alt, 0.0), 0.0).sum(axis=2)
+    stand_node = np.where(is_sub, location[:, None, None], -1)  # [R, M, K] where a replaced slot runs
+    if not steer or ctx.mode == "home":
+        node = np.where(mask, stand_node, node_x[:, None, :])
+        loc_m = np.broadcast_to(location[:, None], (R, M))
+        layer_m = np.broadcast_to(layer[:, None], (R, M))
+        ready = branch_ready_s(ctx, layer_m, loc_m, experts, node, load)
+        nxt, lat = meeting_node(ctx, layer_m, loc_m, np.broadcast_to(home[:, None], (R, M)), node, ready)
+        return Options(mask=mask, valid=valid, experts=experts, node=node, zeroed=zeroed, next_location=nxt,
+                       latency_s=lat, quality=quality)
+    # -- steered: candidate runners per slot [R, K, J] and meeting nodes [R, G]
+    xfer, comp = ctx.xfer_s, ctx.compute_s
+    short, real = replica_shortlist(ctx, "fallback").candidates(layer, location, topk, steer_replicas)
+    cand = np.concatenate([node_x[:, :, None], short], axis=2)  # exact's own choice first
+    ok = np.concatenate([np.ones((R, K, 1), bool), real], axis=2)
+    ok &= np.take_along_axis(usable[:, None, :], cand.reshape(R, 1, -1), 2).reshape(cand.shape)
+    cand = np.where(ok, cand, node_x[:, :, None])
+    J = cand.shape[2]
+    lk = layer[:, None, None]
+    base = xfer[location[:, None, None], cand] + load[cand] + comp[cand, lk, topk[:, :, None]]  # [R, K, J]
+    base = np.where(ok, base, np.inf)
+    if ctx.num_nodes <= STEER_ALL_NODES:  # every node it may use (location first)
+        meet = np.concatenate([location[:, None], np.broadcast_to(np.arange(ctx.num_nodes), (R, ctx.num_nodes))], 1)
+        meet = np.where(np.take_along_axis(usable, meet, 1), meet, location[:, None])
+    else:
+        meet = np.concatenate([location[:, None], cand.reshape(R, K * J)], axis=1)  # [R, G]
+    G = meet.shape[1]
+    arrive = base[..., None] + xfer[cand[..., None], meet[:, None, None, :]]  # [R, K, J, G]
+    best_j = arrive.argmin(axis=2)  # [R, K, G]
+    exact_node = np.take_along_axis(cand, best_j, 2)  # [R, K, G] replica that serves meeting node g
+    exact_arr = np.take_along_axis(arrive, best_j[:, :, None, :], 2)[:, :, 0, :]  # [R, K, G]
+    sub_ok = sub >= 0
+    sub_arr = (load[location][:, None] + comp[location[:, None], layer[:, None], np.where(sub_ok, sub, 0)])[:, :, None] \
+        + xfer[location[:, None, None], meet[:, None, :]]  # [R, K, G]
+    ex = np.moveaxis(exact_arr, 1, 2)[:, None]  # [R, 1, G, K]
+    sa = np.moveaxis(sub_arr, 1, 2)[:, None]
+    m4, s4 = mask[:, :, None, :], is_sub[:, :, None, :]
+    arr = np.where(m4, np.where(s4, sa, -np.inf), ex)  # [R, M, G, K]
+    lat = np.max(arr, axis=-1, initial=0.0)  # [R, M, G]
+    last = layer == ctx.num_layers - 1
+    if last.any():
+        lat = lat + np.where(last[:, None], xfer[meet, home[:, None]], 0.0)[:, None, :]
+    node = np.where(m4, stand_node[:, :, None, :], np.moveaxis(exact_node, 1, 2)[:, None])  # [R, M, G, K]
+    A = M * G
+
+    def flat(x):
+        return np.broadcast_to(x, (R, M, G) + x.shape[3:]).reshape((R, A) + x.shape[3:])
+
+    return Options(mask=flat(m4), valid=flat(valid[:, :, None]), experts=flat(experts[:, :, None, :]), node=flat(node),
+                   zeroed=flat(zeroed[:, :, None, :]), next_location=flat(meet[:, None, :]), latency_s=flat(lat),
+                   quality=flat(quality[:, :, None]))
 
 
 class BudgetGrid:
@@ -141,8 +243,10 @@ class LookAhead:
     """
 
     def __init__(self, ctx: RuntimeContext, grid: BudgetGrid, horizon: int, sets_per_prev: int = 4,
-                 max_enum_k: int = MAX_ENUM_K):
+                 max_enum_k: int = MAX_ENUM_K, kinds: tuple[str, ...] = KINDS, steer: bool = False,
+                 steer_replicas: int = STEER_REPLICAS):
         self.ctx, self.grid, self.horizon = ctx, grid, int(horizon)
+        self.kinds, self.steer, self.steer_replicas = kinds, steer, steer_replicas
         N, L, E = ctx.num_nodes, ctx.num_layers, ctx.num_experts
         self.zero = np.zeros((N, E, grid.levels))
         self.tables: dict[int, np.ndarray] = {}
@@ -175,7 +279,8 @@ class LookAhead:
         # A token at c may use every non-device node and c itself (other users' devices serve no one else).
         is_device = np.array([k == "device" for k in ctx.node_kind])
         usable = ~is_device[None, :] | (np.arange(N)[None, :] == loc[:, None])
-        opt = layer_options(ctx, np.full(len(loc), layer), loc, loc, usable, experts, gates, np.zeros(N), max_enum_k)
+        opt = layer_options(ctx, np.full(len(loc), layer), loc, loc, usable, experts, gates, np.zeros(N), max_enum_k,
+                            self.kinds, self.steer, self.steer_replicas)
         t1 = top1(experts, gates)  # [R]
         b = grid.values  # [m]
         left = b[None, None, :] - opt.quality[:, :, None]  # [R, A, m]
@@ -190,76 +295,127 @@ class LookAhead:
 class OrderMoEPolicy(Policy):
     """OrderMoE runtime policy. Parameters (defaults and units in docs/runtime.md):
 
-    budget: quality allowance per token-layer (gate-weighted substitution error), scalar or [U];
-    horizon: look-ahead depth H; levels: budget grid size m; quality_price: beta_0 in seconds per unit of
+    budget: quality allowance per token-layer (gate-weighted relative output error), scalar or [U];
+    horizon: look-ahead depth H; steer: choose the meeting node and replicas with the look-ahead (default:
+    H >= 1 in migrate mode; H = 0 keeps the myopic earliest-finish rule); substitutes: the stand-in kinds
+    allowed ("sub,drop,zero"); levels: budget grid size m; quality_price: beta_0 in seconds per unit of
     quality cost (None: half the median round trip per token-layer allowance); pressure_gain: kappa of the
-    latency weight; sets_per_prev: Top-K sets kept per previous top-1 in the tables; max_enum_k.
+    latency weight; sets_per_prev: Top-K sets kept per previous top-1 in the tables; max_enum_k;
+    steer_replicas; ewma: the feedback's smoothing; adapt_gain: step of the per-user quality weight;
+    spend_target: the share of its budget a user's passes should spend.
     """
 
     name = "ordermoe"
+    wants_feedback = True
 
-    def __init__(self, ctx: RuntimeContext, budget=0.05, horizon: int = 2, levels: int = 24,
-                 quality_price: float | None = None, pressure_gain: float = 1.0, sets_per_prev: int = 4,
-                 max_enum_k: int = MAX_ENUM_K, ewma: float = 0.1):
-        super().__init__(ctx, budget=budget, horizon=horizon, levels=levels, quality_price=quality_price,
-                         pressure_gain=pressure_gain, sets_per_prev=sets_per_prev, max_enum_k=max_enum_k, ewma=ewma)
+    def __init__(self, ctx: RuntimeContext, budget=0.05, horizon: int = 2, steer: bool | None = None,
+                 substitutes="sub,drop,zero", levels: int = 24, quality_price: float | None = None,
+                 pressure_gain: float = 1.0, sets_per_prev: int = 16, max_enum_k: int = MAX_ENUM_K,
+                 steer_replicas: int = STEER_REPLICAS, ewma: float = 0.1, adapt_gain: float = 0.5,
+                 spend_target: float = 0.8):
+        kinds = check_kinds(substitutes)
+        super().__init__(ctx, budget=budget, horizon=horizon, steer=steer, substitutes=",".join(kinds), levels=levels,
+                         quality_price=quality_price, pressure_gain=pressure_gain, sets_per_prev=sets_per_prev,
+                         max_enum_k=max_enum_k, steer_replicas=steer_replicas, ewma=ewma, adapt_gain=adapt_gain,
+                         spend_target=spend_target)
         if horizon < 0 or levels < 2:
             raise EdgeMoEError(f"ordermoe: horizon must be >= 0 and levels >= 2, got {horizon}, {levels}")
+        if not 0 < spend_target <= 1 or adapt_gain < 0:
+            raise EdgeMoEError(f"ordermoe: spend_target must be in (0, 1] and adapt_gain >= 0, got {spend_target}, "
+                               f"{adapt_gain}")
         self.horizon, self.max_enum_k, self.ewma = int(horizon), int(max_enum_k), float(ewma)
+        self.kinds, self.steer_replicas = kinds, int(steer_replicas)
+        self.steer = (self.horizon >= 1 if steer is None else bool(steer)) and ctx.mode == "migrate"
         self.rt_med = max(ctx.median_round_trip_s(), 1e-6)
         mean_allowance = float(self.allowance.mean())
         self.quality_price = (0.5 * self.rt_med / mean_allowance if mean_allowance > 0 else 0.0) \
             if quality_price is None else float(quality_price)
-        self.pressure_gain = float(pressure_gain)
+        self.pressure_gain, self.adapt_gain, self.spend_target = float(pressure_gain), float(adapt_gain), float(spend_target)
         self.grid = BudgetGrid(float(self.allowance.max()) * ctx.num_layers, levels)
-        self.lookahead = LookAhead(ctx, self.grid, self.horizon, sets_per_prev, max_enum_k)
+        self.lookahead = LookAhead(ctx, self.grid, self.horizon, sets_per_prev, max_enum_k, kinds, self.steer,
+                                   self.steer_replicas)
+        U = ctx.num_users
         self.queue_pressure = 0.0  # EWMA of mean queueing delay / (it + median round trip)
-        self.latency_excess = 0.0  # EWMA of max(observed / estimated layer latency - 1, 0)
-        self._estimate = None  # EWMA of the policy's own layer-latency estimates
+        self.latency_excess = np.zeros(U)  # [U] EWMA of max(observed / estimated latency - 1, 0)
+        self.spend_rate = np.zeros(U)  # [U] EWMA of spent / granted budget of the user's finished passes
+        self.quality_weight = np.ones(U)  # [U] multiplier of the quality price, adapted per user
 
     @property
-    def alpha(self) -> float:
-        """Latency weight: 1 without pressure, up to 1 + 2 * pressure_gain under heavy queues / slow links."""
-        return 1.0 + self.pressure_gain * (self.queue_pressure + min(self.latency_excess, 1.0))
+    def alpha(self) -> np.ndarray:
+        """[U] latency weight: 1 without pressure, up to 1 + 2 * pressure_gain under heavy queues / slow links."""
+        return 1.0 + self.pressure_gain * (self.queue_pressure + np.minimum(self.latency_excess, 1.0))
 
     def beta(self, layer: np.ndarray, state: TokenState) -> np.ndarray:
-        """[T] quality weight: quality_price x (share of budget used) / (share of layers done). layer: [T]."""
+        """[T] quality weight: quality_price x the user's adapted weight x (share of budget used) / (share of
+        layers done). layer: [T]."""
         progress = (layer + 0.5) / self.ctx.num_layers
         used = np.divide(state.budget_used, state.budget_total, out=np.zeros(len(state)), where=state.budget_total > 0)
-        return self.quality_price * used / progress
+        return self.quality_price * self.quality_weight[state.user] * used / progress
 
-    def observe(self, layer_latency_s) -> None:
-        obs = np.asarray(layer_latency_s, dtype=float)
-        if obs.size and self._estimate:
-            ratio = float(obs.mean()) / self._estimate - 1.0
-            self.latency_excess += self.ewma * (max(ratio, 0.0) - self.latency_excess)
+    def weights(self) -> dict:
+        """Per user: the latency weight alpha, the quality weight (multiplier of the quality price) and the
+        smoothed spent share, as lists (for results files)."""
+        return {"alpha": self.alpha.tolist(), "quality_weight": self.quality_weight.tolist(),
+                "spend_rate": self.spend_rate.tolist()}
+
+    def observe(self, users, latency_s, estimate_s=None, spent=None, granted=None) -> None:
+        """Per-user adaptation from finished passes (docs/runtime.md, "Adaptive weights"):
+        - latency: excess_u <- EWMA of max(observed / estimated - 1, 0) raises the user's latency weight;
+        - budget: spend_u <- EWMA of spent / granted; the quality weight moves multiplicatively by
+          exp(adapt_gain * (spend_u - spend_target) / spend_target): a user who spends more of its budget
+          than the target pays more for quality (saves it for where it buys most), one who spends less pays
+          less (so it substitutes whenever that helps)."""
+        users = np.asarray(users, dtype=np.int64)
+        if users.size == 0:
+            return
+        U = self.ctx.num_users
+        n = np.bincount(users, minlength=U).astype(float)
+        seen = n > 0
+        a = 1.0 - (1.0 - self.ewma) ** n[seen]  # n observations in one call: the EWMA weight of n steps
+        if estimate_s is not None:
+            ratio = np.asarray(latency_s, float) / np.maximum(np.asarray(estimate_s, float), 1e-12) - 1.0
+            excess = np.bincount(users, np.maximum(ratio, 0.0), minlength=U)[seen] / n[seen]
+            self.latency_excess[seen] += a * (excess - self.latency_excess[seen])
+        if spent is not None and granted is not None:
+            spent, granted = np.asarray(spent, float), np.asarray(granted, float)
+            has = np.bincount(users, granted, minlength=U)
+            rate = np.divide(np.bincount(users, spent, minlength=U), has, out=np.zeros(U), where=has > 0)
+            upd = seen & (has > 0)
+            a_u = 1.0 - (1.0 - self.ewma) ** n[upd]
+            self.spend_rate[upd] += a_u * (rate[upd] - self.spend_rate[upd])
+            step = self.adapt_gain * a_u * (self.spend_rate[upd] - self.spend_target) / self.spend_target
+            self.quality_weight[upd] = np.clip(self.quality_weight[upd] * np.exp(step), 1e-3, 1e3)
 
     def choose(self, layer, topk, gates, state, load):
         ctx = self.ctx
-        if len(state) == 0 or not (state.budget_total > 0).any():
-            dec = exact_decision(ctx, layer, topk, state, load)  # budget 0: exactly `exact`
-            self._track(load, dec.latency_s)
+        has_budget = state.budget_total > 0
+        if len(state) == 0 or not (self.steer or has_budget.any()):
+            dec = exact_decision(ctx, layer, topk, state, load)  # no budget and no steering: exactly `exact`
+            self._track(load)
             return dec
         loc = state.location
-        opt = layer_options(ctx, layer, loc, state.home, ctx.usable[state.user], topk, gates, load, self.max_enum_k)
-        left = state.budget_left[:, None] - opt.quality  # [T, M]
+        opt = layer_options(ctx, layer, loc, state.home, ctx.usable[state.user], topk, gates, load, self.max_enum_k,
+                            self.kinds, self.steer, self.steer_replicas)
+        left = state.budget_left[:, None] - opt.quality  # [T, A]
         any_sub = opt.mask.any(axis=2)
-        feasible = opt.valid & (left >= -1e-12) & (~any_sub | (state.budget_total[:, None] > 0))
+        feasible = opt.valid & (left >= -1e-12) & (~any_sub | has_budget[:, None])
         future = self.lookahead.stacked[layer[:, None] + 1, opt.next_location, top1(topk, gates)[:, None],
                                         self.grid.index(np.maximum(left, 0.0))]
         beta = self.beta(layer, state)[:, None]
-        cost = self.alpha * (opt.latency_s + future) + (beta + EPS_S_PER_Q) * opt.quality
+        cost = self.alpha[state.user][:, None] * (opt.latency_s + future) + (beta + EPS_S_PER_Q) * opt.quality
         pick = np.where(feasible, cost, np.inf).argmin(axis=1)  # action 0 (no substitution) is always feasible
-        rows = np.arange(len(state))
-        dec = Decision(experts=opt.experts[rows, pick], node=opt.node[rows, pick], location=loc.copy(),
-                       next_location=opt.next_location[rows, pick], quality_cost=opt.quality[rows, pick],
-                       latency_s=opt.latency_s[rows, pick])
-        self._track(load, dec.latency_s)
-        return dec
+        self._track(load)
+        return pick_decision(opt, pick, loc)
 
-    def _track(self, load: np.ndarray, latency: np.ndarray) -> None:
+    def _track(self, load: np.ndarray) -> None:
         mean_load = float(load.mean()) if load.size else 0.0
         self.queue_pressure += self.ewma * (mean_load / (mean_load + self.rt_med) - self.queue_pressure)
-        if latency.size:
-            est = float(latency.mean())
-            self._estimate = est if self._estimate is None else self._estimate + self.ewma * (est - self._estimate)
+
+
+def pick_decision(opt: Options, pick: np.ndarray, location: np.ndarray) -> Decision:
+    """The Decision made of action `pick` [T] of each row of `opt`."""
+    rows = np.arange(len(pick))
+    zeroed = opt.zeroed[rows, pick]
+    return Decision(experts=opt.experts[rows, pick], node=opt.node[rows, pick], location=location.copy(),
+                    next_location=opt.next_location[rows, pick], quality_cost=opt.quality[rows, pick],
+                    latency_s=opt.latency_s[rows, pick], zeroed=zeroed if zeroed.any() else None)

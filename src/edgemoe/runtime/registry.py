@@ -12,11 +12,12 @@ from edgemoe.errors import EdgeMoEError
 
 from .baselines import DropPolicy, ExactPolicy, SlimCachingPolicy
 from .context import RuntimeContext
+from .oracle import OraclePolicy
 from .ordermoe import OrderMoEPolicy
 from .policy import Policy
 
 _POLICIES: dict[str, Callable[..., Policy]] = {cls.name: cls for cls in (
-    ExactPolicy, SlimCachingPolicy, DropPolicy, OrderMoEPolicy)}
+    ExactPolicy, SlimCachingPolicy, DropPolicy, OrderMoEPolicy, OraclePolicy)}
 
 
 def register_policy(name: str):
