@@ -127,18 +127,16 @@ def demo(
     every method side by side; writes results JSON, plots and a Markdown/HTML report."""
     from edgemoe.eval.experiment import (
         ExperimentConfig,
-        ordermoe_comparison,
-        run_experiment,
-        slimcaching_comparison,
+        run_demo,
     )
     from edgemoe.report.render import render_report
 
     cfg = ExperimentConfig(eval_data=eval_data)
     if quick:
         cfg = ExperimentConfig(eval_data=eval_data, calib_tokens=4096, eval_tokens=2048, num_requests=16,
-                               prompt_tokens=8, gen_tokens=8)
+                               prompt_tokens=8, gen_tokens=8, calib_quality_tokens=1024)
     try:
-        paths = run_experiment(cfg, [ordermoe_comparison(), slimcaching_comparison()], out, backend=backend)
+        paths = run_demo(cfg, out, backend=backend)
         report = render_report(paths, out)
     except EdgeMoEError as exc:
         _fail(exc)

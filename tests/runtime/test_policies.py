@@ -41,7 +41,7 @@ def test_hand_decisions_home_mode():
     drop, _ = run("drop")
     assert drop.experts.tolist() == [[-1, 2]] and drop.node.tolist() == [[-1, 0]]
     assert drop.latency_s[0] == pytest.approx(CALL)
-    sub, state = run("ordermoe", budget=1.0, horizon=0)
+    sub, state = run("ordermoe", budget=1.0, horizon=0, quality_power=1.0)
     assert sub.experts.tolist() == [[0, 2]] and sub.node.tolist() == [[0, 0]]
     assert sub.quality_cost[0] == pytest.approx(0.7 * 0.2)
     assert state.budget_used[0] == pytest.approx(0.14) and state.layer[0] == 1

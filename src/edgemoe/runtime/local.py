@@ -111,13 +111,22 @@ def run_local(adapter: MoEAdapter, policy: Policy, ids: np.ndarray, row_users: n
 
     Returns (nll [B, S-1] of every next token, decisions for the B*S token rows in block-major order).
     """
-    from edgemoe.eval.quality import token_nll
+    nll, _, dec = score_local(adapter, policy, ids, row_users, batch_size)
+    return nll, dec
+
+
+@torch.no_grad()
+def score_local(adapter: MoEAdapter, policy: Policy, ids: np.ndarray, row_users: np.ndarray,
+                batch_size: int = 8) -> tuple[np.ndarray, np.ndarray, TraceDecisions]:
+    """`run_local` plus the most likely next token at every position: (nll [B, S-1], top1 [B, S-1], decisions).
+    Row r of the decisions is token r of the blocks in block-major order (the `tokens` a policy is started with)."""
+    from edgemoe.eval.quality import token_scores
 
     S = ids.shape[1]
     bridge = _PolicyBridge(policy, adapter.num_layers)
-    nll = token_nll(adapter, ids, policy=bridge, batch_size=batch_size,
-                    on_batch=lambda i, j: bridge.begin(np.repeat(row_users[i:j], S), np.arange(i * S, j * S)))
-    return nll, concat(bridge.parts)
+    nll, top1 = token_scores(adapter, ids, policy=bridge, batch_size=batch_size,
+                             on_batch=lambda i, j: bridge.begin(np.repeat(row_users[i:j], S), np.arange(i * S, j * S)))
+    return nll, top1, concat(bridge.parts)
 
 
 def routing_trace(adapter: MoEAdapter, ids: np.ndarray, batch_size: int = 8) -> tuple[np.ndarray, np.ndarray]:

@@ -24,6 +24,7 @@ from .context import RuntimeContext
 from .ordermoe import (
     EPS_S_PER_Q,
     MAX_ENUM_K,
+    QUALITY_POWER,
     STEER_REPLICAS,
     BudgetGrid,
     check_kinds,
@@ -42,10 +43,12 @@ class OraclePolicy(Policy):
     name = "oracle"
 
     def __init__(self, ctx: RuntimeContext, budget=0.05, routing=None, substitutes="sub,drop,zero", levels: int = 24,
-                 max_enum_k: int = MAX_ENUM_K, steer_replicas: int = STEER_REPLICAS):
+                 max_enum_k: int = MAX_ENUM_K, steer_replicas: int = STEER_REPLICAS,
+                 quality_power: float = QUALITY_POWER):
         kinds = check_kinds(substitutes)
         super().__init__(ctx, budget=budget, substitutes=",".join(kinds), levels=levels, max_enum_k=max_enum_k,
-                         steer_replicas=steer_replicas)
+                         steer_replicas=steer_replicas, quality_power=quality_power)
+        self.power = float(quality_power)
         if routing is None:
             raise EdgeMoEError("oracle: needs routing=(topk [T, L, K], gates [T, L, K]), the tokens' true routing")
         topk, gates = (np.asarray(routing[0], np.int64), np.asarray(routing[1], float))
@@ -93,7 +96,7 @@ class OraclePolicy(Policy):
                 ok = usable[rr, loc]
                 opt = layer_options(ctx, np.full(len(rr), layer), loc, home[rr], usable[rr], self.topk[tokens[rr], layer],
                                     self.gates[tokens[rr], layer], np.zeros(N), self.max_enum_k, self.kinds, self.steer,
-                                    self.steer_replicas)
+                                    self.steer_replicas, self.power)
                 left = grid.values[None, None, :] - opt.quality[:, :, None]  # [R, A, m]
                 any_sub = opt.mask.any(axis=2)
                 feasible = opt.valid[:, :, None] & (left >= -1e-12) & (~any_sub | has_budget[rr][:, None])[:, :, None]
@@ -108,7 +111,7 @@ class OraclePolicy(Policy):
         ctx = self.ctx
         loc = state.location
         opt = layer_options(ctx, layer, loc, state.home, ctx.usable[state.user], topk, gates, load, self.max_enum_k,
-                            self.kinds, self.steer, self.steer_replicas)
+                            self.kinds, self.steer, self.steer_replicas, self.power)
         left = state.budget_left[:, None] - opt.quality
         any_sub = opt.mask.any(axis=2)
         feasible = opt.valid & (left >= -1e-12) & (~any_sub | (state.budget_total > 0)[:, None])

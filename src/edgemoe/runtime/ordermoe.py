@@ -41,6 +41,7 @@ EPS_S_PER_Q = 1e-9  # tie-break: between equally fast actions, spend no budget
 MAX_ENUM_K = 4  # enumerate all 2^K subsets up to K = 4 (16 actions); prefixes beyond
 KINDS = ("sub", "drop", "zero")  # what may stand in for an exact branch; on equal quality cost, the first wins
 STEER_REPLICAS = 4  # replicas per branch (besides exact's own choice) that a steered decision considers
+QUALITY_POWER = 2.0  # quality cost = (gate x relative output error) ** QUALITY_POWER (see stand_in_costs)
 STEER_ALL_NODES = 16  # up to this many nodes, a steered decision may meet at any node; beyond, at a replica
 
 
@@ -68,7 +69,7 @@ def check_kinds(kinds) -> tuple[str, ...]:
 
 
 def stand_in_costs(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, topk: np.ndarray, gates: np.ndarray,
-                   mask: np.ndarray, kinds: tuple[str, ...]):
+                   mask: np.ndarray, kinds: tuple[str, ...], power: float = QUALITY_POWER):
     """Per replaced slot, the stand-in with the least predicted quality cost, and that cost.
 
     layer, location: [R]; topk, gates: [R, K]; mask: [R, M, K] slots replaced by each action.
@@ -78,6 +79,9 @@ def stand_in_costs(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray,
     - drop: the remaining gates are renormalised, so the slot's share goes to the exactly run slots j of the
       action: |g_k| * sum_j w_j subst_err[l, e_k, e_j] with w the renormalised weights (a triangle-inequality
       bound; for K = 2 it is exact: dropping k runs the other routed expert in its place).
+    The cost charged is that perturbation to the power `power`: 2 (default) is the second-order view (extra
+    nats per token grow with the square of a small output perturbation), so one large perturbation, such as
+    losing a top-1 expert, costs much more than several small ones; 1 is the linear proxy.
     Returns (kind [R, M, K] index into KINDS, cost [R, M, K] (inf: no stand-in allowed), sub [R, K] ids).
     """
     R, K = topk.shape
@@ -97,13 +101,16 @@ def stand_in_costs(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray,
         q_drop = np.full((R, M, K), np.inf)
     costs = np.stack([np.broadcast_to(q_sub[:, None, :], (R, M, K)), q_drop,
                       np.broadcast_to(q_zero[:, None, :], (R, M, K))], axis=-1)  # [R, M, K, 3] in KINDS order
+    if power != 1.0:
+        costs = costs ** power
     kind = costs.argmin(axis=-1)
     return kind, np.take_along_axis(costs, kind[..., None], -1)[..., 0], sub
 
 
 def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, home: np.ndarray, usable: np.ndarray,
                   topk: np.ndarray, gates: np.ndarray, load: np.ndarray, max_enum_k: int = MAX_ENUM_K,
-                  kinds: tuple[str, ...] = KINDS, steer: bool = False, steer_replicas: int = STEER_REPLICAS) -> Options:
+                  kinds: tuple[str, ...] = KINDS, steer: bool = False, steer_replicas: int = STEER_REPLICAS,
+                  power: float = QUALITY_POWER) -> Options:
     """Every action for R rows (layer, location, home [R]; usable [R, N]; topk, gates [R, K]; load [N]).
 
     An action replaces a subset X of the non-local slots by their cheapest stand-in (`stand_in_costs`) and
@@ -127,7 +134,7 @@ def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, 
         np.put_along_axis(rank, order, np.arange(K)[None, :].repeat(R, 0), axis=1)
         mask = rank[:, None, :] < np.arange(K + 1)[None, :, None]  # prefix j replaces the j slowest
     M = mask.shape[1]
-    kind, q_alt, sub = stand_in_costs(ctx, layer, location, topk, gates, mask, kinds)
+    kind, q_alt, sub = stand_in_costs(ctx, layer, location, topk, gates, mask, kinds, power)
     valid = ~(mask & (local[:, None, :] | ~np.isfinite(q_alt))).any(axis=2)
     is_sub = mask & (kind == 0)
     experts = np.where(mask, np.where(is_sub, sub[:, None, :], -1), topk[:, None, :])
@@ -244,9 +251,9 @@ class LookAhead:
 
     def __init__(self, ctx: RuntimeContext, grid: BudgetGrid, horizon: int, sets_per_prev: int = 4,
                  max_enum_k: int = MAX_ENUM_K, kinds: tuple[str, ...] = KINDS, steer: bool = False,
-                 steer_replicas: int = STEER_REPLICAS):
+                 steer_replicas: int = STEER_REPLICAS, power: float = QUALITY_POWER):
         self.ctx, self.grid, self.horizon = ctx, grid, int(horizon)
-        self.kinds, self.steer, self.steer_replicas = kinds, steer, steer_replicas
+        self.kinds, self.steer, self.steer_replicas, self.power = kinds, steer, steer_replicas, power
         N, L, E = ctx.num_nodes, ctx.num_layers, ctx.num_experts
         self.zero = np.zeros((N, E, grid.levels))
         self.tables: dict[int, np.ndarray] = {}
@@ -280,7 +287,7 @@ class LookAhead:
         is_device = np.array([k == "device" for k in ctx.node_kind])
         usable = ~is_device[None, :] | (np.arange(N)[None, :] == loc[:, None])
         opt = layer_options(ctx, np.full(len(loc), layer), loc, loc, usable, experts, gates, np.zeros(N), max_enum_k,
-                            self.kinds, self.steer, self.steer_replicas)
+                            self.kinds, self.steer, self.steer_replicas, self.power)
         t1 = top1(experts, gates)  # [R]
         b = grid.values  # [m]
         left = b[None, None, :] - opt.quality[:, :, None]  # [R, A, m]
@@ -312,19 +319,19 @@ class OrderMoEPolicy(Policy):
                  substitutes="sub,drop,zero", levels: int = 24, quality_price: float | None = None,
                  pressure_gain: float = 1.0, sets_per_prev: int = 16, max_enum_k: int = MAX_ENUM_K,
                  steer_replicas: int = STEER_REPLICAS, ewma: float = 0.1, adapt_gain: float = 0.5,
-                 spend_target: float = 0.8):
+                 spend_target: float = 0.5, quality_power: float = QUALITY_POWER):
         kinds = check_kinds(substitutes)
         super().__init__(ctx, budget=budget, horizon=horizon, steer=steer, substitutes=",".join(kinds), levels=levels,
                          quality_price=quality_price, pressure_gain=pressure_gain, sets_per_prev=sets_per_prev,
                          max_enum_k=max_enum_k, steer_replicas=steer_replicas, ewma=ewma, adapt_gain=adapt_gain,
-                         spend_target=spend_target)
+                         spend_target=spend_target, quality_power=quality_power)
         if horizon < 0 or levels < 2:
             raise EdgeMoEError(f"ordermoe: horizon must be >= 0 and levels >= 2, got {horizon}, {levels}")
         if not 0 < spend_target <= 1 or adapt_gain < 0:
             raise EdgeMoEError(f"ordermoe: spend_target must be in (0, 1] and adapt_gain >= 0, got {spend_target}, "
                                f"{adapt_gain}")
         self.horizon, self.max_enum_k, self.ewma = int(horizon), int(max_enum_k), float(ewma)
-        self.kinds, self.steer_replicas = kinds, int(steer_replicas)
+        self.kinds, self.steer_replicas, self.power = kinds, int(steer_replicas), float(quality_power)
         self.steer = (self.horizon >= 1 if steer is None else bool(steer)) and ctx.mode == "migrate"
         self.rt_med = max(ctx.median_round_trip_s(), 1e-6)
         mean_allowance = float(self.allowance.mean())
@@ -333,7 +340,7 @@ class OrderMoEPolicy(Policy):
         self.pressure_gain, self.adapt_gain, self.spend_target = float(pressure_gain), float(adapt_gain), float(spend_target)
         self.grid = BudgetGrid(float(self.allowance.max()) * ctx.num_layers, levels)
         self.lookahead = LookAhead(ctx, self.grid, self.horizon, sets_per_prev, max_enum_k, kinds, self.steer,
-                                   self.steer_replicas)
+                                   self.steer_replicas, self.power)
         U = ctx.num_users
         self.queue_pressure = 0.0  # EWMA of mean queueing delay / (it + median round trip)
         self.latency_excess = np.zeros(U)  # [U] EWMA of max(observed / estimated latency - 1, 0)
@@ -361,8 +368,9 @@ class OrderMoEPolicy(Policy):
     def observe(self, users, latency_s, estimate_s=None, spent=None, granted=None) -> None:
         """Per-user adaptation from finished passes (docs/runtime.md, "Adaptive weights"):
         - latency: excess_u <- EWMA of max(observed / estimated - 1, 0) raises the user's latency weight;
-        - budget: spend_u <- EWMA of spent / granted; the quality weight moves multiplicatively by
-          exp(adapt_gain * (spend_u - spend_target) / spend_target): a user who spends more of its budget
+        - budget: with r_u = spent / granted of the call's passes, the quality weight moves multiplicatively by
+          exp(adapt_gain * a * (r_u - spend_target) / spend_target) (a: the EWMA weight of the passes seen;
+          spend_rate keeps the EWMA of r_u for reports): a user who spends more of its budget
           than the target pays more for quality (saves it for where it buys most), one who spends less pays
           less (so it substitutes whenever that helps)."""
         users = np.asarray(users, dtype=np.int64)
@@ -383,7 +391,7 @@ class OrderMoEPolicy(Policy):
             upd = seen & (has > 0)
             a_u = 1.0 - (1.0 - self.ewma) ** n[upd]
             self.spend_rate[upd] += a_u * (rate[upd] - self.spend_rate[upd])
-            step = self.adapt_gain * a_u * (self.spend_rate[upd] - self.spend_target) / self.spend_target
+            step = self.adapt_gain * a_u * (rate[upd] - self.spend_target) / self.spend_target
             self.quality_weight[upd] = np.clip(self.quality_weight[upd] * np.exp(step), 1e-3, 1e3)
 
     def choose(self, layer, topk, gates, state, load):
@@ -395,7 +403,7 @@ class OrderMoEPolicy(Policy):
             return dec
         loc = state.location
         opt = layer_options(ctx, layer, loc, state.home, ctx.usable[state.user], topk, gates, load, self.max_enum_k,
-                            self.kinds, self.steer, self.steer_replicas)
+                            self.kinds, self.steer, self.steer_replicas, self.power)
         left = state.budget_left[:, None] - opt.quality  # [T, A]
         any_sub = opt.mask.any(axis=2)
         feasible = opt.valid & (left >= -1e-12) & (~any_sub | has_budget[:, None])

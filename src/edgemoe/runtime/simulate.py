@@ -73,6 +73,7 @@ class Run:
         self.request_arrival = scenario.request_arrival.copy()
         self.node_busy = np.zeros(ctx.num_nodes)
         self.budget_total = 0.0
+        self.user_budget: dict = {}  # per user: spent / granted quality budget (policies with feedback)
 
     def metrics(self, ctx: RuntimeContext, sc: Scenario, extra: dict) -> RunMetrics:
         prefill = sc.pass_prefill
@@ -91,7 +92,7 @@ class Run:
             budget_used_fraction=(t.quality_cost / self.budget_total) if self.budget_total > 0 else None,
             requests=len(sc.request_user), prompt_tokens=t.prefill_tokens, generated_tokens=generated,
             token_layers=t.token_layers, makespan_s=makespan,
-            extra={**extra, "latency_quantiles_ms": _quantiles_ms(decode_latency)},
+            extra={**extra, "latency_quantiles_ms": _quantiles_ms(decode_latency), **self.user_budget},
         )
 
 
@@ -119,6 +120,7 @@ class Feedback:
         self.granted = np.bincount(sc.row_pass, state.budget_total, minlength=P)
         self.pass_user = sc.request_user[sc.pass_request]
         self.observed = np.zeros(P, bool)
+        self.num_users = int(state.user.max()) + 1 if len(state) else 0
 
     def add(self, row_pass: np.ndarray, dec: Decision) -> None:
         if not self.on or not len(row_pass):
@@ -140,6 +142,11 @@ class Feedback:
             self.observed[done] = True
             self.policy.observe(self.pass_user[done], self.run.pass_end[done] - self.run.pass_begin[done],
                                 self.estimate[done], self.spent[done], self.granted[done])
+        if force:
+            U = max(self.num_users, int(self.pass_user.max()) + 1 if self.pass_user.size else 0)
+            self.run.user_budget = {
+                "budget_spent_by_user": np.bincount(self.pass_user, self.spent, minlength=U).tolist(),
+                "budget_granted_by_user": np.bincount(self.pass_user, self.granted, minlength=U).tolist()}
 
 
 def make_jobs(ctx: RuntimeContext, layer, dec, row_pass: np.ndarray, row_start: np.ndarray, home: np.ndarray):
