@@ -127,3 +127,26 @@ def test_tight_and_loose_users_diverge_in_the_simulator_and_stay_within_budget(e
     # theirs falls (quality gets cheaper for them)
     assert pol.quality_weight[tight].mean() > pol.quality_weight[loose].mean() + 0.2
     assert (spent[loose] / granted[loose]).max() < (spent[tight] / granted[tight]).mean()
+
+
+def test_routing_keys_name_frequent_sets_and_fall_back_to_top1():
+    from edgemoe.runtime.ordermoe import RoutingKeys
+
+    # layer 0: set {1, 3} nine times (gates favour 3), set {0, 2} once
+    topk = np.array([[[3, 1]]] * 9 + [[[0, 2]]])
+    gates = np.array([[[0.7, 0.3]]] * 9 + [[[0.6, 0.4]]])
+    keys = RoutingKeys(topk, gates, num_experts=4, min_count=8)
+    assert keys.size == 5
+    got = keys.keys(0, np.array([[1, 3], [3, 1], [0, 2]]), np.array([[0.2, 0.8], [0.9, 0.1], [0.6, 0.4]]))
+    assert got.tolist() == [4, 4, 0]  # the frequent set in either order; the rare one by its top-1
+    assert RoutingKeys(topk, gates, num_experts=4, min_count=0).size == 4
+
+
+def test_set_conditioned_lookahead_runs_and_respects_budgets(edge8):
+    profile, ctx = edge8
+    rows = np.arange(60)
+    users = rows % ctx.num_users
+    pol = make_policy("ordermoe", ctx, budget=0.05, horizon=2, min_set_count=5)
+    assert pol.lookahead.keys.size > ctx.num_experts
+    dec = replay_decisions(pol, users, profile.topk[rows].astype(np.int64), profile.gates[rows])
+    assert (dec.quality_cost.sum(1) <= 0.05 * ctx.num_layers + 1e-9).all()

@@ -204,46 +204,88 @@ class BudgetGrid:
         return np.clip(np.floor(np.asarray(remaining) / self.step + 1e-9), 0, self.levels - 1).astype(np.int64)
 
 
+# A Top-K set seen this often at a layer in calibration conditions the look-ahead on its own (0: top-1 only,
+# the default: on the default model's held-out routing the sets did not help, docs/runtime.md)
+MIN_SET_COUNT = 0
+
+
+class RoutingKeys:
+    """The look-ahead's context of a token after layer l: its whole Top-K set (sorted) when calibration saw
+    that set at layer l at least `min_count` times, else its top-1 expert. Keys 0..E-1 are top-1 experts;
+    E + i is the i-th frequent set of that layer. `size` = E + the most frequent sets any layer has."""
+
+    def __init__(self, topk: np.ndarray, gates: np.ndarray, num_experts: int, min_count: int = MIN_SET_COUNT):
+        T, L, K = topk.shape
+        self.E, self.K, self.L = num_experts, K, L
+        self.enabled = K > 1 and float(num_experts) ** K * L < 2.0 ** 62 and min_count > 0
+        codes, ids = [], []
+        for layer in range(L if self.enabled else 0):
+            u, c = np.unique(self._code(np.full(T, layer), topk[:, layer]), return_counts=True)
+            codes.append(u[c >= min_count])
+            ids.append(num_experts + np.arange(int((c >= min_count).sum())))
+        self.codes = np.concatenate(codes) if codes else np.zeros(0, np.int64)  # sorted: layer is the top digit
+        self.ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+        self.size = num_experts + max((len(i) for i in ids), default=0)
+
+    def _code(self, layer: np.ndarray, topk: np.ndarray) -> np.ndarray:
+        srt = np.sort(topk, axis=1).astype(np.int64)
+        return layer.astype(np.int64) * self.E ** self.K + (srt * self.E ** np.arange(self.K, dtype=np.int64)).sum(1)
+
+    def keys(self, layer, topk: np.ndarray, gates: np.ndarray) -> np.ndarray:
+        """[R] key of rows whose routing at `layer` (int or [R]) is topk, gates [R, K]."""
+        key = top1(topk, gates)
+        if not self.enabled or not len(self.codes) or not len(key):
+            return key
+        code = self._code(np.broadcast_to(np.asarray(layer), key.shape), topk)
+        pos = np.minimum(np.searchsorted(self.codes, code), len(self.codes) - 1)
+        return np.where(self.codes[pos] == code, self.ids[pos], key)
+
+
 @dataclass(frozen=True)
 class SetStats:
-    """Representative Top-K sets of one layer given the previous layer's top-1 expert (calibration trace)."""
+    """Representative Top-K sets of one layer given the previous layer's routing key (calibration trace)."""
 
     experts: np.ndarray  # [M, K] sorted expert ids of each distinct set kept
     gates: np.ndarray  # [M, K] mean gates aligned with `experts`
-    prob: np.ndarray  # [E, M] P(set | previous top-1), rows sum to 1
+    prob: np.ndarray  # [C, M] P(set | previous key), rows sum to 1
 
 
-def set_stats(topk: np.ndarray, gates: np.ndarray, layer: int, num_experts: int, per_prev: int) -> SetStats:
-    """The `per_prev` most frequent Top-K sets at `layer` after each top-1 expert at layer-1 (topk, gates [T, L, K]).
-
-    Previous experts never seen as top-1 fall back to the layer's overall set frequencies.
-    """
+def set_stats(topk: np.ndarray, gates: np.ndarray, layer: int, num_experts: int, per_prev: int,
+              keys: RoutingKeys | None = None) -> SetStats:
+    """The `per_prev` most frequent Top-K sets at `layer` after each routing key at layer-1 (topk, gates
+    [T, L, K]; keys: `RoutingKeys`, default top-1 only). A top-1 row counts every token with that top-1; a
+    set row the tokens with that set. Keys never seen fall back to the layer's overall set frequencies."""
     E = num_experts
     order = np.argsort(topk[:, layer], axis=1)
     sets = np.take_along_axis(topk[:, layer], order, 1)
     set_gates = np.take_along_axis(gates[:, layer], order, 1)
     prev = top1(topk[:, layer - 1], gates[:, layer - 1])
-    keys, inverse = np.unique(sets, axis=0, return_inverse=True)
+    C = E if keys is None else keys.size
+    prev_key = prev if keys is None else keys.keys(layer - 1, topk[:, layer - 1], gates[:, layer - 1])
+    uniq, inverse = np.unique(sets, axis=0, return_inverse=True)
     inverse = inverse.ravel()
-    counts = np.zeros((E, len(keys)))
+    counts = np.zeros((C, len(uniq)))
     np.add.at(counts, (prev, inverse), 1.0)
-    overall = counts.sum(axis=0)
+    is_set = prev_key >= E
+    np.add.at(counts, (prev_key[is_set], inverse[is_set]), 1.0)
+    overall = np.bincount(inverse, minlength=len(uniq)).astype(float)
     counts[counts.sum(axis=1) == 0] = overall
-    keep_rank = np.argsort(-counts, axis=1, kind="stable")[:, :per_prev]  # [E, S]
+    keep_rank = np.argsort(-counts, axis=1, kind="stable")[:, :per_prev]  # [C, S]
     kept_cols = np.unique(keep_rank)
     trimmed = np.zeros_like(counts)
     np.put_along_axis(trimmed, keep_rank, np.take_along_axis(counts, keep_rank, 1), 1)
     trimmed = trimmed[:, kept_cols]
     prob = trimmed / trimmed.sum(axis=1, keepdims=True)
-    mean_gates = np.zeros((len(keys), sets.shape[1]))
+    mean_gates = np.zeros((len(uniq), sets.shape[1]))
     np.add.at(mean_gates, inverse, set_gates)
-    mean_gates /= np.maximum(np.bincount(inverse, minlength=len(keys)), 1)[:, None]
-    return SetStats(experts=keys[kept_cols], gates=mean_gates[kept_cols], prob=prob)
+    mean_gates /= np.maximum(np.bincount(inverse, minlength=len(uniq)), 1)[:, None]
+    return SetStats(experts=uniq[kept_cols], gates=mean_gates[kept_cols], prob=prob)
 
 
 class LookAhead:
-    """Cost-to-go tables phi[l] [N, E, m]: expected seconds of layers l .. l+H-1 for a token at node c whose
-    previous-layer top-1 expert was e, with remaining budget level b, when those layers act optimally.
+    """Cost-to-go tables phi[l] [N, C, m]: expected seconds of layers l .. l+H-1 for a token at node c whose
+    previous-layer routing has key k (`RoutingKeys`: its Top-K set if frequent, else its top-1 expert), with
+    remaining budget level b, when those layers act optimally.
 
     Built once per (context, budget grid, H) by the truncated recursion of ALGORITHMS.md §3.4.4 with static
     costs (no queues); `phi(l)` is zero for l >= L and for H = 0.
@@ -251,16 +293,19 @@ class LookAhead:
 
     def __init__(self, ctx: RuntimeContext, grid: BudgetGrid, horizon: int, sets_per_prev: int = 4,
                  max_enum_k: int = MAX_ENUM_K, kinds: tuple[str, ...] = KINDS, steer: bool = False,
-                 steer_replicas: int = STEER_REPLICAS, power: float = QUALITY_POWER):
+                 steer_replicas: int = STEER_REPLICAS, power: float = QUALITY_POWER, min_set_count: int = MIN_SET_COUNT):
         self.ctx, self.grid, self.horizon = ctx, grid, int(horizon)
         self.kinds, self.steer, self.steer_replicas, self.power = kinds, steer, steer_replicas, power
         N, L, E = ctx.num_nodes, ctx.num_layers, ctx.num_experts
-        self.zero = np.zeros((N, E, grid.levels))
+        self.keys = RoutingKeys(ctx.profile_topk, ctx.profile_gates, E, min_set_count if horizon > 0 else 0)
+        C = self.keys.size
+        self.zero = np.zeros((N, C, grid.levels))
         self.tables: dict[int, np.ndarray] = {}
-        self.stacked = np.zeros((L + 1, N, E, grid.levels))  # [L+1, N, E, m]: phi(l) for every l
+        self.stacked = np.zeros((L + 1, N, C, grid.levels))  # [L+1, N, C, m]: phi(l) for every l
         if self.horizon <= 0 or L < 2:
             return
-        stats = {layer: set_stats(ctx.profile_topk, ctx.profile_gates, layer, E, sets_per_prev) for layer in range(1, L)}
+        stats = {layer: set_stats(ctx.profile_topk, ctx.profile_gates, layer, E, sets_per_prev, self.keys)
+                 for layer in range(1, L)}
         # values[l] for each depth: one layer's expected optimal cost over its sets, recursively.
         prev_depth: dict[int, np.ndarray] = {}
         for _depth in range(1, self.horizon + 1):
@@ -274,7 +319,7 @@ class LookAhead:
             self.stacked[layer] = table
 
     def phi(self, layer: int) -> np.ndarray:
-        """[N, E, m] table for decisions that start at `layer` (zeros past the end or with H = 0)."""
+        """[N, C, m] table for decisions that start at `layer` (zeros past the end or with H = 0)."""
         return self.tables.get(layer, self.zero)
 
     def _layer_table(self, layer: int, stats: SetStats, phi_next: np.ndarray, max_enum_k: int) -> np.ndarray:
@@ -288,7 +333,7 @@ class LookAhead:
         usable = ~is_device[None, :] | (np.arange(N)[None, :] == loc[:, None])
         opt = layer_options(ctx, np.full(len(loc), layer), loc, loc, usable, experts, gates, np.zeros(N), max_enum_k,
                             self.kinds, self.steer, self.steer_replicas, self.power)
-        t1 = top1(experts, gates)  # [R]
+        t1 = self.keys.keys(layer, experts, gates)  # [R] context key for the next layer
         b = grid.values  # [m]
         left = b[None, None, :] - opt.quality[:, :, None]  # [R, A, m]
         feasible = opt.valid[:, :, None] & (left >= -1e-12)
@@ -296,7 +341,7 @@ class LookAhead:
         value = opt.latency_s[:, :, None] + EPS_S_PER_Q * opt.quality[:, :, None] + future
         best = np.where(feasible, value, np.inf).min(axis=1)  # [R, m]
         best = best.reshape(N, M, grid.levels)
-        return np.einsum("es,nsm->nem", stats.prob, best)
+        return np.einsum("cs,nsm->ncm", stats.prob, best)
 
 
 class OrderMoEPolicy(Policy):
@@ -319,12 +364,12 @@ class OrderMoEPolicy(Policy):
                  substitutes="sub,drop,zero", levels: int = 24, quality_price: float | None = None,
                  pressure_gain: float = 1.0, sets_per_prev: int = 16, max_enum_k: int = MAX_ENUM_K,
                  steer_replicas: int = STEER_REPLICAS, ewma: float = 0.1, adapt_gain: float = 0.5,
-                 spend_target: float = 0.5, quality_power: float = QUALITY_POWER):
+                 spend_target: float = 0.5, quality_power: float = QUALITY_POWER, min_set_count: int = MIN_SET_COUNT):
         kinds = check_kinds(substitutes)
         super().__init__(ctx, budget=budget, horizon=horizon, steer=steer, substitutes=",".join(kinds), levels=levels,
                          quality_price=quality_price, pressure_gain=pressure_gain, sets_per_prev=sets_per_prev,
                          max_enum_k=max_enum_k, steer_replicas=steer_replicas, ewma=ewma, adapt_gain=adapt_gain,
-                         spend_target=spend_target, quality_power=quality_power)
+                         spend_target=spend_target, quality_power=quality_power, min_set_count=min_set_count)
         if horizon < 0 or levels < 2:
             raise EdgeMoEError(f"ordermoe: horizon must be >= 0 and levels >= 2, got {horizon}, {levels}")
         if not 0 < spend_target <= 1 or adapt_gain < 0:
@@ -340,7 +385,7 @@ class OrderMoEPolicy(Policy):
         self.pressure_gain, self.adapt_gain, self.spend_target = float(pressure_gain), float(adapt_gain), float(spend_target)
         self.grid = BudgetGrid(float(self.allowance.max()) * ctx.num_layers, levels)
         self.lookahead = LookAhead(ctx, self.grid, self.horizon, sets_per_prev, max_enum_k, kinds, self.steer,
-                                   self.steer_replicas, self.power)
+                                   self.steer_replicas, self.power, min_set_count)
         U = ctx.num_users
         self.queue_pressure = 0.0  # EWMA of mean queueing delay / (it + median round trip)
         self.latency_excess = np.zeros(U)  # [U] EWMA of max(observed / estimated latency - 1, 0)
@@ -407,7 +452,8 @@ class OrderMoEPolicy(Policy):
         left = state.budget_left[:, None] - opt.quality  # [T, A]
         any_sub = opt.mask.any(axis=2)
         feasible = opt.valid & (left >= -1e-12) & (~any_sub | has_budget[:, None])
-        future = self.lookahead.stacked[layer[:, None] + 1, opt.next_location, top1(topk, gates)[:, None],
+        key = self.lookahead.keys.keys(layer, topk, gates)
+        future = self.lookahead.stacked[layer[:, None] + 1, opt.next_location, key[:, None],
                                         self.grid.index(np.maximum(left, 0.0))]
         beta = self.beta(layer, state)[:, None]
         cost = self.alpha[state.user][:, None] * (opt.latency_s + future) + (beta + EPS_S_PER_Q) * opt.quality
