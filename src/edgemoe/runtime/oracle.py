@@ -97,11 +97,11 @@ class OraclePolicy(Policy):
                 opt = layer_options(ctx, np.full(len(rr), layer), loc, home[rr], usable[rr], self.topk[tokens[rr], layer],
                                     self.gates[tokens[rr], layer], np.zeros(N), self.max_enum_k, self.kinds, self.steer,
                                     self.steer_replicas, self.power)
-                left = grid.values[None, None, :] - opt.quality[:, :, None]  # [R, A, m]
-                any_sub = opt.mask.any(axis=2)
-                feasible = opt.valid[:, :, None] & (left >= -1e-12) & (~any_sub | has_budget[rr][:, None])[:, :, None]
+                quality = opt.quality
+                left = grid.values[None, None, :] - quality[:, :, None]  # [R, A, m]
+                feasible = opt.valid[:, :, None] & (left >= -1e-12) & (~opt.any_replaced | has_budget[rr][:, None])[:, :, None]
                 future = nxt[rr[:, None, None], opt.next_location[:, :, None], grid.index(np.maximum(left, 0.0))]
-                cost = opt.latency_s[:, :, None] + EPS_S_PER_Q * opt.quality[:, :, None] + future
+                cost = opt.latency_s[:, :, None] + EPS_S_PER_Q * quality[:, :, None] + future
                 best = np.where(feasible, cost, np.inf).min(axis=1)  # [R, m]
                 best[~ok] = np.inf
                 value[r, layer] = best.reshape(len(r), N, m)
@@ -112,11 +112,11 @@ class OraclePolicy(Policy):
         loc = state.location
         opt = layer_options(ctx, layer, loc, state.home, ctx.usable[state.user], topk, gates, load, self.max_enum_k,
                             self.kinds, self.steer, self.steer_replicas, self.power)
-        left = state.budget_left[:, None] - opt.quality
-        any_sub = opt.mask.any(axis=2)
-        feasible = opt.valid & (left >= -1e-12) & (~any_sub | (state.budget_total > 0)[:, None])
+        quality = opt.quality
+        left = state.budget_left[:, None] - quality
+        feasible = opt.valid & (left >= -1e-12) & (~opt.any_replaced | (state.budget_total > 0)[:, None])
         future = self.value[state.row[:, None], layer[:, None] + 1, opt.next_location,
                             self.grid.index(np.maximum(left, 0.0))]
-        cost = opt.latency_s + future + EPS_S_PER_Q * opt.quality
+        cost = opt.latency_s + future + EPS_S_PER_Q * quality
         pick = np.where(feasible, cost, np.inf).argmin(axis=1)
         return pick_decision(opt, pick, loc)

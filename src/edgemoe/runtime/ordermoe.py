@@ -47,16 +47,39 @@ STEER_ALL_NODES = 16  # up to this many nodes, a steered decision may meet at an
 
 @dataclass(frozen=True)
 class Options:
-    """The actions of R rows at one layer. A actions per row (substitution subsets, x meeting nodes if steered)."""
+    """The actions of R rows at one layer: M stand-in subsets, each with G meeting choices (G = 1 unsteered),
+    A = M x G actions; action a is subset a // G with meeting choice a % G. Per-subset arrays are kept once
+    (not repeated G times): only the chosen action's are gathered (`pick_decision`)."""
 
-    mask: np.ndarray  # [R, A, K] bool: slot not run exactly (substituted, dropped or zeroed)
-    valid: np.ndarray  # [R, A] bool: only replaceable slots replaced, each by an allowed stand-in
-    experts: np.ndarray  # [R, A, K] expert run (-1: not run)
-    node: np.ndarray  # [R, A, K] node running it (-1: not run)
-    zeroed: np.ndarray  # [R, A, K] bool: not run and zeroed (else, when not run, dropped and renormalised)
+    mask: np.ndarray  # [R, M, K] bool: slot not run exactly (substituted, dropped or zeroed)
+    valid_m: np.ndarray  # [R, M] bool: only replaceable slots replaced, each by an allowed stand-in
+    experts: np.ndarray  # [R, M, K] expert run (-1: not run)
+    node_m: np.ndarray  # [R, M, K] node running it (unsteered), or where a replaced slot runs (-1: not run)
+    zeroed: np.ndarray  # [R, M, K] bool: not run and zeroed (else, when not run, dropped and renormalised)
+    quality_m: np.ndarray  # [R, M]
     next_location: np.ndarray  # [R, A]
     latency_s: np.ndarray  # [R, A]
-    quality: np.ndarray  # [R, A]
+    exact_node: np.ndarray | None = None  # [R, G, K] steered: replica of each exact slot for meeting choice g
+
+    @property
+    def G(self) -> int:
+        return 1 if self.exact_node is None else int(self.exact_node.shape[1])
+
+    def per_action(self, x: np.ndarray) -> np.ndarray:
+        """[R, M] -> [R, A]."""
+        return x if self.G == 1 else np.repeat(x, self.G, axis=1)
+
+    @property
+    def quality(self) -> np.ndarray:
+        return self.per_action(self.quality_m)
+
+    @property
+    def valid(self) -> np.ndarray:
+        return self.per_action(self.valid_m)
+
+    @property
+    def any_replaced(self) -> np.ndarray:
+        return self.per_action(self.mask.any(axis=2))
 
 
 def check_kinds(kinds) -> tuple[str, ...]:
@@ -147,8 +170,8 @@ def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, 
         layer_m = np.broadcast_to(layer[:, None], (R, M))
         ready = branch_ready_s(ctx, layer_m, loc_m, experts, node, load)
         nxt, lat = meeting_node(ctx, layer_m, loc_m, np.broadcast_to(home[:, None], (R, M)), node, ready)
-        return Options(mask=mask, valid=valid, experts=experts, node=node, zeroed=zeroed, next_location=nxt,
-                       latency_s=lat, quality=quality)
+        return Options(mask=mask, valid_m=valid, experts=experts, node_m=node, zeroed=zeroed, quality_m=quality,
+                       next_location=nxt, latency_s=lat)
     # -- steered: candidate runners per slot [R, K, J] and meeting nodes [R, G]
     xfer, comp = ctx.xfer_s, ctx.compute_s
     short, real = replica_shortlist(ctx, "fallback").candidates(layer, location, topk, steer_replicas)
@@ -181,15 +204,9 @@ def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, 
     last = layer == ctx.num_layers - 1
     if last.any():
         lat = lat + np.where(last[:, None], xfer[meet, home[:, None]], 0.0)[:, None, :]
-    node = np.where(m4, stand_node[:, :, None, :], np.moveaxis(exact_node, 1, 2)[:, None])  # [R, M, G, K]
-    A = M * G
-
-    def flat(x):
-        return np.broadcast_to(x, (R, M, G) + x.shape[3:]).reshape((R, A) + x.shape[3:])
-
-    return Options(mask=flat(m4), valid=flat(valid[:, :, None]), experts=flat(experts[:, :, None, :]), node=flat(node),
-                   zeroed=flat(zeroed[:, :, None, :]), next_location=flat(meet[:, None, :]), latency_s=flat(lat),
-                   quality=flat(quality[:, :, None]))
+    return Options(mask=mask, valid_m=valid, experts=experts, node_m=stand_node, zeroed=zeroed, quality_m=quality,
+                   next_location=np.broadcast_to(meet[:, None, :], (R, M, G)).reshape(R, M * G),
+                   latency_s=lat.reshape(R, M * G), exact_node=np.moveaxis(exact_node, 1, 2))
 
 
 class BudgetGrid:
@@ -335,10 +352,11 @@ class LookAhead:
                             self.kinds, self.steer, self.steer_replicas, self.power)
         t1 = self.keys.keys(layer, experts, gates)  # [R] context key for the next layer
         b = grid.values  # [m]
-        left = b[None, None, :] - opt.quality[:, :, None]  # [R, A, m]
+        quality = opt.quality
+        left = b[None, None, :] - quality[:, :, None]  # [R, A, m]
         feasible = opt.valid[:, :, None] & (left >= -1e-12)
         future = phi_next[opt.next_location[:, :, None], t1[:, None, None], grid.index(np.maximum(left, 0.0))]
-        value = opt.latency_s[:, :, None] + EPS_S_PER_Q * opt.quality[:, :, None] + future
+        value = opt.latency_s[:, :, None] + EPS_S_PER_Q * quality[:, :, None] + future
         best = np.where(feasible, value, np.inf).min(axis=1)  # [R, m]
         best = best.reshape(N, M, grid.levels)
         return np.einsum("cs,nsm->ncm", stats.prob, best)
@@ -449,14 +467,14 @@ class OrderMoEPolicy(Policy):
         loc = state.location
         opt = layer_options(ctx, layer, loc, state.home, ctx.usable[state.user], topk, gates, load, self.max_enum_k,
                             self.kinds, self.steer, self.steer_replicas, self.power)
-        left = state.budget_left[:, None] - opt.quality  # [T, A]
-        any_sub = opt.mask.any(axis=2)
-        feasible = opt.valid & (left >= -1e-12) & (~any_sub | has_budget[:, None])
+        quality = opt.quality
+        left = state.budget_left[:, None] - quality  # [T, A]
+        feasible = opt.valid & (left >= -1e-12) & (~opt.any_replaced | has_budget[:, None])
         key = self.lookahead.keys.keys(layer, topk, gates)
         future = self.lookahead.stacked[layer[:, None] + 1, opt.next_location, key[:, None],
                                         self.grid.index(np.maximum(left, 0.0))]
         beta = self.beta(layer, state)[:, None]
-        cost = self.alpha[state.user][:, None] * (opt.latency_s + future) + (beta + EPS_S_PER_Q) * opt.quality
+        cost = self.alpha[state.user][:, None] * (opt.latency_s + future) + (beta + EPS_S_PER_Q) * quality
         pick = np.where(feasible, cost, np.inf).argmin(axis=1)  # action 0 (no substitution) is always feasible
         self._track(load)
         return pick_decision(opt, pick, loc)
@@ -469,7 +487,10 @@ class OrderMoEPolicy(Policy):
 def pick_decision(opt: Options, pick: np.ndarray, location: np.ndarray) -> Decision:
     """The Decision made of action `pick` [T] of each row of `opt`."""
     rows = np.arange(len(pick))
-    zeroed = opt.zeroed[rows, pick]
-    return Decision(experts=opt.experts[rows, pick], node=opt.node[rows, pick], location=location.copy(),
-                    next_location=opt.next_location[rows, pick], quality_cost=opt.quality[rows, pick],
+    m, g = np.divmod(pick, opt.G)
+    mask = opt.mask[rows, m]
+    node = opt.node_m[rows, m] if opt.exact_node is None else np.where(mask, opt.node_m[rows, m], opt.exact_node[rows, g])
+    zeroed = opt.zeroed[rows, m]
+    return Decision(experts=opt.experts[rows, m], node=node, location=location.copy(),
+                    next_location=opt.next_location[rows, pick], quality_cost=opt.quality_m[rows, m],
                     latency_s=opt.latency_s[rows, pick], zeroed=zeroed if zeroed.any() else None)
