@@ -98,3 +98,31 @@ def test_zero_stand_ins_reach_the_model(setup):
     assert (dec_drop.experts < 0).any() and not dec_drop.zeroed.any()
     if np.array_equal(dec.experts, dec_drop.experts):  # same slots: zero and renormalise differ in output
         assert not np.allclose(nll, nll_drop)
+
+
+def test_quality_metrics_known_answers():
+    from edgemoe.eval.quality import quality_metrics
+
+    nll_exact = np.full((2, 3), 1.0)
+    nll = nll_exact + np.array([[0.0, 0.3, 0.0], [0.3, 0.0, 0.0]])
+    top1_exact = np.array([[1, 2, 3], [4, 5, 6]])
+    top1 = np.array([[1, 2, 0], [4, 5, 6]])
+    q = quality_metrics(nll, top1, nll_exact, top1_exact)
+    assert q["extra_nats_per_token"] == pytest.approx(0.1)
+    assert q["ppl_rel_increase"] == pytest.approx(np.exp(0.1) - 1)
+    assert q["top1_agreement"] == pytest.approx(5 / 6)
+    assert q["quality_retention"] == pytest.approx(np.exp(-0.1))
+
+
+def test_operating_point_calibration_stays_within_target(setup):
+    from edgemoe.eval.experiment import EvalText, calibrate_budget
+    from edgemoe.eval.quality import token_scores
+
+    adapter, ctx, ids, users = setup
+    nll, top1 = token_scores(adapter, ids)
+    text = EvalText(ids=ids, nll=nll, top1=top1, topk=np.zeros((0,)), gates=np.zeros((0,)), calib_ids=ids, calib_nll=nll)
+    trials: dict = {}
+    b = calibrate_budget(adapter, ctx, "ordermoe", {"horizon": 0}, text, 0.02, trials, steps=4)
+    assert trials[b] <= 0.02 or b == 1e-3
+    assert len(trials) <= 2 + 4  # hi, lo and one run per halving
+    assert calibrate_budget(adapter, ctx, "ordermoe", {"horizon": 0}, text, 1e9, {}, steps=1) == 2.0
