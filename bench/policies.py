@@ -13,6 +13,7 @@ decision (meeting node and replicas chosen with the look-ahead). Writes bench/re
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -94,6 +95,7 @@ def main() -> None:
                "meets_target_batched": worst["us_per_token_layer"] <= TARGET_US,
                "edge8_migrate_batched_us": {r["policy"]: max(x["us_per_token_layer"] for x in edge8 if x["policy"] == r["policy"])
                                             for r in edge8}}
+    summary["load_average_1_5_15"] = list(os.getloadavg())  # the machine is shared: read ratios, not absolutes
     atomic_write_json(RESULTS / "policies.json", {
         "benchmark": "policies", "quick": args.quick, "summary": summary, "rows": rows_out,
         "environment": environment(),
