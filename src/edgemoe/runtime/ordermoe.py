@@ -189,7 +189,8 @@ def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, 
     else:
         meet = np.concatenate([location[:, None], cand.reshape(R, K * J)], axis=1)  # [R, G]
     G = meet.shape[1]
-    arrive = base[..., None] + xfer[cand[..., None], meet[:, None, None, :]]  # [R, K, J, G]
+    N = ctx.num_nodes
+    arrive = base[..., None] + xfer.reshape(-1).take(cand[..., None] * N + meet[:, None, None, :])  # [R, K, J, G]
     best_j = arrive.argmin(axis=2)  # [R, K, G]
     exact_node = np.take_along_axis(cand, best_j, 2)  # [R, K, G] replica that serves meeting node g
     exact_arr = np.take_along_axis(arrive, best_j[:, :, None, :], 2)[:, :, 0, :]  # [R, K, G]
@@ -471,8 +472,9 @@ class OrderMoEPolicy(Policy):
         left = state.budget_left[:, None] - quality  # [T, A]
         feasible = opt.valid & (left >= -1e-12) & (~opt.any_replaced | has_budget[:, None])
         key = self.lookahead.keys.keys(layer, topk, gates)
-        future = self.lookahead.stacked[layer[:, None] + 1, opt.next_location, key[:, None],
-                                        self.grid.index(np.maximum(left, 0.0))]
+        _, N, C, m = self.lookahead.stacked.shape
+        flat = (((layer[:, None] + 1) * N + opt.next_location) * C + key[:, None]) * m + self.grid.index(np.maximum(left, 0.0))
+        future = self.lookahead.stacked.reshape(-1).take(flat)  # [T, A]: one flat gather
         beta = self.beta(layer, state)[:, None]
         cost = self.alpha[state.user][:, None] * (opt.latency_s + future) + (beta + EPS_S_PER_Q) * quality
         pick = np.where(feasible, cost, np.inf).argmin(axis=1)  # action 0 (no substitution) is always feasible
