@@ -41,6 +41,7 @@ EPS_S_PER_Q = 1e-9  # tie-break: between equally fast actions, spend no budget
 MAX_ENUM_K = 4  # enumerate all 2^K subsets up to K = 4 (16 actions); prefixes beyond
 KINDS = ("sub", "drop", "zero")  # what may stand in for an exact branch; on equal quality cost, the first wins
 STEER_REPLICAS = 4  # replicas per branch (besides exact's own choice) that a steered decision considers
+TABLE_CHUNK_CELLS = 1 << 22  # rows x actions x levels per block when the look-ahead tables are built
 QUALITY_POWER = 2.0  # quality cost = (gate x relative output error) ** QUALITY_POWER (see stand_in_costs)
 STEER_ALL_NODES = 16  # up to this many nodes, a steered decision may meet at any node; beyond, at a replica
 
@@ -340,6 +341,14 @@ class LookAhead:
         """[N, C, m] table for decisions that start at `layer` (zeros past the end or with H = 0)."""
         return self.tables.get(layer, self.zero)
 
+    def _actions(self, ctx: RuntimeContext) -> int:
+        """Actions per row (an upper bound): subsets x meeting choices."""
+        K = ctx.top_k
+        subsets = 2 ** K if K <= MAX_ENUM_K else K + 1
+        if not self.steer:
+            return subsets
+        return subsets * (1 + (ctx.num_nodes if ctx.num_nodes <= STEER_ALL_NODES else K * (self.steer_replicas + 1)))
+
     def _layer_table(self, layer: int, stats: SetStats, phi_next: np.ndarray, max_enum_k: int) -> np.ndarray:
         ctx, grid = self.ctx, self.grid
         N, M = ctx.num_nodes, stats.experts.shape[0]
@@ -349,16 +358,20 @@ class LookAhead:
         # A token at c may use every non-device node and c itself (other users' devices serve no one else).
         is_device = np.array([k == "device" for k in ctx.node_kind])
         usable = ~is_device[None, :] | (np.arange(N)[None, :] == loc[:, None])
-        opt = layer_options(ctx, np.full(len(loc), layer), loc, loc, usable, experts, gates, np.zeros(N), max_enum_k,
-                            self.kinds, self.steer, self.steer_replicas, self.power)
-        t1 = self.keys.keys(layer, experts, gates)  # [R] context key for the next layer
+        t1_all = self.keys.keys(layer, experts, gates)  # [R] context key for the next layer
         b = grid.values  # [m]
-        quality = opt.quality
-        left = b[None, None, :] - quality[:, :, None]  # [R, A, m]
-        feasible = opt.valid[:, :, None] & (left >= -1e-12)
-        future = phi_next[opt.next_location[:, :, None], t1[:, None, None], grid.index(np.maximum(left, 0.0))]
-        value = opt.latency_s[:, :, None] + EPS_S_PER_Q * quality[:, :, None] + future
-        best = np.where(feasible, value, np.inf).min(axis=1)  # [R, m]
+        best = np.empty((len(loc), grid.levels))
+        per = max(1, TABLE_CHUNK_CELLS // (self._actions(ctx) * grid.levels))  # rows per block: bounded memory
+        for lo in range(0, len(loc), per):
+            r = slice(lo, lo + per)
+            opt = layer_options(ctx, np.full(len(loc[r]), layer), loc[r], loc[r], usable[r], experts[r], gates[r],
+                                np.zeros(N), max_enum_k, self.kinds, self.steer, self.steer_replicas, self.power)
+            quality = opt.quality
+            left = b[None, None, :] - quality[:, :, None]  # [R, A, m]
+            feasible = opt.valid[:, :, None] & (left >= -1e-12)
+            future = phi_next[opt.next_location[:, :, None], t1_all[r][:, None, None], grid.index(np.maximum(left, 0.0))]
+            value = opt.latency_s[:, :, None] + EPS_S_PER_Q * quality[:, :, None] + future
+            best[r] = np.where(feasible, value, np.inf).min(axis=1)  # [R, m]
         best = best.reshape(N, M, grid.levels)
         return np.einsum("cs,nsm->ncm", stats.prob, best)
 
@@ -403,8 +416,11 @@ class OrderMoEPolicy(Policy):
             if quality_price is None else float(quality_price)
         self.pressure_gain, self.adapt_gain, self.spend_target = float(pressure_gain), float(adapt_gain), float(spend_target)
         self.grid = BudgetGrid(float(self.allowance.max()) * ctx.num_layers, levels)
-        self.lookahead = LookAhead(ctx, self.grid, self.horizon, sets_per_prev, max_enum_k, kinds, self.steer,
-                                   self.steer_replicas, self.power, min_set_count)
+        # Steered tables cost N x G times the unsteered ones; beyond STEER_ALL_NODES nodes the tables price the
+        # future with the myopic rule (64 servers, L=16, E=32, K=4: 57 s steered vs ~1 s), the decision stays steered.
+        self.lookahead = LookAhead(ctx, self.grid, self.horizon, sets_per_prev, max_enum_k, kinds,
+                                   self.steer and ctx.num_nodes <= STEER_ALL_NODES, self.steer_replicas, self.power,
+                                   min_set_count)
         U = ctx.num_users
         self.queue_pressure = 0.0  # EWMA of mean queueing delay / (it + median round trip)
         self.latency_excess = np.zeros(U)  # [U] EWMA of max(observed / estimated latency - 1, 0)
