@@ -150,3 +150,12 @@ def test_set_conditioned_lookahead_runs_and_respects_budgets(edge8):
     assert pol.lookahead.keys.size > ctx.num_experts
     dec = replay_decisions(pol, users, profile.topk[rows].astype(np.int64), profile.gates[rows])
     assert (dec.quality_cost.sum(1) <= 0.05 * ctx.num_layers + 1e-9).all()
+
+
+def test_simulator_counts_zeroed_slots(edge8):
+    profile, ctx = edge8
+    trace, wl = Trace.from_profile(profile), Workload(num_requests=8, prompt_tokens=4, gen_tokens=4, seed=2)
+    zero = simulate(ctx, make_policy("ordermoe", ctx, budget=1.0, horizon=0, substitutes="zero"), trace, wl)
+    assert zero.zero_ratio > 0 and zero.zero_ratio == pytest.approx(zero.drop_ratio)
+    drop = simulate(ctx, make_policy("ordermoe", ctx, budget=1.0, horizon=0, substitutes="drop"), trace, wl)
+    assert drop.drop_ratio > 0 and drop.zero_ratio == 0

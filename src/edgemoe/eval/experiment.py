@@ -324,6 +324,7 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
             placement_params=spec.placement_params, mode=comp.mode, cluster=comp.cluster,
             local_cost_model_latency_ms={"mean": float(local_ms.mean()), "p99": float(np.percentile(local_ms, 99))},
             local_substitution_ratio=float(dec.substituted().mean()), local_not_run_ratio=float((dec.experts < 0).mean()),
+            local_zero_ratio=float(dec.zeroed.mean()),
         )
         if hasattr(sim_policy, "weights"):
             entry["adaptive_weights"] = sim_policy.weights()

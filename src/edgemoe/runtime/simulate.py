@@ -213,7 +213,7 @@ class _TallyBuffer:
 
     def add(self, dec, topk, layer, home, row_pass) -> None:
         self.parts.append((dec.experts, dec.node, dec.location, dec.next_location, dec.quality_cost, dec.latency_s,
-                           topk, layer, home, row_pass))
+                           dec.zero_mask, topk, layer, home, row_pass))
         self.rows += len(layer)
         if self.rows >= self.chunk_rows:
             self.flush()
@@ -222,8 +222,8 @@ class _TallyBuffer:
         if not self.parts:
             return
         cols = [np.concatenate(c) for c in zip(*self.parts, strict=True)]
-        experts, node, location, next_location, quality, latency, topk, layer, home, row_pass = cols
+        experts, node, location, next_location, quality, latency, zeroed, topk, layer, home, row_pass = cols
         dec = Decision(experts=experts, node=node, location=location, next_location=next_location,
-                       quality_cost=quality, latency_s=latency)
+                       quality_cost=quality, latency_s=latency, zeroed=zeroed)
         self.tally.add(dec, topk, layer, home, self.pass_prefill[row_pass])
         self.parts, self.rows = [], 0
