@@ -2,18 +2,20 @@
 
 Per token row and layer, with the token at node c, routed experts A [K] and gates g [K]:
 
-- exact option: each branch on c if c holds it, else the cheapest usable replica (the `exact` policy);
-- a non-local branch k may instead run c's best-ranked local substitute e'(k) (same similarity group,
-  lowest measured error first) with the original gate; its quality cost is q_k = g_k * subst_err[l, e, e'];
-- actions X are subsets of the substitutable branches: all 2^K subsets for K <= `max_enum_k`, otherwise the
-  K+1 prefixes of the branches ordered by remote latency (the only Pareto-optimal subsets for the max);
+- exact: each branch on c if c holds it, else on a usable replica;
+- stand-ins for a non-local branch k: c's best-ranked local substitute (original gate), zero the branch, or
+  drop it and renormalise; each has a predicted quality cost from the measured output errors
+  (`stand_in_costs`, squared by default) and the slot takes the cheapest;
+- actions: subsets X of the non-local branches get stand-ins (all 2^K for K <= `max_enum_k`, else the K+1
+  prefixes by remote latency); steered (H >= 1, migrate mode) each subset also names the meeting node g
+  where the token continues from, with each exact branch on the replica that reaches g first;
 - feasible iff q(X) <= remaining budget of the row (and the row has a budget at all);
-- choose argmin J(X) = alpha * (lat(X) + Phi_H[l+1](next(X), top1(A), b - q(X))) + (beta + eps) * q(X).
+- choose argmin J = alpha_u * (lat(X, g) + Phi_H[l+1](g, key(A), b - q(X))) + (beta + eps) * q(X).
 
-Phi_H is the expected latency of the next H layers when they spend the remaining budget as well as possible,
-from precomputed tables (`LookAhead`), so the online step is a lookup. H = 0 is the myopic ablation.
-alpha grows with observed queueing / latency excess; beta paces the budget (docs/runtime.md).
-With a zero budget every substitution is infeasible and the decision is exactly `exact`'s.
+Phi_H is the expected latency of the next H layers when they act optimally, from precomputed tables
+(`LookAhead`), so the online step is a lookup. H = 0 is the myopic, unsteered ablation: with a zero budget
+its decision is exactly `exact`'s. alpha_u and the user's quality weight adapt through `observe`
+(docs/runtime.md).
 """
 
 from __future__ import annotations

@@ -8,10 +8,11 @@ A policy decides, for T token rows at one MoE layer, which expert runs in each o
         dec = policy.decide(layer, topk[:, layer], gates[:, layer], state, load_s)   # state updated in place
 
 Conventions (docs/runtime.md): `experts[t, k]` is the expert actually run in slot k (the routed id = exact,
-another id = local substitute, -1 = dropped); `node[t, k]` the node that runs it (-1 when dropped). A token is
-at `state.location`; its K branches run in parallel from there; the outputs meet at `next_location` (always
-the current node in `home` mode; in `migrate` mode one of the nodes involved). Layer latency = the slowest
-branch including the transfers to the meeting node (+ the trip home after the last layer in `migrate`).
+another id = local substitute, -1 = not run: dropped and renormalised, or zeroed where `Decision.zeroed`);
+`node[t, k]` the node that runs it (-1 when not run). A token is at `state.location`; its K branches run in
+parallel from there; the outputs meet at `next_location` (always the current node in `home` mode; in
+`migrate` mode a node the policy chooses). Layer latency = the slowest branch including the transfers to
+the meeting node (+ the trip home after the last layer in `migrate`).
 """
 
 from __future__ import annotations
