@@ -1,16 +1,19 @@
-"""Policy benchmark: microseconds per token-layer of every runtime policy (target <= 20 us).
+"""Policy benchmark: microseconds per token-layer of every runtime policy (target <= 10 us, batched).
 
     python bench/policies.py [--quick]
 
 One `decide` call per layer for T token rows (T = batch x sequence rows, as the local backend calls it),
 on a synthetic profile and a placement by the `ordermoe` planner, in both token-location modes, without
 and with a load vector. Reports the median over repeats of (wall time of the L calls) / (T x L); table
-build time (look-ahead tables) is reported separately. Writes bench/results/policies.json.
+build time (look-ahead tables) is reported separately, and so is the oracle's `start` (its dynamic program over
+every row's true path, `start_us_per_token_layer`). ordermoe with H >= 1 in migrate mode is the steered
+decision (meeting node and replicas chosen with the look-ahead). Writes bench/results/policies.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -25,7 +28,8 @@ from edgemoe.runtime import make_context, make_policy
 
 RESULTS = Path(__file__).resolve().parent / "results"
 POLICIES = [("exact", {}), ("drop", {}), ("slimcaching", {}), ("ordermoe(H=0)", {"horizon": 0}),
-            ("ordermoe(H=2)", {"horizon": 2})]
+            ("ordermoe(H=2)", {"horizon": 2}), ("ordermoe(H=3)", {"horizon": 3}), ("oracle", {})]
+TARGET_US = 10.0
 
 
 def setups(quick: bool):
@@ -37,18 +41,21 @@ def setups(quick: bool):
         yield "generate(64, 500) L=16 E=32 K=4", synthetic_profile(16, 32, 4, 3000, seed=3), generate(64, 500, seed=0)
 
 
-def time_policy(pol, profile, rows, users, load, repeats: int) -> float:
+def time_policy(pol, profile, rows, users, load, repeats: int) -> tuple[float, float]:
+    """(median seconds per token-layer of the decide calls, of the start call)."""
     L = profile.L
     topk = profile.topk[rows].astype(np.int64)
     gates = profile.gates[rows].astype(float)
-    samples = []
+    samples, starts = [], []
     for _ in range(repeats):
-        state = pol.start(users)
+        t = time.perf_counter()
+        state = pol.start(users, tokens=rows)
+        starts.append((time.perf_counter() - t) / (len(rows) * L))
         t = time.perf_counter()
         for layer in range(L):
             pol.decide(layer, topk[:, layer], gates[:, layer], state, load)
         samples.append((time.perf_counter() - t) / (len(rows) * L))
-    return float(np.median(samples))
+    return float(np.median(samples)), float(np.median(starts))
 
 
 def main() -> None:
@@ -66,25 +73,35 @@ def main() -> None:
                 users = rng.integers(0, ctx.num_users, T)
                 for name, params in POLICIES:
                     t0 = time.perf_counter()
+                    if name == "oracle":
+                        if T == 1024 and not label.startswith("edge8 L=8"):
+                            continue  # its dynamic program over 1024 rows x all nodes x all actions: minutes
+                        params = {"routing": (profile.topk, profile.gates)}
                     pol = make_policy(name.split("(")[0], ctx, **params)
                     build = time.perf_counter() - t0
                     for loaded in (False, True):
                         load = np.random.default_rng(1).exponential(0.005, ctx.num_nodes) if loaded else None
-                        us = 1e6 * time_policy(pol, profile, rows, users, load, repeats=3 if T > 1 else 5)
+                        us, start = time_policy(pol, profile, rows, users, load, repeats=3 if T > 1 else 5)
+                        us, start = 1e6 * us, 1e6 * start
                         rows_out.append({"setup": label, "mode": mode, "rows_per_call": T, "policy": name,
-                                         "load": loaded, "us_per_token_layer": us, "build_s": build})
+                                         "load": loaded, "us_per_token_layer": us, "build_s": build,
+                                         "start_us_per_token_layer": start})
                         print(f"{label:32s} {mode:8s} T={T:5d} {name:14s} load={int(loaded)}  {us:9.2f} us/token-layer"
                               f"  (build {build * 1e3:.0f} ms)", flush=True)
     batched = [r for r in rows_out if r["rows_per_call"] >= 64]
     worst = max(batched, key=lambda r: r["us_per_token_layer"])
-    summary = {"target_us": 20.0, "worst_batched": worst,
-               "meets_target_batched": worst["us_per_token_layer"] <= 20.0}
+    edge8 = [r for r in batched if r["setup"].startswith("edge8 L=8") and r["mode"] == "migrate"]
+    summary = {"target_us": TARGET_US, "worst_batched": worst,
+               "meets_target_batched": worst["us_per_token_layer"] <= TARGET_US,
+               "edge8_migrate_batched_us": {r["policy"]: max(x["us_per_token_layer"] for x in edge8 if x["policy"] == r["policy"])
+                                            for r in edge8}}
+    summary["load_average_1_5_15"] = list(os.getloadavg())  # the machine is shared: read ratios, not absolutes
     atomic_write_json(RESULTS / "policies.json", {
         "benchmark": "policies", "quick": args.quick, "summary": summary, "rows": rows_out,
         "environment": environment(),
     })
     print(f"\nworst at T >= 64: {worst['us_per_token_layer']:.2f} us/token-layer ({worst['policy']}, {worst['setup']}, "
-          f"{worst['mode']}); target <= 20 us: {'met' if summary['meets_target_batched'] else 'MISSED'}")
+          f"{worst['mode']}); target <= {TARGET_US:g} us: {'met' if summary['meets_target_batched'] else 'MISSED'}")
 
 
 if __name__ == "__main__":

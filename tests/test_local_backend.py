@@ -34,7 +34,8 @@ def setup():
 def test_budget_zero_ordermoe_equals_exact(setup):
     adapter, ctx, ids, users = setup
     nll_exact, dec_exact = run_local(adapter, make_policy("exact", ctx), ids, users, batch_size=4)
-    nll_zero, dec_zero = run_local(adapter, make_policy("ordermoe", ctx, budget=0.0), ids, users, batch_size=4)
+    nll_zero, dec_zero = run_local(adapter, make_policy("ordermoe", ctx, budget=0.0, steer=False), ids, users,
+                                   batch_size=4)
     assert np.array_equal(dec_exact.experts, dec_zero.experts)
     assert np.array_equal(dec_exact.node, dec_zero.node)
     assert perplexity(nll_exact) == perplexity(nll_zero)
@@ -46,11 +47,13 @@ def test_local_and_trace_replay_decide_identically(setup):
     adapter, ctx, ids, users = setup
     _, local = run_local(adapter, make_policy("ordermoe", ctx, budget=0.5, horizon=2), ids, users, batch_size=3)
     topk, gates = routing_trace(adapter, ids, batch_size=3)
+    assert np.array_equal(local.topk[:, 0], topk[:, 0])  # layer 0 sees the untouched hidden states
+    # replaying the routing the local run saw (later layers' routing follows the stand-ins) decides the same
     row_users = np.repeat(users, ids.shape[1])
-    replay = replay_decisions(make_policy("ordermoe", ctx, budget=0.5, horizon=2), row_users, topk, gates)
-    assert np.array_equal(local.topk, topk)
+    replay = replay_decisions(make_policy("ordermoe", ctx, budget=0.5, horizon=2), row_users, local.topk, local.gates)
     assert np.array_equal(local.experts, replay.experts)
     assert np.array_equal(local.node, replay.node)
+    assert np.array_equal(local.zeroed, replay.zeroed)
     assert np.allclose(local.latency_s, replay.latency_s)
 
 
@@ -65,3 +68,61 @@ def test_substitution_and_drop_change_quality(setup):
     assert perplexity(nll_drop) != base
     # budgets hold: spent never exceeds the allowance x layers
     assert (dec.quality_cost.sum(1) <= 5.0 * ctx.num_layers + 1e-9).all()
+
+
+def test_zeroed_and_dropped_slots_apply_their_gates():
+    import torch
+
+    from edgemoe.models.base import Intervention, LayerCall, apply_intervention
+
+    adapter = adapter_for(tiny_model("mixtral", seed=5), "mixtral")
+    call = LayerCall(0, torch.zeros(2, 4), torch.zeros(2, 8), torch.tensor([[1, 2], [3, 4]]),
+                     torch.tensor([[0.6, 0.4], [0.7, 0.3]]))
+    experts = torch.tensor([[1, -1], [-1, 4]])
+    _, drop = apply_intervention(adapter, call, Intervention(experts))
+    assert torch.allclose(drop, torch.tensor([[1.0, 0.0], [0.0, 1.0]]))  # renormalised to the total
+    _, zero = apply_intervention(adapter, call, Intervention(experts, zeroed=torch.tensor([[False, True], [True, False]])))
+    assert torch.allclose(zero, torch.tensor([[0.6, 0.0], [0.0, 0.3]]))  # the other gates stay
+    # a zeroed mark on a slot that runs is an error
+    with pytest.raises(Exception, match="zeroed"):
+        apply_intervention(adapter, call, Intervention(torch.tensor([[1, 2], [3, 4]]), zeroed=torch.ones(2, 2, dtype=torch.bool)))
+
+
+def test_zero_stand_ins_reach_the_model(setup):
+    adapter, ctx, ids, users = setup
+    nll, dec = run_local(adapter, make_policy("ordermoe", ctx, budget=5.0, horizon=0, substitutes="zero"), ids, users)
+    not_run = dec.experts < 0
+    assert not_run.any() and (dec.zeroed == not_run).all()  # every stand-in is a zeroed branch
+    nll_drop, dec_drop = run_local(adapter, make_policy("ordermoe", ctx, budget=5.0, horizon=0, substitutes="drop"),
+                                   ids, users)
+    assert (dec_drop.experts < 0).any() and not dec_drop.zeroed.any()
+    if np.array_equal(dec.experts, dec_drop.experts):  # same slots: zero and renormalise differ in output
+        assert not np.allclose(nll, nll_drop)
+
+
+def test_quality_metrics_known_answers():
+    from edgemoe.eval.quality import quality_metrics
+
+    nll_exact = np.full((2, 3), 1.0)
+    nll = nll_exact + np.array([[0.0, 0.3, 0.0], [0.3, 0.0, 0.0]])
+    top1_exact = np.array([[1, 2, 3], [4, 5, 6]])
+    top1 = np.array([[1, 2, 0], [4, 5, 6]])
+    q = quality_metrics(nll, top1, nll_exact, top1_exact)
+    assert q["extra_nats_per_token"] == pytest.approx(0.1)
+    assert q["ppl_rel_increase"] == pytest.approx(np.exp(0.1) - 1)
+    assert q["top1_agreement"] == pytest.approx(5 / 6)
+    assert q["quality_retention"] == pytest.approx(np.exp(-0.1))
+
+
+def test_operating_point_calibration_stays_within_target(setup):
+    from edgemoe.eval.experiment import EvalText, calibrate_budget
+    from edgemoe.eval.quality import token_scores
+
+    adapter, ctx, ids, users = setup
+    nll, top1 = token_scores(adapter, ids)
+    text = EvalText(ids=ids, nll=nll, top1=top1, topk=np.zeros((0,)), gates=np.zeros((0,)), calib_ids=ids, calib_nll=nll)
+    trials: dict = {}
+    b = calibrate_budget(adapter, ctx, "ordermoe", {"horizon": 0}, text, 0.02, trials, steps=4)
+    assert trials[b] <= 0.02 or b == 1e-3
+    assert len(trials) <= 2 + 4  # hi, lo and one run per halving
+    assert calibrate_budget(adapter, ctx, "ordermoe", {"horizon": 0}, text, 1e9, {}, steps=1) == 2.0

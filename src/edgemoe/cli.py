@@ -240,9 +240,7 @@ def demo(
     every method side by side; writes results JSON, plots and a Markdown/HTML report."""
     from edgemoe.eval.experiment import (
         ExperimentConfig,
-        ordermoe_comparison,
-        run_experiment,
-        slimcaching_comparison,
+        run_demo,
     )
     from edgemoe.io import claim_output_dir
     from edgemoe.report.render import render_report
@@ -252,11 +250,13 @@ def demo(
     cfg = ExperimentConfig(eval_data=eval_data)
     if quick:
         cfg = ExperimentConfig(eval_data=eval_data, calib_tokens=4096, eval_tokens=2048, num_requests=16,
-                               prompt_tokens=8, gen_tokens=8)
+                               prompt_tokens=8, gen_tokens=8, calib_quality_tokens=1024)
     try:
-        comparisons = [ordermoe_comparison(), slimcaching_comparison()]
+        from edgemoe.eval.experiment import ordermoe_comparison, slimcaching_comparison
+
+        comparisons = [ordermoe_comparison()] * max(1, len(cfg.models)) + [slimcaching_comparison()]
         with _experiment_log(comparisons) as log:
-            paths = run_experiment(cfg, comparisons, out, backend=backend, log=log)
+            paths = run_demo(cfg, out, backend=backend, log=log)
         report = render_report(paths, out)
     except EdgeMoEError as exc:
         _fail(exc)

@@ -55,7 +55,7 @@ def _param_types() -> dict:
     A name listed here overrides the function's own annotation (which says the type but not the range);
     other names are checked against the annotation alone. Every float must be finite.
     """
-    from typing import Annotated
+    from typing import Annotated, Literal
 
     from pydantic import Field
 
@@ -65,7 +65,7 @@ def _param_types() -> dict:
     nonneg_float = num(float, ge=0)
     return {
         # planners
-        "time_limit": num(float, gt=0), "refine_seconds": num(float, gt=0) | None, "mip_rel_gap": num(float, ge=0, lt=1),
+        "time_limit": num(float, gt=0), "refine_work": num(float, ge=0), "k1_seeds": num(int, ge=0), "k1_max_seeds": num(int, ge=1), "mip_rel_gap": num(float, ge=0, lt=1),
         "seed": num(int, ge=0), "kicks": num(int, ge=0), "forced": num(int, ge=0), "passes": num(int, ge=1),
         "enum_max": num(int, ge=1), "beam_width": num(int, ge=1), "max_units": num(int, ge=1),
         "epsilon": num(float, gt=0, le=1),
@@ -73,7 +73,7 @@ def _param_types() -> dict:
         "groups_per_layer": num(int, ge=1) | None, "max_group_size": num(int, ge=1) | None,
         "eta": nonneg_float, "gamma": nonneg_float, "rep_weight": nonneg_float,
         # runtime policies
-        "budget": nonneg_float | list[nonneg_float], "horizon": num(int, ge=0, le=16), "levels": num(int, ge=2, le=4096),
+        "budget": nonneg_float | list[nonneg_float] | Literal["paper", "strict"], "horizon": num(int, ge=0, le=16), "levels": num(int, ge=2, le=4096),
         "quality_price": nonneg_float | None, "pressure_gain": nonneg_float, "sets_per_prev": num(int, ge=1),
         "max_enum_k": num(int, ge=1), "ewma": num(float, gt=0, le=1),
     }

@@ -17,9 +17,9 @@ from .conftest import CALL, XFER, pair_groups, tiny_cluster, tiny_context, tiny_
 
 
 def test_registry_names():
-    assert {"exact", "ordermoe", "drop", "slimcaching"} <= set(policy_names())
+    assert {"exact", "ordermoe", "drop", "slimcaching", "oracle"} <= set(policy_names())
     with pytest.raises(EdgeMoEError, match="unknown policy"):
-        make_policy("oracle", None)
+        make_policy("nosuch", None)
 
 
 def test_hand_decisions_home_mode():
@@ -41,7 +41,7 @@ def test_hand_decisions_home_mode():
     drop, _ = run("drop")
     assert drop.experts.tolist() == [[-1, 2]] and drop.node.tolist() == [[-1, 0]]
     assert drop.latency_s[0] == pytest.approx(CALL)
-    sub, state = run("ordermoe", budget=1.0, horizon=0)
+    sub, state = run("ordermoe", budget=1.0, horizon=0, quality_power=1.0)
     assert sub.experts.tolist() == [[0, 2]] and sub.node.tolist() == [[0, 0]]
     assert sub.quality_cost[0] == pytest.approx(0.7 * 0.2)
     assert state.budget_used[0] == pytest.approx(0.14) and state.layer[0] == 1
@@ -127,25 +127,29 @@ def test_policies_respect_hosts_and_budgets(seed, topology, planner, mode, name,
         assert (dec.quality_cost >= 0).all()
         if mode == "home":
             assert (dec.next_location == state.home).all()
+        elif name == "ordermoe" and horizon >= 1:  # steered: the token may be positioned on any node it may use
+            assert ctx.usable[users, dec.next_location].all()
         else:
             allowed = np.concatenate([dec.location[:, None], dec.node], axis=1)
             assert (allowed == dec.next_location[:, None]).any(axis=1).all()
         if name != "ordermoe" or budget == 0:
             assert not sub.any()
-        if name != "drop":
+        if name not in ("drop", "ordermoe") or (name == "ordermoe" and budget == 0):
             assert ran.all()
+        if dec.zeroed is not None:
+            assert (dec.experts[dec.zeroed] < 0).all()
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 6), topology=st.sampled_from(["internet", "device-edge-cloud"]),
        mode=st.sampled_from(["home", "migrate"]), horizon=st.integers(0, 2), loaded=st.booleans())
-def test_ordermoe_with_zero_budget_is_exact(seed, topology, mode, horizon, loaded):
+def test_unsteered_ordermoe_with_zero_budget_is_exact(seed, topology, mode, horizon, loaded):
     profile, ctx = deployment(seed, topology, "ordermoe", mode)
     rng = np.random.default_rng(seed)
     rows = rng.integers(0, profile.num_tokens, 30)
     users = rng.integers(0, ctx.num_users, 30)
     load = rng.exponential(0.01, ctx.num_nodes) if loaded else None
-    _, a = run_layers(make_policy("ordermoe", ctx, budget=0.0, horizon=horizon), profile, ctx, rows, users, load)
+    _, a = run_layers(make_policy("ordermoe", ctx, budget=0.0, horizon=horizon, steer=False), profile, ctx, rows, users, load)
     _, b = run_layers(make_policy("exact", ctx), profile, ctx, rows, users, load)
     for (_, da), (_, db) in zip(a, b, strict=True):
         for field in ("experts", "node", "location", "next_location", "quality_cost", "latency_s"):

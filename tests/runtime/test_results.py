@@ -27,7 +27,7 @@ def test_decision_bytes_counts_each_leg():
     assert decision_bytes(dec, 2, 4, np.array([0]), 100).tolist() == [400]
     tally = DecisionTally(num_layers=4, wire_bytes=100)
     tally.add(dec, np.array([[5, 9, 7, 8]]), 3, np.array([0]), prefill=False)
-    assert tally.ratios() == {"remote_ratio": 2 / 3, "substitution_ratio": 1 / 4, "drop_ratio": 1 / 4}
+    assert tally.ratios() == {"remote_ratio": 2 / 3, "substitution_ratio": 1 / 4, "drop_ratio": 1 / 4, "zero_ratio": 0.0}
     assert tally.decode_tokens == 1 and tally.traffic_per_1k()["traffic_decode_bytes_per_1k_tokens"] == 500_000
 
 

@@ -93,7 +93,8 @@ def test_ordermoe_substitutes_only_within_budget(budget, expected_ms, subst):
     profile = tiny_profile([[1]], subst_err=0.1)
     ctx = tiny_context(profile, tiny_cluster(), {"a": [(0, 0)], "b": [(0, 1)]}, mode="home", groups=pair_groups(profile))
     trace, sc = one_user(ctx, profile)
-    m = simulate_scenario(ctx, make_policy("ordermoe", ctx, budget=budget, horizon=0), trace, sc, "reference")
+    m = simulate_scenario(ctx, make_policy("ordermoe", ctx, budget=budget, horizon=0, quality_power=1.0), trace, sc,
+                           "reference")
     assert m.ttft_ms["mean"] == pytest.approx(expected_ms)
     assert m.substitution_ratio == subst
     assert m.budget_used == pytest.approx(0.1 * subst)
@@ -108,8 +109,8 @@ def test_lookahead_keeps_the_budget_for_the_far_expert():
     held = {"a": [(0, 0), (1, 0)], "b": [(0, 1)], "c": [(1, 1)]}
     ctx = tiny_context(profile, cluster, held, mode="home", groups=pair_groups(profile))
     trace, sc = one_user(ctx, profile)
-    myopic = simulate_scenario(ctx, make_policy("ordermoe", ctx, budget=0.06, horizon=0), trace, sc, "reference")
-    ahead = simulate_scenario(ctx, make_policy("ordermoe", ctx, budget=0.06, horizon=1), trace, sc, "reference")
+    myopic = simulate_scenario(ctx, make_policy("ordermoe", ctx, budget=0.06, horizon=0, quality_power=1.0), trace, sc, "reference")
+    ahead = simulate_scenario(ctx, make_policy("ordermoe", ctx, budget=0.06, horizon=1, quality_power=1.0), trace, sc, "reference")
     assert myopic.ttft_ms["mean"] == pytest.approx(106.0)
     assert ahead.ttft_ms["mean"] == pytest.approx(26.0)
 

@@ -44,16 +44,26 @@ class Comparison:
     methods: tuple[MethodSpec, ...]
     budget_sweep_method: str | None = None  # a method whose `budget` is swept for the latency-quality curve
     budgets: tuple[float, ...] = ()
+    operating_points: tuple[tuple[str, float], ...] = ()  # (name, max ppl_rel_increase) budgets to calibrate
+    calibrate_method: str | None = None  # the method (placement + policy) whose budget is calibrated
 
 
 ORDERMOE_BUDGET = 0.05  # per token-layer, in gate-weighted measured substitution error (docs/runtime.md)
+# Named operating points (ARCHITECTURE.md): the budget of each is calibrated on calibration text so that
+# perplexity rises by at most this much over exact execution; a method's `budget` may name one.
+OPERATING_POINTS = (("paper", 0.078), ("strict", 0.01))
 # SlimCaching's refinement stops at its kick count, not a wall-clock cap, so the demo's placements do not
 # depend on how busy the machine is (about 10 s per placement at the demo's size).
 SLIM_PARAMS: dict = {}  # slimcaching defaults: a deterministic refinement budget (kicks, work units)
+SLIM_ONE_PASS = {"refine": False, "passes": 1}  # the published algorithm: one successive pass, no refinement
+EXACT_POLICIES = ("exact", "slimcaching")  # never change which expert runs: their quality is exact execution's
 
 
-def ordermoe_comparison(cluster: str = "edge8", budget: float = ORDERMOE_BUDGET) -> Comparison:
-    """OrderMoE's comparison: exact-execution baselines vs drop vs OrderMoE (H=0, H=2) vs the all-local floor."""
+def ordermoe_comparison(cluster: str = "edge8", budget: float | str = "paper") -> Comparison:
+    """OrderMoE's comparison: exact-execution baselines (SlimCaching refined and as published) vs drop vs
+    OrderMoE's runtime at look-ahead H = 0..3 and the hindsight oracle (same budget), its two operating points
+    (`paper`, `strict`), and the all-local floor."""
+    H = [MethodSpec(f"ordermoe-H{h}", "ordermoe", "ordermoe", {"budget": budget, "horizon": h}) for h in range(4)]
     return Comparison(
         name=f"ordermoe-{cluster}", cluster=cluster, mode="migrate",
         methods=(
@@ -61,16 +71,20 @@ def ordermoe_comparison(cluster: str = "edge8", budget: float = ORDERMOE_BUDGET)
             MethodSpec("exact@activation-aware", "activation-aware", "exact"),
             MethodSpec("exact@eplb", "eplb", "exact"),
             MethodSpec("exact@slimcaching", "slimcaching", "exact", placement_params=SLIM_PARAMS),
+            MethodSpec("exact@slimcaching-1pass", "slimcaching", "exact", placement_params=SLIM_ONE_PASS),
             MethodSpec("exact@ordermoe", "ordermoe", "exact"),
             MethodSpec("drop@ordermoe", "ordermoe", "drop"),
-            MethodSpec("ordermoe-H0", "ordermoe", "ordermoe", {"budget": budget, "horizon": 0}),
-            MethodSpec("ordermoe-H2", "ordermoe", "ordermoe", {"budget": budget, "horizon": 2}),
+            *H,
+            MethodSpec("oracle", "ordermoe", "oracle", {"budget": budget}),
+            MethodSpec("paper", "ordermoe", "ordermoe", {"budget": "paper", "horizon": 2}),
+            MethodSpec("strict", "ordermoe", "ordermoe", {"budget": "strict", "horizon": 2}),
             # OrderMoE's runtime on the strongest exact-execution placement: the policy's own contribution
-            MethodSpec("ordermoe-H2@slimcaching", "slimcaching", "ordermoe", {"budget": budget, "horizon": 2},
+            MethodSpec("paper@slimcaching", "slimcaching", "ordermoe", {"budget": "paper", "horizon": 2},
                        placement_params=SLIM_PARAMS),
             MethodSpec("all-local", "all-local", "exact"),
         ),
-        budget_sweep_method="ordermoe-H2", budgets=(0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5),
+        budget_sweep_method="paper", budgets=(0.005, 0.02, 0.05, 0.2),
+        operating_points=OPERATING_POINTS, calibrate_method="paper",
     )
 
 
@@ -88,10 +102,13 @@ class ExperimentConfig:
     """Inputs of one experiment. Defaults are the demo's."""
 
     model: str = "default"
+    models: tuple[str, ...] = ("default", "default-upcycled")  # the demo's OrderMoE comparison runs on each
+    # (a model that is not installed is skipped with a note); `model` is the one a single run uses
     eval_data: str | None = None  # default: WikiText-2 test when ../shared/data exists, else the offline corpus
     calib_data: str | None = None  # default: the shared corpus' held-out split, else the offline corpus
     shared_data: str = "../shared/data"
     calib_tokens: int = 20_000
+    calib_quality_tokens: int = 4096  # calibration text on which operating-point budgets are calibrated
     eval_tokens: int = 16_384
     block_len: int = 256
     num_requests: int = 64  # simulated requests per method
@@ -151,36 +168,84 @@ def eval_trace(topk: np.ndarray, gates: np.ndarray, user_domain: np.ndarray, blo
     return Trace(topk=topk, gates=gates, domain=domains[block % len(domains)])
 
 
-def run_comparison(adapter, profile, comp: Comparison, ids: np.ndarray, cfg: ExperimentConfig, nll_exact: np.ndarray,
-                   trace_topk: np.ndarray, trace_gates: np.ndarray, log: Callable[[str], None],
-                   backend: str = "simulate") -> dict:
-    """Every method of `comp`: placement, local run (quality), simulation (latency). Returns a results dict.
+@dataclass(frozen=True)
+class EvalText:
+    """The evaluation text and exact execution on it (and calibration text for operating points)."""
 
+    ids: np.ndarray  # [B, S] evaluation blocks
+    nll: np.ndarray  # [B, S-1] exact execution
+    top1: np.ndarray  # [B, S-1]
+    topk: np.ndarray  # [B*S, L, K] exact routing, block-major
+    gates: np.ndarray  # [B*S, L, K]
+    calib_ids: np.ndarray | None = None  # [B', S] calibration blocks (operating points)
+    calib_nll: np.ndarray | None = None
+
+
+def calibrate_budget(adapter, ctx, policy: str, params: dict, text: EvalText, target: float, trials: dict,
+                     lo: float = 1e-3, hi: float = 2.0, steps: int = 6) -> float:
+    """The largest budget (per token-layer) whose perplexity increase on the calibration text stays <= target:
+    geometric bisection between lo and hi (`steps` halvings); `trials` caches budget -> increase."""
+    from edgemoe.eval.quality import perplexity
+    from edgemoe.runtime import make_policy
+    from edgemoe.runtime.local import score_local
+
+    base = perplexity(text.calib_nll)
+    users = np.arange(len(text.calib_ids)) % ctx.num_users
+
+    def rise(b: float) -> float:
+        if b not in trials:
+            kw = dict(params, budget=b)
+            if policy == "oracle":
+                raise EdgeMoEError("operating points are calibrated for the ordermoe policy, not the oracle")
+            nll, _, _ = score_local(adapter, make_policy(policy, ctx, **kw), text.calib_ids, users)
+            trials[b] = perplexity(nll) / base - 1.0
+        return trials[b]
+
+    if rise(hi) <= target:
+        return hi
+    if rise(lo) > target:
+        return lo
+    for _ in range(steps):
+        mid = float(np.sqrt(lo * hi))
+        lo, hi = (mid, hi) if rise(mid) <= target else (lo, mid)
+    return lo
+
+
+def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: ExperimentConfig,
+                   log: Callable[[str], None], backend: str = "simulate") -> dict:
+    """Every method of `comp`: placement, quality on the real model, simulation (latency). Returns a results dict.
+
+    Quality: policies that never change which expert runs (`EXACT_POLICIES`) have exact execution's quality
+    (their decisions are replayed on the routing for the local cost-model latency); the others run in the
+    `local` backend. Budgets named after an operating point are calibrated first, on calibration text.
     backend="ray": latency, traffic and ratios are measured on Ray actors (edgemoe.distributed), one process
     per node with emulated links; the simulator's numbers for the same requests stay beside them."""
     from edgemoe.cluster.cost import plan_problem
     from edgemoe.cluster.schema import load_cluster
     from edgemoe.eval.metrics import method_entry
-    from edgemoe.eval.quality import perplexity
+    from edgemoe.eval.quality import perplexity, quality_metrics
     from edgemoe.eval.results import results_dict
     from edgemoe.plan import plan
     from edgemoe.plan.groups import groups_for
     from edgemoe.runtime import make_context, make_policy
-    from edgemoe.runtime.local import run_local
+    from edgemoe.runtime.local import replay_decisions, score_local
     from edgemoe.runtime.simulate import simulate
     from edgemoe.runtime.workload import Workload
 
     cluster = load_cluster(comp.cluster)
     fallback = any(u.domain not in profile.meta.domains for u in cluster.users)
     problem = plan_problem(profile, cluster, domain_fallback=fallback)
-    ppl_exact = perplexity(nll_exact)
+    ids = text.ids
+    ppl_exact = perplexity(text.nll)
     groups = groups_for(profile)
     workload = Workload(num_requests=cfg.num_requests, prompt_tokens=cfg.prompt_tokens, gen_tokens=cfg.gen_tokens,
                         rate_per_s=cfg.rate_per_s, seed=cfg.seed)
+    trace = None
     placements: dict = {}
     methods: dict = {}
     contexts: dict = {}
     ray_state: dict = {}
+    memo: dict = {}
     if backend not in ("simulate", "ray"):
         raise EdgeMoEError(f"backend={backend!r}; expected 'simulate' or 'ray'")
 
@@ -189,42 +254,100 @@ def run_comparison(adapter, profile, comp: Comparison, ids: np.ndarray, cfg: Exp
         if key not in contexts:
             t0 = time.perf_counter()
             pl = all_local_placement(problem) if placement_name == "all-local" else plan(problem, placement_name, **params)
-            placements[placement_name] = {"copies": pl.replicas().tolist(), "bytes_used": pl.bytes_used().tolist(),
-                                          "plan_seconds": round(time.perf_counter() - t0, 3)}
+            label = placement_name if not params or params == SLIM_PARAMS else f"{placement_name}{_params_tag(params)}"
+            placements[label] = {"copies": pl.replicas().tolist(), "bytes_used": pl.bytes_used().tolist(),
+                                 "plan_seconds": round(time.perf_counter() - t0, 3), "params": params}
             contexts[key] = make_context(profile, cluster, pl, mode=comp.mode, groups=groups, domain_fallback=fallback)
         return contexts[key]
 
+    # operating points: budget names -> calibrated budgets (on calibration text, never the evaluation text)
+    points: dict = {}
+    if comp.operating_points and comp.calibrate_method:
+        if text.calib_ids is None:
+            raise EdgeMoEError("operating points need calibration text (EvalText.calib_ids)")
+        base = next(m for m in comp.methods if m.name == comp.calibrate_method)
+        ctx = context_for(base.placement, base.placement_params)
+        params = {k: v for k, v in base.policy_params.items() if k != "budget"}
+        trials: dict = {}
+        for name, target in comp.operating_points:
+            t0 = time.perf_counter()
+            b = calibrate_budget(adapter, ctx, base.policy, params, text, target, trials)
+            points[name] = {"budget": b, "target_ppl_rel_increase": target, "calib_ppl_rel_increase": trials.get(b)}
+            log(f"  operating point {name}: budget {b:.4g} (calibration ppl +{100 * (trials.get(b) or 0):.2f}%, "
+                f"target <= {100 * target:.1f}%; {time.perf_counter() - t0:.0f} s)")
+        calibration = {"method": comp.calibrate_method, "points": points,
+                       "trials": [{"budget": b, "ppl_rel_increase": r} for b, r in sorted(trials.items())],
+                       "calib_tokens": int(text.calib_ids.size)}
+    else:
+        calibration = None
+
+    def resolved(spec: MethodSpec) -> MethodSpec:
+        b = spec.policy_params.get("budget")
+        if isinstance(b, str):
+            if b not in points:
+                raise EdgeMoEError(f"method {spec.name}: budget {b!r} names no calibrated operating point "
+                                   f"(have {sorted(points)})")
+            return replace(spec, policy_params={**spec.policy_params, "budget": points[b]["budget"]})
+        return spec
+
+    def make(spec: MethodSpec, ctx):
+        extra = {"routing": (text.topk, text.gates)} if spec.policy == "oracle" else {}
+        return make_policy(spec.policy, ctx, **spec.policy_params, **extra)
+
     def evaluate(spec: MethodSpec) -> dict:
+        nonlocal trace
+        spec = resolved(spec)
+        key = (spec.placement, json.dumps(spec.placement_params, sort_keys=True), spec.policy,
+               json.dumps(spec.policy_params, sort_keys=True))
+        if key in memo:
+            return dict(memo[key])
         ctx = context_for(spec.placement, spec.placement_params)
         row_users = np.arange(len(ids)) % ctx.num_users
-        nll, dec = run_local(adapter, make_policy(spec.policy, ctx, **spec.policy_params), ids, row_users)
-        ppl = perplexity(nll)
-        trace = eval_trace(trace_topk, trace_gates, ctx.user_domain, cfg.block_len)
-        metrics = simulate(ctx, make_policy(spec.policy, ctx, **spec.policy_params), trace, workload)
+        policy = make(spec, ctx)
+        if spec.policy in EXACT_POLICIES:
+            nll, top1 = text.nll, text.top1
+            dec = replay_decisions(policy, np.repeat(row_users, ids.shape[1]), text.topk, text.gates)
+        else:
+            nll, top1, dec = score_local(adapter, policy, ids, row_users)
+        quality = quality_metrics(nll, top1, text.nll, text.top1)
+        if trace is None:
+            trace = eval_trace(text.topk, text.gates, ctx.user_domain, cfg.block_len)
+        sim_policy = make(spec, ctx)
+        metrics = simulate(ctx, sim_policy, trace, workload)
         local_ms = dec.token_latency_s * 1e3
         if backend == "ray":
             metrics = _ray_measured(ray_state, ctx, spec, ids, cfg, log, metrics)
-        return method_entry(
-            metrics, spec.placement, spec.policy, ppl=ppl, quality_retention=ppl_exact / ppl,
-            policy_params=spec.policy_params, mode=comp.mode, cluster=comp.cluster,
+        entry = method_entry(
+            metrics, spec.placement, spec.policy, ppl=quality["ppl"], quality_retention=quality["quality_retention"],
+            ppl_rel_increase=quality["ppl_rel_increase"], extra_nats_per_token=quality["extra_nats_per_token"],
+            top1_agreement=quality["top1_agreement"], policy_params=policy.params,
+            placement_params=spec.placement_params, mode=comp.mode, cluster=comp.cluster,
             local_cost_model_latency_ms={"mean": float(local_ms.mean()), "p99": float(np.percentile(local_ms, 99))},
-            local_substitution_ratio=float(dec.substituted().mean()),
+            local_substitution_ratio=float(dec.substituted().mean()), local_not_run_ratio=float((dec.experts < 0).mean()),
+            local_zero_ratio=float(dec.zeroed.mean()),
         )
+        if hasattr(sim_policy, "weights"):
+            entry["adaptive_weights"] = sim_policy.weights()
+        memo[key] = entry
+        return dict(entry)
 
     for spec in comp.methods:
         t0 = time.perf_counter()
-        methods[spec.name] = evaluate(spec)
-        m = methods[spec.name]
+        m = methods[spec.name] = evaluate(spec)
+        b = spec.policy_params.get("budget")
+        if isinstance(b, str):
+            m["operating_point"] = b
         log(f"  {spec.name:<24} mean {m['latency_ms']['mean']:8.2f} ms  p99 {m['latency_ms']['p99']:8.2f} ms  "
-            f"ppl {m['ppl']:.3f}  ({time.perf_counter() - t0:.1f} s)")
+            f"ppl {m['ppl']:.3f} (+{100 * m['ppl_rel_increase']:.2f}%)  ({time.perf_counter() - t0:.1f} s)")
     sweep = []
     if comp.budget_sweep_method:
         base = next(s for s in comp.methods if s.name == comp.budget_sweep_method)
         for b in comp.budgets:
             m = evaluate(replace(base, policy_params={**base.policy_params, "budget": b}))
             sweep.append({"budget": b, "latency_ms_mean": m["latency_ms"]["mean"], "latency_ms_p99": m["latency_ms"]["p99"],
-                          "ppl": m["ppl"], "quality_retention": m["quality_retention"],
-                          "substitution_ratio": m["substitution_ratio"], "traffic_bytes_per_1k_tokens": m["traffic_bytes_per_1k_tokens"]})
+                          "ppl": m["ppl"], "ppl_rel_increase": m["ppl_rel_increase"], "top1_agreement": m["top1_agreement"],
+                          "quality_retention": m["quality_retention"], "substitution_ratio": m["substitution_ratio"],
+                          "drop_ratio": m["drop_ratio"], "traffic_bytes_per_1k_tokens": m["traffic_bytes_per_1k_tokens"]})
             log(f"  sweep budget {b:<6g} mean {m['latency_ms']['mean']:8.2f} ms  ppl {m['ppl']:.3f}")
     if ray_state:
         from edgemoe.distributed.serve import stop_ray
@@ -239,10 +362,16 @@ def run_comparison(adapter, profile, comp: Comparison, ids: np.ndarray, cfg: Exp
     doc = results_dict(config, methods)
     doc["ppl_exact"] = ppl_exact
     doc["budget_sweep"] = {comp.budget_sweep_method: sweep} if sweep else {}
+    if calibration:
+        doc["operating_points"] = calibration
     doc["groups"] = {"layer-aware": groups.mean_group_size().tolist()}
     doc["placements"] = placements
     doc["summary"] = summarise(doc)
     return doc
+
+
+def _params_tag(params: dict) -> str:
+    return "(" + ",".join(f"{k}={v}" for k, v in sorted(params.items())) + ")"
 
 
 def _ray_measured(state: dict, ctx, spec: MethodSpec, ids: np.ndarray, cfg: ExperimentConfig, log, simulated):
@@ -287,27 +416,30 @@ def summarise(doc: dict) -> list[str]:
     m = doc["methods"]
     exact = {k: v for k, v in m.items() if v["policy"] in ("exact",) and v["placement"] != "all-local"}
     out = []
+    subst = {k: v for k, v in m.items() if v["policy"] in ("ordermoe", "oracle")}
     if exact:
         best = min(exact, key=lambda k: exact[k]["latency_ms"]["mean"])
         b = exact[best]
-        for name, v in m.items():
-            if v["policy"] == "ordermoe":
-                out.append(
-                    f"{name} vs best exact baseline ({best}): mean latency {_pct(v['latency_ms']['mean'], b['latency_ms']['mean'])}, "
-                    f"p99 {_pct(v['latency_ms']['p99'], b['latency_ms']['p99'])}, traffic "
-                    f"{_pct(v['traffic_bytes_per_1k_tokens'], b['traffic_bytes_per_1k_tokens'])}, perplexity "
-                    f"{v['ppl']:.3f} vs {doc['ppl_exact']:.3f} (+{v['ppl'] - doc['ppl_exact']:.3f}, retention {v['quality_retention']:.4f})")
+        for name, v in subst.items():
+            rise = v.get("ppl_rel_increase")
+            top1 = v.get("top1_agreement")
+            out.append(
+                f"{name} vs best exact baseline ({best}): mean latency {_pct(v['latency_ms']['mean'], b['latency_ms']['mean'])} "
+                f"({v['latency_ms']['mean'] / b['latency_ms']['mean']:.2f}x), p99 {_pct(v['latency_ms']['p99'], b['latency_ms']['p99'])}, "
+                f"traffic {_pct(v['traffic_bytes_per_1k_tokens'], b['traffic_bytes_per_1k_tokens'])}, perplexity "
+                f"{v['ppl']:.3f} vs {doc['ppl_exact']:.3f}"
+                + (f" ({100 * rise:+.2f}%" if rise is not None else " (")
+                + (f", top-1 agreement {top1:.4f})" if top1 is not None else ")"))
         floor = m.get("all-local")
         if floor:
-            for name, v in m.items():
-                if v["policy"] == "ordermoe":
-                    out.append(f"{name}: mean latency {v['latency_ms']['mean'] / floor['latency_ms']['mean']:.2f}x the all-local floor")
+            for name, v in subst.items():
+                out.append(f"{name}: mean latency {v['latency_ms']['mean'] / floor['latency_ms']['mean']:.2f}x the all-local floor")
     sc = {k: v for k, v in m.items() if v["policy"] == "slimcaching"}
     if "slimcaching@slimcaching" in sc:
         s = sc["slimcaching@slimcaching"]
         for name, v in sc.items():
             if name != "slimcaching@slimcaching":
-                out.append(f"slimcaching placement vs {v['placement']}: mean latency {_pct(s['latency_ms']['mean'], v['latency_ms']['mean'])}")
+                out.append(f"slimcaching placement vs {name}: mean latency {_pct(s['latency_ms']['mean'], v['latency_ms']['mean'])}")
     return out
 
 
@@ -317,30 +449,81 @@ def _pct(new: float, old: float) -> str:
     return f"{100 * (new - old) / old:+.1f}%"
 
 
-def run_experiment(cfg: ExperimentConfig, comparisons: list[Comparison], out_dir: str | Path,
-                   log: Callable[[str], None] = print, backend: str = "simulate") -> list[Path]:
-    """Load the model, profile (cached), evaluate every comparison; write one results file per comparison."""
+def load_eval_text(adapter, tokenizer, cfg: ExperimentConfig, eval_spec: str, calib_spec: str | None,
+                   log: Callable[[str], None]) -> EvalText:
+    """Evaluation blocks, exact execution on them (nll, top-1, routing) and, when `calib_spec` is given, the
+    calibration blocks the operating points are calibrated on (the start of the calibration text)."""
     from edgemoe.data import resolve, tokenize_blocks
-    from edgemoe.eval.quality import token_nll
-    from edgemoe.eval.results import write_document
-    from edgemoe.models import load_moe, load_tokenizer
+    from edgemoe.eval.quality import token_scores
     from edgemoe.runtime.local import routing_trace
 
-    out_dir = Path(out_dir)
-    adapter, tokenizer = load_moe(cfg.model), load_tokenizer(cfg.model)
-    eval_spec, calib_spec = default_specs(cfg)
-    profile = cached_profile(adapter, tokenizer, calib_spec, cfg, log)
     blocks = tokenize_blocks(resolve(eval_spec), tokenizer, cfg.block_len, max_tokens_per_source=cfg.eval_tokens)
     if blocks.num_tokens < cfg.block_len:
         raise EdgeMoEError(f"evaluation data {eval_spec!r} gives fewer than {cfg.block_len} tokens")
     ids = blocks.ids[: max(1, cfg.eval_tokens // cfg.block_len)]
     log(f"evaluation text: {ids.size:,} tokens of {eval_spec}")
-    nll_exact = token_nll(adapter, ids)
+    nll, top1 = token_scores(adapter, ids)
     topk, gates = routing_trace(adapter, ids)
+    calib_ids = calib_nll = None
+    if calib_spec is not None:
+        cal = tokenize_blocks(resolve(calib_spec), tokenizer, cfg.block_len, max_tokens_per_source=cfg.calib_quality_tokens)
+        calib_ids = cal.ids[: max(1, cfg.calib_quality_tokens // cfg.block_len)]
+        calib_nll = token_scores(adapter, calib_ids)[0]
+        log(f"calibration text for operating points: {calib_ids.size:,} tokens of {calib_spec}")
+    return EvalText(ids=ids, nll=nll, top1=top1, topk=topk, gates=gates, calib_ids=calib_ids, calib_nll=calib_nll)
+
+
+def run_experiment(cfg: ExperimentConfig, comparisons: list[Comparison], out_dir: str | Path,
+                   log: Callable[[str], None] = print, backend: str = "simulate", suffix: str = "") -> list[Path]:
+    """Load cfg.model, profile (cached), evaluate every comparison; write one results file per comparison
+    (`<comparison name><suffix>.json`)."""
+    from edgemoe.eval.results import write_document
+    from edgemoe.models import load_moe, load_tokenizer
+
+    out_dir = Path(out_dir)
+    adapter, tokenizer = load_moe(cfg.model), load_tokenizer(cfg.model)
+    eval_spec, calib_spec = default_specs(cfg)
+    profile = cached_profile(adapter, tokenizer, calib_spec, cfg, log)
+    need_calib = any(c.operating_points for c in comparisons)
+    text = load_eval_text(adapter, tokenizer, cfg, eval_spec, calib_spec if need_calib else None, log)
     paths = []
     for comp in comparisons:
-        log(f"comparison {comp.name} ({comp.cluster}, {comp.mode} mode)")
-        doc = run_comparison(adapter, profile, comp, ids, cfg, nll_exact, topk, gates, log, backend=backend)
+        log(f"comparison {comp.name} ({comp.cluster}, {comp.mode} mode, model {cfg.model})")
+        doc = run_comparison(adapter, profile, comp, text, cfg, log, backend=backend)
         doc["config"]["eval_data"], doc["config"]["calib_data"] = eval_spec, calib_spec
-        paths.append(write_document(out_dir / f"{comp.name}.json", doc))
+        paths.append(write_document(out_dir / f"{comp.name}{suffix}.json", doc))
+    return paths
+
+
+def model_available(name: str) -> bool:
+    """Whether `name` resolves to a local model folder or names a hub id ('org/name'); a bare name that is
+    neither (a packaged model not installed yet) is not available."""
+    from edgemoe.models.loader import resolve_model_path
+
+    try:
+        path = resolve_model_path(name)
+    except EdgeMoEError:
+        return False
+    return Path(path).is_dir() or "/" in name
+
+
+def run_demo(cfg: ExperimentConfig, out_dir: str | Path, log: Callable[[str], None] = print,
+             backend: str = "simulate", ordermoe: Comparison | None = None,
+             slimcaching: Comparison | None = None) -> list[Path]:
+    """The demo: OrderMoE's comparison on every model of cfg.models that is installed (results file per model:
+    `ordermoe-edge8.json` for the first, `ordermoe-edge8-<model>.json` for the others; config.model names it),
+    and SlimCaching's comparison on the first."""
+    ordermoe = ordermoe or ordermoe_comparison()
+    slimcaching = slimcaching or slimcaching_comparison()
+    models = [m for m in (cfg.models or (cfg.model,)) if model_available(m)]
+    for m in cfg.models:
+        if m not in models:
+            log(f"model {m!r} is not installed: its OrderMoE comparison is skipped")
+    if not models:
+        raise EdgeMoEError(f"none of the demo's models {list(cfg.models)} is installed")
+    paths = []
+    for i, model in enumerate(models):
+        comps = [ordermoe, slimcaching] if i == 0 else [ordermoe]
+        paths += run_experiment(replace(cfg, model=model), comps, out_dir, log, backend,
+                                suffix="" if i == 0 else f"-{Path(model).name}")
     return paths

@@ -46,7 +46,8 @@ class DecisionTally:
     slots: int = 0
     remote: int = 0
     substituted: int = 0
-    dropped: int = 0
+    dropped: int = 0  # slots not run (dropped and renormalised, or zeroed)
+    zeroed: int = 0  # of those, zeroed
     token_layers: int = 0
     quality_cost: float = 0.0
     prefill_bytes: int = 0
@@ -62,6 +63,8 @@ class DecisionTally:
         self.remote += int(dec.remote.sum())
         self.substituted += int(dec.substituted(np.asarray(topk)).sum())
         self.dropped += int(dec.dropped.sum())
+        if getattr(dec, "zeroed", None) is not None:
+            self.zeroed += int(dec.zeroed.sum())
         self.token_layers += T
         self.quality_cost += float(dec.quality_cost.sum())
         nbytes = decision_bytes(dec, layer, self.num_layers, home, self.wire_bytes)
@@ -76,7 +79,7 @@ class DecisionTally:
         ran = max(self.slots - self.dropped, 1)
         slots = max(self.slots, 1)
         return {"remote_ratio": self.remote / ran, "substitution_ratio": self.substituted / slots,
-                "drop_ratio": self.dropped / slots}
+                "drop_ratio": self.dropped / slots, "zero_ratio": self.zeroed / slots}
 
     def traffic_per_1k(self) -> dict:
         def per_1k(nbytes: int, tokens: int) -> float:
@@ -111,6 +114,7 @@ class RunMetrics:
     token_layers: int = 0
     makespan_s: float = 0.0
     extra: dict = field(default_factory=dict)
+    zero_ratio: float = 0.0  # zeroed slots / all slots (included in drop_ratio)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -126,7 +130,7 @@ def method_entry(metrics: RunMetrics, placement: str, policy: str, ppl: float | 
         "substitution_ratio": d["substitution_ratio"], "ppl": ppl, "quality_retention": quality_retention,
         "throughput_tokens_per_s": d["throughput_tokens_per_s"],
     }
-    for key in ("traffic_prefill_bytes_per_1k_tokens", "traffic_decode_bytes_per_1k_tokens", "drop_ratio",
+    for key in ("traffic_prefill_bytes_per_1k_tokens", "traffic_decode_bytes_per_1k_tokens", "drop_ratio", "zero_ratio",
                 "utilisation", "budget_used", "budget_used_fraction", "requests", "prompt_tokens",
                 "generated_tokens", "token_layers", "makespan_s"):
         entry[key] = d[key]

@@ -40,11 +40,14 @@ class Intervention:
 
     gate_mode for replaced slots: 'keep' gives the substitute the original expert's gate weight (the
     default, as in OrderMoE); 'router' gives it its own router score, renormalised like the family does.
-    Dropped slots always renormalise the remaining gates to the original gate total.
+    Dropped slots always renormalise the remaining gates to the original gate total. Zeroed slots (`zeroed`,
+    experts -1 there) contribute nothing and the other gates stay as they are; with both in one row, the
+    dropped mass goes to the slots that run, the zeroed mass is lost.
     """
 
     experts: torch.Tensor  # [T, K] long
     gate_mode: str = "keep"
+    zeroed: torch.Tensor | None = None  # [T, K] bool: slots zeroed rather than dropped (experts must be -1 there)
 
 
 Policy = Callable[[LayerCall], "Intervention | None"]
@@ -59,7 +62,10 @@ def apply_intervention(adapter: MoEAdapter, call: LayerCall, iv: Intervention) -
         raise EdgeMoEError(f"Intervention.experts has shape {tuple(experts.shape)}, expected {tuple(call.topk.shape)}")
     if int(experts.max()) >= adapter.num_experts or int(experts.min()) < -1:
         raise EdgeMoEError(f"Intervention.experts ids must lie in [-1, {adapter.num_experts})")
-    dropped = experts < 0
+    zeroed = None if iv.zeroed is None else iv.zeroed.to(call.topk.device, torch.bool)
+    if zeroed is not None and (zeroed.shape != experts.shape or bool((zeroed & (experts >= 0)).any())):
+        raise EdgeMoEError("Intervention.zeroed must be [T, K] and mark only slots whose expert is -1")
+    dropped = experts < 0 if zeroed is None else (experts < 0) & ~zeroed
     gates = call.gates.clone()
     if iv.gate_mode == "router":
         scores = adapter.scores(call.layer, call.router_logits)  # [T, E]
@@ -71,9 +77,14 @@ def apply_intervention(adapter: MoEAdapter, call: LayerCall, iv: Intervention) -
             gates = gates / gates.sum(dim=1, keepdim=True).clamp_min(1e-20) * total
     if bool(dropped.any()):
         total = call.gates.sum(dim=1, keepdim=True)
+        if zeroed is not None:
+            total = total - call.gates.masked_fill(~zeroed, 0.0).sum(dim=1, keepdim=True)
+            gates = gates.masked_fill(zeroed, 0.0)
         gates = gates.masked_fill(dropped, 0.0)
         kept = gates.sum(dim=1, keepdim=True)
         gates = torch.where(kept > 0, gates / kept.clamp_min(1e-20) * total, gates)
+    if zeroed is not None:
+        gates = gates.masked_fill(zeroed, 0.0)
     return experts.clamp(min=0), gates
 
 

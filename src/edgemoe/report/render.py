@@ -15,6 +15,8 @@ import numpy as np
 from edgemoe.eval.results import load_results
 from edgemoe.io import atomic_write_figure, atomic_write_text
 
+from .tradeoff import plot_latency_vs_ppl_increase
+
 TABLE_COLUMNS = (
     ("placement", "placement", "{}"),
     ("policy", "policy", "{}"),
@@ -26,7 +28,8 @@ TABLE_COLUMNS = (
     ("remote", "remote_ratio", "{:.3f}"),
     ("subst.", "substitution_ratio", "{:.3f}"),
     ("ppl", "ppl", "{:.3f}"),
-    ("retention", "quality_retention", "{:.4f}"),
+    ("ppl +%", "ppl_rel_increase", "{:+.2%}"),
+    ("top-1 agr.", "top1_agreement", "{:.4f}"),
     ("tok/s", "throughput_tokens_per_s", "{:.1f}"),
 )
 
@@ -231,7 +234,7 @@ def render_report(paths: list[str | Path], out_dir: str | Path) -> Path:
         plots = [
             plot_latency_cdf(res, out_dir / f"{prefix}latency_cdf.png"),
             plot_traffic(res, out_dir / f"{prefix}traffic.png"),
-            plot_budget_sweep(res, out_dir / f"{prefix}latency_quality.png"),
+            plot_latency_vs_ppl_increase(res, out_dir / f"{prefix}latency_quality.png"),
             plot_group_sizes(res, out_dir / f"{prefix}group_sizes.png"),
             plot_placements(res, out_dir / f"{prefix}placements.png"),
         ]

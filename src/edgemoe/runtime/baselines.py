@@ -19,7 +19,6 @@ from .policy import (
     branch_ready_s,
     choose_replicas,
     meeting_node,
-    register_policy,
 )
 
 
@@ -36,9 +35,10 @@ def exact_decision(ctx, layer: np.ndarray, topk: np.ndarray, state: TokenState, 
                     quality_cost=np.zeros(len(state)), latency_s=lat)
 
 
-@register_policy("exact")
 class ExactPolicy(Policy):
     """Exact execution with load-aware replica choice; the cloud only as a fallback."""
+
+    name = "exact"
 
     def __init__(self, ctx, budget=0.0):
         super().__init__(ctx, budget=budget)
@@ -47,9 +47,10 @@ class ExactPolicy(Policy):
         return exact_decision(self.ctx, layer, topk, state, load, cloud="fallback", use_load=True)
 
 
-@register_policy("slimcaching")
 class SlimCachingPolicy(Policy):
     """Device-local, else the fastest edge or the cloud by static latency (no queue awareness)."""
+
+    name = "slimcaching"
 
     def __init__(self, ctx, budget=0.0):
         super().__init__(ctx, budget=budget)
@@ -58,9 +59,10 @@ class SlimCachingPolicy(Policy):
         return exact_decision(self.ctx, layer, topk, state, load, cloud="candidate", use_load=False)
 
 
-@register_policy("drop")
 class DropPolicy(Policy):
     """Run what the token's node holds, drop the rest (hivemind-style baseline)."""
+
+    name = "drop"
 
     def __init__(self, ctx, budget=0.0):
         super().__init__(ctx, budget=budget)

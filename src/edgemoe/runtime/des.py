@@ -12,7 +12,7 @@ import heapq
 
 import numpy as np
 
-from .simulate import Run, make_jobs
+from .simulate import Feedback, Run, make_jobs
 
 DECIDE, DONE, ARRIVE = 0, 0, 1  # priorities at equal times
 
@@ -20,8 +20,9 @@ DECIDE, DONE, ARRIVE = 0, 0, 1  # priorities at equal times
 def run_reference(ctx, policy, trace, sc) -> Run:
     P, L, N = sc.num_passes, ctx.num_layers, ctx.num_nodes
     run = Run(ctx, sc)
-    state = policy.start(sc.row_user)
+    state = policy.start(sc.row_user, tokens=sc.row_trace)
     run.budget_total = float(state.budget_total.sum())
+    feedback = Feedback(policy, sc, state, run)
     layer = np.zeros(P, np.int64)
     done_t = np.zeros(P)
     outstanding = np.zeros(P, np.int64)
@@ -64,6 +65,8 @@ def run_reference(ctx, policy, trace, sc) -> Run:
             dec = policy.decide(lv, topk, gates, part, np.maximum(node_free - t, 0.0))
             state.put(rows, part)
             run.tally.add(dec, topk, lv, part.home, sc.pass_prefill[p])
+            feedback.add(np.full(len(rows), p), dec)
+            feedback.flush()
             if lv == 0:
                 run.pass_begin[p] = t
             row_pass = np.full(len(rows), p)
@@ -86,4 +89,5 @@ def run_reference(ctx, policy, trace, sc) -> Run:
             outstanding[p] -= 1
             if outstanding[p] == 0:
                 layer_done(p, done_t[p])
+    feedback.flush(force=True)
     return run

@@ -26,12 +26,13 @@ class TraceDecisions:
     users: np.ndarray  # [T] user of each row
     topk: np.ndarray  # [T, L, K] routed experts
     gates: np.ndarray  # [T, L, K] routed gates
-    experts: np.ndarray  # [T, L, K] expert run (-1 dropped)
+    experts: np.ndarray  # [T, L, K] expert run (-1 not run: dropped, or zeroed where `zeroed`)
     node: np.ndarray  # [T, L, K] node running it (-1 dropped)
     location: np.ndarray  # [T, L] where the token was when each layer started
     next_location: np.ndarray  # [T, L]
     quality_cost: np.ndarray  # [T, L]
     latency_s: np.ndarray  # [T, L] the policy's cost-model latency of each layer (no queueing)
+    zeroed: np.ndarray  # [T, L, K] bool slot zeroed (other gates kept) rather than dropped
 
     @property
     def token_latency_s(self) -> np.ndarray:
@@ -51,12 +52,15 @@ def _stack(users, topk_l, gates_l, decisions: list[Decision]) -> TraceDecisions:
         next_location=np.stack([d.next_location for d in decisions], 1),
         quality_cost=np.stack([d.quality_cost for d in decisions], 1),
         latency_s=np.stack([d.latency_s for d in decisions], 1),
+        zeroed=np.stack([d.zero_mask for d in decisions], 1),
     )
 
 
-def replay_decisions(policy: Policy, users: np.ndarray, topk: np.ndarray, gates: np.ndarray) -> TraceDecisions:
-    """Run `policy` layer by layer on a routing trace topk/gates [T, L, K] for rows of `users` [T]."""
-    state = policy.start(users)
+def replay_decisions(policy: Policy, users: np.ndarray, topk: np.ndarray, gates: np.ndarray,
+                     tokens: np.ndarray | None = None) -> TraceDecisions:
+    """Run `policy` layer by layer on a routing trace topk/gates [T, L, K] for rows of `users` [T] (tokens [T]:
+    each row's index in the routing a future-knowing policy was given; default 0..T-1)."""
+    state = policy.start(users, tokens=np.arange(len(users)) if tokens is None else tokens)
     decisions = [policy.decide(layer, topk[:, layer], gates[:, layer], state) for layer in range(topk.shape[1])]
     return _stack(users, list(topk.transpose(1, 0, 2)), list(gates.transpose(1, 0, 2)), decisions)
 
@@ -72,19 +76,20 @@ class _PolicyBridge:
     def __init__(self, policy: Policy, num_layers: int):
         self.policy, self.num_layers = policy, num_layers
         self.users: np.ndarray | None = None
+        self.tokens: np.ndarray | None = None
         self.parts: list[TraceDecisions] = []
         self._reset()
 
     def _reset(self):
         self.state, self.topk, self.gates, self.decisions = None, [], [], []
 
-    def begin(self, users_of_rows: np.ndarray) -> None:
-        self.users = users_of_rows
+    def begin(self, users_of_rows: np.ndarray, tokens: np.ndarray | None = None) -> None:
+        self.users, self.tokens = users_of_rows, tokens
 
     def __call__(self, call: LayerCall) -> Intervention | None:
         if call.layer == 0:
             self._reset()
-            self.state = self.policy.start(self.users)
+            self.state = self.policy.start(self.users, tokens=self.tokens)
         topk = call.topk.cpu().numpy().astype(np.int64)
         gates = call.gates.float().cpu().numpy().astype(np.float64)
         dec = self.policy.decide(call.layer, topk, gates, self.state)
@@ -95,7 +100,8 @@ class _PolicyBridge:
             self.parts.append(_stack(self.users, self.topk, self.gates, self.decisions))
         if np.array_equal(dec.experts, topk):
             return None  # nothing changes: let the model run untouched
-        return Intervention(torch.from_numpy(dec.experts))
+        zeroed = None if dec.zeroed is None else torch.from_numpy(dec.zeroed)
+        return Intervention(torch.from_numpy(dec.experts), zeroed=zeroed)
 
 
 @torch.no_grad()
@@ -105,13 +111,22 @@ def run_local(adapter: MoEAdapter, policy: Policy, ids: np.ndarray, row_users: n
 
     Returns (nll [B, S-1] of every next token, decisions for the B*S token rows in block-major order).
     """
-    from edgemoe.eval.quality import token_nll
+    nll, _, dec = score_local(adapter, policy, ids, row_users, batch_size)
+    return nll, dec
+
+
+@torch.no_grad()
+def score_local(adapter: MoEAdapter, policy: Policy, ids: np.ndarray, row_users: np.ndarray,
+                batch_size: int = 8) -> tuple[np.ndarray, np.ndarray, TraceDecisions]:
+    """`run_local` plus the most likely next token at every position: (nll [B, S-1], top1 [B, S-1], decisions).
+    Row r of the decisions is token r of the blocks in block-major order (the `tokens` a policy is started with)."""
+    from edgemoe.eval.quality import token_scores
 
     S = ids.shape[1]
     bridge = _PolicyBridge(policy, adapter.num_layers)
-    nll = token_nll(adapter, ids, policy=bridge, batch_size=batch_size,
-                    on_batch=lambda i, j: bridge.begin(np.repeat(row_users[i:j], S)))
-    return nll, concat(bridge.parts)
+    nll, top1 = token_scores(adapter, ids, policy=bridge, batch_size=batch_size,
+                             on_batch=lambda i, j: bridge.begin(np.repeat(row_users[i:j], S), np.arange(i * S, j * S)))
+    return nll, top1, concat(bridge.parts)
 
 
 def routing_trace(adapter: MoEAdapter, ids: np.ndarray, batch_size: int = 8) -> tuple[np.ndarray, np.ndarray]:

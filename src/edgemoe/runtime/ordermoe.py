@@ -2,18 +2,20 @@
 
 Per token row and layer, with the token at node c, routed experts A [K] and gates g [K]:
 
-- exact option: each branch on c if c holds it, else the cheapest usable replica (the `exact` policy);
-- a non-local branch k may instead run c's best-ranked local substitute e'(k) (same similarity group,
-  lowest measured error first) with the original gate; its quality cost is q_k = g_k * subst_err[l, e, e'];
-- actions X are subsets of the substitutable branches: all 2^K subsets for K <= `max_enum_k`, otherwise the
-  K+1 prefixes of the branches ordered by remote latency (the only Pareto-optimal subsets for the max);
+- exact: each branch on c if c holds it, else on a usable replica;
+- stand-ins for a non-local branch k: c's best-ranked local substitute (original gate), zero the branch, or
+  drop it and renormalise; each has a predicted quality cost from the measured output errors
+  (`stand_in_costs`, squared by default) and the slot takes the cheapest;
+- actions: subsets X of the non-local branches get stand-ins (all 2^K for K <= `max_enum_k`, else the K+1
+  prefixes by remote latency); steered (H >= 1, migrate mode) each subset also names the meeting node g
+  where the token continues from, with each exact branch on the replica that reaches g first;
 - feasible iff q(X) <= remaining budget of the row (and the row has a budget at all);
-- choose argmin J(X) = alpha * (lat(X) + Phi_H[l+1](next(X), top1(A), b - q(X))) + (beta + eps) * q(X).
+- choose argmin J = alpha_u * (lat(X, g) + Phi_H[l+1](g, key(A), b - q(X))) + (beta + eps) * q(X).
 
-Phi_H is the expected latency of the next H layers when they spend the remaining budget as well as possible,
-from precomputed tables (`LookAhead`), so the online step is a lookup. H = 0 is the myopic ablation.
-alpha grows with observed queueing / latency excess; beta paces the budget (docs/runtime.md).
-With a zero budget every substitution is infeasible and the decision is exactly `exact`'s.
+Phi_H is the expected latency of the next H layers when they act optimally, from precomputed tables
+(`LookAhead`), so the online step is a lookup. H = 0 is the myopic, unsteered ablation: with a zero budget
+its decision is exactly `exact`'s. alpha_u and the user's quality weight adapt through `observe`
+(docs/runtime.md).
 """
 
 from __future__ import annotations
@@ -33,55 +35,182 @@ from .policy import (
     branch_ready_s,
     choose_replicas,
     meeting_node,
-    register_policy,
+    replica_shortlist,
     top1,
 )
 
 EPS_S_PER_Q = 1e-9  # tie-break: between equally fast actions, spend no budget
 MAX_ENUM_K = 4  # enumerate all 2^K subsets up to K = 4 (16 actions); prefixes beyond
+KINDS = ("sub", "drop", "zero")  # what may stand in for an exact branch; on equal quality cost, the first wins
+STEER_REPLICAS = 4  # replicas per branch (besides exact's own choice) that a steered decision considers
+TABLE_CHUNK_CELLS = 1 << 22  # rows x actions x levels per block when the look-ahead tables are built
+QUALITY_POWER = 2.0  # quality cost = (gate x relative output error) ** QUALITY_POWER (see stand_in_costs)
+STEER_ALL_NODES = 16  # up to this many nodes, a steered decision may meet at any node; beyond, at a replica
 
 
 @dataclass(frozen=True)
 class Options:
-    """The actions of R rows at one layer. M actions per row."""
+    """The actions of R rows at one layer: M stand-in subsets, each with G meeting choices (G = 1 unsteered),
+    A = M x G actions; action a is subset a // G with meeting choice a % G. Per-subset arrays are kept once
+    (not repeated G times): only the chosen action's are gathered (`pick_decision`)."""
 
-    mask: np.ndarray  # [R, M, K] bool: slot substituted
-    valid: np.ndarray  # [R, M] bool: only substitutable slots substituted
-    experts: np.ndarray  # [R, M, K]
-    node: np.ndarray  # [R, M, K]
-    next_location: np.ndarray  # [R, M]
-    latency_s: np.ndarray  # [R, M]
-    quality: np.ndarray  # [R, M]
+    mask: np.ndarray  # [R, M, K] bool: slot not run exactly (substituted, dropped or zeroed)
+    valid_m: np.ndarray  # [R, M] bool: only replaceable slots replaced, each by an allowed stand-in
+    experts: np.ndarray  # [R, M, K] expert run (-1: not run)
+    node_m: np.ndarray  # [R, M, K] node running it (unsteered), or where a replaced slot runs (-1: not run)
+    zeroed: np.ndarray  # [R, M, K] bool: not run and zeroed (else, when not run, dropped and renormalised)
+    quality_m: np.ndarray  # [R, M]
+    next_location: np.ndarray  # [R, A]
+    latency_s: np.ndarray  # [R, A]
+    exact_node: np.ndarray | None = None  # [R, G, K] steered: replica of each exact slot for meeting choice g
+
+    @property
+    def G(self) -> int:
+        return 1 if self.exact_node is None else int(self.exact_node.shape[1])
+
+    def per_action(self, x: np.ndarray) -> np.ndarray:
+        """[R, M] -> [R, A]."""
+        return x if self.G == 1 else np.repeat(x, self.G, axis=1)
+
+    @property
+    def quality(self) -> np.ndarray:
+        return self.per_action(self.quality_m)
+
+    @property
+    def valid(self) -> np.ndarray:
+        return self.per_action(self.valid_m)
+
+    @property
+    def any_replaced(self) -> np.ndarray:
+        return self.per_action(self.mask.any(axis=2))
+
+
+def check_kinds(kinds) -> tuple[str, ...]:
+    """The stand-in kinds as a tuple in preference order; raises on unknown names."""
+    kinds = tuple(kinds.split(",") if isinstance(kinds, str) else kinds)
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        raise EdgeMoEError(f"substitutes: unknown kind(s) {bad}; expected a subset of {list(KINDS)}")
+    return tuple(k for k in KINDS if k in kinds)
+
+
+def stand_in_costs(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, topk: np.ndarray, gates: np.ndarray,
+                   mask: np.ndarray, kinds: tuple[str, ...], power: float = QUALITY_POWER):
+    """Per replaced slot, the stand-in with the least predicted quality cost, and that cost.
+
+    layer, location: [R]; topk, gates: [R, K]; mask: [R, M, K] slots replaced by each action.
+    Quality cost, in units of gate x relative output error ||Y - Y_e|| / ||Y_e|| (profile calibration):
+    - sub: c's best-ranked local group member e' with the original gate: |g_k| * subst_err[l, e_k, e'];
+    - zero: the branch's output is lost, the other gates stay: |g_k| * 1;
+    - drop: the remaining gates are renormalised, so the slot's share goes to the exactly run slots j of the
+      action: |g_k| * sum_j w_j subst_err[l, e_k, e_j] with w the renormalised weights (a triangle-inequality
+      bound; for K = 2 it is exact: dropping k runs the other routed expert in its place).
+    The cost charged is that perturbation to the power `power`: 2 (default) is the second-order view (extra
+    nats per token grow with the square of a small output perturbation), so one large perturbation, such as
+    losing a top-1 expert, costs much more than several small ones; 1 is the linear proxy.
+    Returns (kind [R, M, K] index into KINDS, cost [R, M, K] (inf: no stand-in allowed), sub [R, K] ids).
+    """
+    R, K = topk.shape
+    M = mask.shape[1]
+    lk = layer[:, None]
+    g = np.abs(gates)
+    sub = ctx.best_sub[location[:, None], lk, topk] if "sub" in kinds else np.full((R, K), -1, np.int64)
+    q_sub = np.where(sub >= 0, g * np.where(sub >= 0, ctx.best_sub_err[location[:, None], lk, topk], 0.0), np.inf)
+    q_zero = g if "zero" in kinds else np.full((R, K), np.inf)
+    if "drop" in kinds and K > 1:
+        err = ctx.subst_err[lk[:, :, None], topk[:, :, None], topk[:, None, :]]  # [R, K, K] err of e_k -> e_j
+        w = np.where(mask, 0.0, g[:, None, :])  # [R, M, K] weight of the slots run exactly
+        wsum = w.sum(axis=2, keepdims=True)
+        mix = np.einsum("rmj,rkj->rmk", w, err)
+        q_drop = np.where(wsum > 0, g[:, None, :] * mix / np.where(wsum > 0, wsum, 1.0), np.inf)
+    else:
+        q_drop = np.full((R, M, K), np.inf)
+    costs = np.stack([np.broadcast_to(q_sub[:, None, :], (R, M, K)), q_drop,
+                      np.broadcast_to(q_zero[:, None, :], (R, M, K))], axis=-1)  # [R, M, K, 3] in KINDS order
+    if power != 1.0:
+        costs = costs ** power
+    kind = costs.argmin(axis=-1)
+    return kind, np.take_along_axis(costs, kind[..., None], -1)[..., 0], sub
 
 
 def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, home: np.ndarray, usable: np.ndarray,
-                  topk: np.ndarray, gates: np.ndarray, load: np.ndarray, max_enum_k: int = MAX_ENUM_K) -> Options:
-    """Every substitution action for R rows (layer, location, home [R]; usable [R, N]; topk, gates [R, K])."""
+                  topk: np.ndarray, gates: np.ndarray, load: np.ndarray, max_enum_k: int = MAX_ENUM_K,
+                  kinds: tuple[str, ...] = KINDS, steer: bool = False, steer_replicas: int = STEER_REPLICAS,
+                  power: float = QUALITY_POWER) -> Options:
+    """Every action for R rows (layer, location, home [R]; usable [R, N]; topk, gates [R, K]; load [N]).
+
+    An action replaces a subset X of the non-local slots by their cheapest stand-in (`stand_in_costs`) and
+    runs the others exactly. Unsteered (the myopic rule): exact slots go where `exact` sends them and the
+    token meets its outputs by `meeting_node`'s earliest-finish rule. Steered (migrate mode): the action also
+    names the meeting node g among the token's node and each slot's candidate replicas (exact's choice + the
+    `steer_replicas` statically cheapest), and each exact slot runs on the replica whose output reaches g
+    first; the token continues from g (which may hold none of this layer's experts: it is positioned for
+    the next layers). A = M subsets unsteered, M x G steered with G = 1 + K (steer_replicas + 1).
+    """
     R, K = topk.shape
     node_x = choose_replicas(ctx, layer, location, usable, topk, load, "fallback")
     local = node_x == location[:, None]
-    sub = ctx.best_sub[location[:, None], layer[:, None], topk]  # [R, K]
-    can = ~local & (sub >= 0)
-    q_slot = np.where(can, np.abs(gates) * np.where(can, ctx.best_sub_err[location[:, None], layer[:, None], topk], 0.0), 0.0)
     if K <= max_enum_k:
         bits = ((np.arange(2 ** K)[:, None] >> np.arange(K)[None, :]) & 1).astype(bool)  # [M, K]
         mask = np.broadcast_to(bits[None], (R, 2 ** K, K))
     else:
         ready_x = branch_ready_s(ctx, layer, location, topk, node_x, load)
-        order = np.argsort(-np.where(can, ready_x, -np.inf), axis=1, kind="stable")  # substitutable, slowest first
+        order = np.argsort(-np.where(~local, ready_x, -np.inf), axis=1, kind="stable")  # non-local, slowest first
         rank = np.empty_like(order)
         np.put_along_axis(rank, order, np.arange(K)[None, :].repeat(R, 0), axis=1)
-        mask = rank[:, None, :] < np.arange(K + 1)[None, :, None]  # prefix j substitutes the j slowest
-    valid = ~(mask & ~can[:, None, :]).any(axis=2)
-    experts = np.where(mask, sub[:, None, :], topk[:, None, :])
-    node = np.where(mask, location[:, None, None], node_x[:, None, :])
+        mask = rank[:, None, :] < np.arange(K + 1)[None, :, None]  # prefix j replaces the j slowest
     M = mask.shape[1]
-    loc_m = np.broadcast_to(location[:, None], (R, M))
-    layer_m = np.broadcast_to(layer[:, None], (R, M))
-    ready = branch_ready_s(ctx, layer_m, loc_m, experts, node, load)
-    nxt, lat = meeting_node(ctx, layer_m, loc_m, np.broadcast_to(home[:, None], (R, M)), node, ready)
-    quality = (mask * q_slot[:, None, :]).sum(axis=2)
-    return Options(mask=mask, valid=valid, experts=experts, node=node, next_location=nxt, latency_s=lat, quality=quality)
+    kind, q_alt, sub = stand_in_costs(ctx, layer, location, topk, gates, mask, kinds, power)
+    valid = ~(mask & (local[:, None, :] | ~np.isfinite(q_alt))).any(axis=2)
+    is_sub = mask & (kind == 0)
+    experts = np.where(mask, np.where(is_sub, sub[:, None, :], -1), topk[:, None, :])
+    zeroed = mask & (kind == 2)
+    quality = np.where(mask, np.where(np.isfinite(q_alt), q_alt, 0.0), 0.0).sum(axis=2)
+    stand_node = np.where(is_sub, location[:, None, None], -1)  # [R, M, K] where a replaced slot runs
+    if not steer or ctx.mode == "home":
+        node = np.where(mask, stand_node, node_x[:, None, :])
+        loc_m = np.broadcast_to(location[:, None], (R, M))
+        layer_m = np.broadcast_to(layer[:, None], (R, M))
+        ready = branch_ready_s(ctx, layer_m, loc_m, experts, node, load)
+        nxt, lat = meeting_node(ctx, layer_m, loc_m, np.broadcast_to(home[:, None], (R, M)), node, ready)
+        return Options(mask=mask, valid_m=valid, experts=experts, node_m=node, zeroed=zeroed, quality_m=quality,
+                       next_location=nxt, latency_s=lat)
+    # -- steered: candidate runners per slot [R, K, J] and meeting nodes [R, G]
+    xfer, comp = ctx.xfer_s, ctx.compute_s
+    short, real = replica_shortlist(ctx, "fallback").candidates(layer, location, topk, steer_replicas)
+    cand = np.concatenate([node_x[:, :, None], short], axis=2)  # exact's own choice first
+    ok = np.concatenate([np.ones((R, K, 1), bool), real], axis=2)
+    ok &= np.take_along_axis(usable[:, None, :], cand.reshape(R, 1, -1), 2).reshape(cand.shape)
+    cand = np.where(ok, cand, node_x[:, :, None])
+    J = cand.shape[2]
+    lk = layer[:, None, None]
+    base = xfer[location[:, None, None], cand] + load[cand] + comp[cand, lk, topk[:, :, None]]  # [R, K, J]
+    base = np.where(ok, base, np.inf)
+    if ctx.num_nodes <= STEER_ALL_NODES:  # every node it may use (location first)
+        meet = np.concatenate([location[:, None], np.broadcast_to(np.arange(ctx.num_nodes), (R, ctx.num_nodes))], 1)
+        meet = np.where(np.take_along_axis(usable, meet, 1), meet, location[:, None])
+    else:
+        meet = np.concatenate([location[:, None], cand.reshape(R, K * J)], axis=1)  # [R, G]
+    G = meet.shape[1]
+    N = ctx.num_nodes
+    arrive = base[..., None] + xfer.reshape(-1).take(cand[..., None] * N + meet[:, None, None, :])  # [R, K, J, G]
+    best_j = arrive.argmin(axis=2)  # [R, K, G]
+    exact_node = np.take_along_axis(cand, best_j, 2)  # [R, K, G] replica that serves meeting node g
+    exact_arr = np.take_along_axis(arrive, best_j[:, :, None, :], 2)[:, :, 0, :]  # [R, K, G]
+    sub_ok = sub >= 0
+    sub_arr = (load[location][:, None] + comp[location[:, None], layer[:, None], np.where(sub_ok, sub, 0)])[:, :, None] \
+        + xfer[location[:, None, None], meet[:, None, :]]  # [R, K, G]
+    ex = np.moveaxis(exact_arr, 1, 2)[:, None]  # [R, 1, G, K]
+    sa = np.moveaxis(sub_arr, 1, 2)[:, None]
+    m4, s4 = mask[:, :, None, :], is_sub[:, :, None, :]
+    arr = np.where(m4, np.where(s4, sa, -np.inf), ex)  # [R, M, G, K]
+    lat = np.max(arr, axis=-1, initial=0.0)  # [R, M, G]
+    last = layer == ctx.num_layers - 1
+    if last.any():
+        lat = lat + np.where(last[:, None], xfer[meet, home[:, None]], 0.0)[:, None, :]
+    return Options(mask=mask, valid_m=valid, experts=experts, node_m=stand_node, zeroed=zeroed, quality_m=quality,
+                   next_location=np.broadcast_to(meet[:, None, :], (R, M, G)).reshape(R, M * G),
+                   latency_s=lat.reshape(R, M * G), exact_node=np.moveaxis(exact_node, 1, 2))
 
 
 class BudgetGrid:
@@ -96,61 +225,108 @@ class BudgetGrid:
         return np.clip(np.floor(np.asarray(remaining) / self.step + 1e-9), 0, self.levels - 1).astype(np.int64)
 
 
+# A Top-K set seen this often at a layer in calibration conditions the look-ahead on its own (0: top-1 only,
+# the default: on the default model's held-out routing the sets did not help, docs/runtime.md)
+MIN_SET_COUNT = 0
+
+
+class RoutingKeys:
+    """The look-ahead's context of a token after layer l: its whole Top-K set (sorted) when calibration saw
+    that set at layer l at least `min_count` times, else its top-1 expert. Keys 0..E-1 are top-1 experts;
+    E + i is the i-th frequent set of that layer. `size` = E + the most frequent sets any layer has."""
+
+    def __init__(self, topk: np.ndarray, gates: np.ndarray, num_experts: int, min_count: int = MIN_SET_COUNT):
+        T, L, K = topk.shape
+        self.E, self.K, self.L = num_experts, K, L
+        self.enabled = K > 1 and float(num_experts) ** K * L < 2.0 ** 62 and min_count > 0
+        codes, ids = [], []
+        for layer in range(L if self.enabled else 0):
+            u, c = np.unique(self._code(np.full(T, layer), topk[:, layer]), return_counts=True)
+            codes.append(u[c >= min_count])
+            ids.append(num_experts + np.arange(int((c >= min_count).sum())))
+        self.codes = np.concatenate(codes) if codes else np.zeros(0, np.int64)  # sorted: layer is the top digit
+        self.ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+        self.size = num_experts + max((len(i) for i in ids), default=0)
+
+    def _code(self, layer: np.ndarray, topk: np.ndarray) -> np.ndarray:
+        srt = np.sort(topk, axis=1).astype(np.int64)
+        return layer.astype(np.int64) * self.E ** self.K + (srt * self.E ** np.arange(self.K, dtype=np.int64)).sum(1)
+
+    def keys(self, layer, topk: np.ndarray, gates: np.ndarray) -> np.ndarray:
+        """[R] key of rows whose routing at `layer` (int or [R]) is topk, gates [R, K]."""
+        key = top1(topk, gates)
+        if not self.enabled or not len(self.codes) or not len(key):
+            return key
+        code = self._code(np.broadcast_to(np.asarray(layer), key.shape), topk)
+        pos = np.minimum(np.searchsorted(self.codes, code), len(self.codes) - 1)
+        return np.where(self.codes[pos] == code, self.ids[pos], key)
+
+
 @dataclass(frozen=True)
 class SetStats:
-    """Representative Top-K sets of one layer given the previous layer's top-1 expert (calibration trace)."""
+    """Representative Top-K sets of one layer given the previous layer's routing key (calibration trace)."""
 
     experts: np.ndarray  # [M, K] sorted expert ids of each distinct set kept
     gates: np.ndarray  # [M, K] mean gates aligned with `experts`
-    prob: np.ndarray  # [E, M] P(set | previous top-1), rows sum to 1
+    prob: np.ndarray  # [C, M] P(set | previous key), rows sum to 1
 
 
-def set_stats(topk: np.ndarray, gates: np.ndarray, layer: int, num_experts: int, per_prev: int) -> SetStats:
-    """The `per_prev` most frequent Top-K sets at `layer` after each top-1 expert at layer-1 (topk, gates [T, L, K]).
-
-    Previous experts never seen as top-1 fall back to the layer's overall set frequencies.
-    """
+def set_stats(topk: np.ndarray, gates: np.ndarray, layer: int, num_experts: int, per_prev: int,
+              keys: RoutingKeys | None = None) -> SetStats:
+    """The `per_prev` most frequent Top-K sets at `layer` after each routing key at layer-1 (topk, gates
+    [T, L, K]; keys: `RoutingKeys`, default top-1 only). A top-1 row counts every token with that top-1; a
+    set row the tokens with that set. Keys never seen fall back to the layer's overall set frequencies."""
     E = num_experts
     order = np.argsort(topk[:, layer], axis=1)
     sets = np.take_along_axis(topk[:, layer], order, 1)
     set_gates = np.take_along_axis(gates[:, layer], order, 1)
     prev = top1(topk[:, layer - 1], gates[:, layer - 1])
-    keys, inverse = np.unique(sets, axis=0, return_inverse=True)
+    C = E if keys is None else keys.size
+    prev_key = prev if keys is None else keys.keys(layer - 1, topk[:, layer - 1], gates[:, layer - 1])
+    uniq, inverse = np.unique(sets, axis=0, return_inverse=True)
     inverse = inverse.ravel()
-    counts = np.zeros((E, len(keys)))
+    counts = np.zeros((C, len(uniq)))
     np.add.at(counts, (prev, inverse), 1.0)
-    overall = counts.sum(axis=0)
+    is_set = prev_key >= E
+    np.add.at(counts, (prev_key[is_set], inverse[is_set]), 1.0)
+    overall = np.bincount(inverse, minlength=len(uniq)).astype(float)
     counts[counts.sum(axis=1) == 0] = overall
-    keep_rank = np.argsort(-counts, axis=1, kind="stable")[:, :per_prev]  # [E, S]
+    keep_rank = np.argsort(-counts, axis=1, kind="stable")[:, :per_prev]  # [C, S]
     kept_cols = np.unique(keep_rank)
     trimmed = np.zeros_like(counts)
     np.put_along_axis(trimmed, keep_rank, np.take_along_axis(counts, keep_rank, 1), 1)
     trimmed = trimmed[:, kept_cols]
     prob = trimmed / trimmed.sum(axis=1, keepdims=True)
-    mean_gates = np.zeros((len(keys), sets.shape[1]))
+    mean_gates = np.zeros((len(uniq), sets.shape[1]))
     np.add.at(mean_gates, inverse, set_gates)
-    mean_gates /= np.maximum(np.bincount(inverse, minlength=len(keys)), 1)[:, None]
-    return SetStats(experts=keys[kept_cols], gates=mean_gates[kept_cols], prob=prob)
+    mean_gates /= np.maximum(np.bincount(inverse, minlength=len(uniq)), 1)[:, None]
+    return SetStats(experts=uniq[kept_cols], gates=mean_gates[kept_cols], prob=prob)
 
 
 class LookAhead:
-    """Cost-to-go tables phi[l] [N, E, m]: expected seconds of layers l .. l+H-1 for a token at node c whose
-    previous-layer top-1 expert was e, with remaining budget level b, when those layers act optimally.
+    """Cost-to-go tables phi[l] [N, C, m]: expected seconds of layers l .. l+H-1 for a token at node c whose
+    previous-layer routing has key k (`RoutingKeys`: its Top-K set if frequent, else its top-1 expert), with
+    remaining budget level b, when those layers act optimally.
 
     Built once per (context, budget grid, H) by the truncated recursion of ALGORITHMS.md §3.4.4 with static
     costs (no queues); `phi(l)` is zero for l >= L and for H = 0.
     """
 
     def __init__(self, ctx: RuntimeContext, grid: BudgetGrid, horizon: int, sets_per_prev: int = 4,
-                 max_enum_k: int = MAX_ENUM_K):
+                 max_enum_k: int = MAX_ENUM_K, kinds: tuple[str, ...] = KINDS, steer: bool = False,
+                 steer_replicas: int = STEER_REPLICAS, power: float = QUALITY_POWER, min_set_count: int = MIN_SET_COUNT):
         self.ctx, self.grid, self.horizon = ctx, grid, int(horizon)
+        self.kinds, self.steer, self.steer_replicas, self.power = kinds, steer, steer_replicas, power
         N, L, E = ctx.num_nodes, ctx.num_layers, ctx.num_experts
-        self.zero = np.zeros((N, E, grid.levels))
+        self.keys = RoutingKeys(ctx.profile_topk, ctx.profile_gates, E, min_set_count if horizon > 0 else 0)
+        C = self.keys.size
+        self.zero = np.zeros((N, C, grid.levels))
         self.tables: dict[int, np.ndarray] = {}
-        self.stacked = np.zeros((L + 1, N, E, grid.levels))  # [L+1, N, E, m]: phi(l) for every l
+        self.stacked = np.zeros((L + 1, N, C, grid.levels))  # [L+1, N, C, m]: phi(l) for every l
         if self.horizon <= 0 or L < 2:
             return
-        stats = {layer: set_stats(ctx.profile_topk, ctx.profile_gates, layer, E, sets_per_prev) for layer in range(1, L)}
+        stats = {layer: set_stats(ctx.profile_topk, ctx.profile_gates, layer, E, sets_per_prev, self.keys)
+                 for layer in range(1, L)}
         # values[l] for each depth: one layer's expected optimal cost over its sets, recursively.
         prev_depth: dict[int, np.ndarray] = {}
         for _depth in range(1, self.horizon + 1):
@@ -164,8 +340,16 @@ class LookAhead:
             self.stacked[layer] = table
 
     def phi(self, layer: int) -> np.ndarray:
-        """[N, E, m] table for decisions that start at `layer` (zeros past the end or with H = 0)."""
+        """[N, C, m] table for decisions that start at `layer` (zeros past the end or with H = 0)."""
         return self.tables.get(layer, self.zero)
+
+    def _actions(self, ctx: RuntimeContext) -> int:
+        """Actions per row (an upper bound): subsets x meeting choices."""
+        K = ctx.top_k
+        subsets = 2 ** K if K <= MAX_ENUM_K else K + 1
+        if not self.steer:
+            return subsets
+        return subsets * (1 + (ctx.num_nodes if ctx.num_nodes <= STEER_ALL_NODES else K * (self.steer_replicas + 1)))
 
     def _layer_table(self, layer: int, stats: SetStats, phi_next: np.ndarray, max_enum_k: int) -> np.ndarray:
         ctx, grid = self.ctx, self.grid
@@ -176,90 +360,157 @@ class LookAhead:
         # A token at c may use every non-device node and c itself (other users' devices serve no one else).
         is_device = np.array([k == "device" for k in ctx.node_kind])
         usable = ~is_device[None, :] | (np.arange(N)[None, :] == loc[:, None])
-        opt = layer_options(ctx, np.full(len(loc), layer), loc, loc, usable, experts, gates, np.zeros(N), max_enum_k)
-        t1 = top1(experts, gates)  # [R]
+        t1_all = self.keys.keys(layer, experts, gates)  # [R] context key for the next layer
         b = grid.values  # [m]
-        left = b[None, None, :] - opt.quality[:, :, None]  # [R, A, m]
-        feasible = opt.valid[:, :, None] & (left >= -1e-12)
-        future = phi_next[opt.next_location[:, :, None], t1[:, None, None], grid.index(np.maximum(left, 0.0))]
-        value = opt.latency_s[:, :, None] + EPS_S_PER_Q * opt.quality[:, :, None] + future
-        best = np.where(feasible, value, np.inf).min(axis=1)  # [R, m]
+        best = np.empty((len(loc), grid.levels))
+        per = max(1, TABLE_CHUNK_CELLS // (self._actions(ctx) * grid.levels))  # rows per block: bounded memory
+        for lo in range(0, len(loc), per):
+            r = slice(lo, lo + per)
+            opt = layer_options(ctx, np.full(len(loc[r]), layer), loc[r], loc[r], usable[r], experts[r], gates[r],
+                                np.zeros(N), max_enum_k, self.kinds, self.steer, self.steer_replicas, self.power)
+            quality = opt.quality
+            left = b[None, None, :] - quality[:, :, None]  # [R, A, m]
+            feasible = opt.valid[:, :, None] & (left >= -1e-12)
+            future = phi_next[opt.next_location[:, :, None], t1_all[r][:, None, None], grid.index(np.maximum(left, 0.0))]
+            value = opt.latency_s[:, :, None] + EPS_S_PER_Q * quality[:, :, None] + future
+            best[r] = np.where(feasible, value, np.inf).min(axis=1)  # [R, m]
         best = best.reshape(N, M, grid.levels)
-        return np.einsum("es,nsm->nem", stats.prob, best)
+        return np.einsum("cs,nsm->ncm", stats.prob, best)
 
 
-@register_policy("ordermoe")
 class OrderMoEPolicy(Policy):
     """OrderMoE runtime policy. Parameters (defaults and units in docs/runtime.md):
 
-    budget: quality allowance per token-layer (gate-weighted substitution error), scalar or [U];
-    horizon: look-ahead depth H; levels: budget grid size m; quality_price: beta_0 in seconds per unit of
+    budget: quality allowance per token-layer (gate-weighted relative output error), scalar or [U];
+    horizon: look-ahead depth H; steer: choose the meeting node and replicas with the look-ahead (default:
+    H >= 1 in migrate mode; H = 0 keeps the myopic earliest-finish rule); substitutes: the stand-in kinds
+    allowed ("sub,drop,zero"); levels: budget grid size m; quality_price: beta_0 in seconds per unit of
     quality cost (None: half the median round trip per token-layer allowance); pressure_gain: kappa of the
-    latency weight; sets_per_prev: Top-K sets kept per previous top-1 in the tables; max_enum_k.
+    latency weight; sets_per_prev: Top-K sets kept per previous top-1 in the tables; max_enum_k;
+    steer_replicas; ewma: the feedback's smoothing; adapt_gain: step of the per-user quality weight;
+    spend_target: the share of its budget a user's passes should spend.
     """
 
-    def __init__(self, ctx: RuntimeContext, budget=0.05, horizon: int = 2, levels: int = 24,
-                 quality_price: float | None = None, pressure_gain: float = 1.0, sets_per_prev: int = 4,
-                 max_enum_k: int = MAX_ENUM_K, ewma: float = 0.1):
-        super().__init__(ctx, budget=budget, horizon=horizon, levels=levels, quality_price=quality_price,
-                         pressure_gain=pressure_gain, sets_per_prev=sets_per_prev, max_enum_k=max_enum_k, ewma=ewma)
+    name = "ordermoe"
+    wants_feedback = True
+
+    def __init__(self, ctx: RuntimeContext, budget=0.05, horizon: int = 2, steer: bool | None = None,
+                 substitutes="sub,drop,zero", levels: int = 24, quality_price: float | None = None,
+                 pressure_gain: float = 1.0, sets_per_prev: int = 16, max_enum_k: int = MAX_ENUM_K,
+                 steer_replicas: int = STEER_REPLICAS, ewma: float = 0.1, adapt_gain: float = 0.5,
+                 spend_target: float = 0.5, quality_power: float = QUALITY_POWER, min_set_count: int = MIN_SET_COUNT):
+        kinds = check_kinds(substitutes)
+        super().__init__(ctx, budget=budget, horizon=horizon, steer=steer, substitutes=",".join(kinds), levels=levels,
+                         quality_price=quality_price, pressure_gain=pressure_gain, sets_per_prev=sets_per_prev,
+                         max_enum_k=max_enum_k, steer_replicas=steer_replicas, ewma=ewma, adapt_gain=adapt_gain,
+                         spend_target=spend_target, quality_power=quality_power, min_set_count=min_set_count)
         if horizon < 0 or levels < 2:
             raise EdgeMoEError(f"ordermoe: horizon must be >= 0 and levels >= 2, got {horizon}, {levels}")
+        if not 0 < spend_target <= 1 or adapt_gain < 0:
+            raise EdgeMoEError(f"ordermoe: spend_target must be in (0, 1] and adapt_gain >= 0, got {spend_target}, "
+                               f"{adapt_gain}")
         self.horizon, self.max_enum_k, self.ewma = int(horizon), int(max_enum_k), float(ewma)
+        self.kinds, self.steer_replicas, self.power = kinds, int(steer_replicas), float(quality_power)
+        self.steer = (self.horizon >= 1 if steer is None else bool(steer)) and ctx.mode == "migrate"
         self.rt_med = max(ctx.median_round_trip_s(), 1e-6)
         mean_allowance = float(self.allowance.mean())
         self.quality_price = (0.5 * self.rt_med / mean_allowance if mean_allowance > 0 else 0.0) \
             if quality_price is None else float(quality_price)
-        self.pressure_gain = float(pressure_gain)
+        self.pressure_gain, self.adapt_gain, self.spend_target = float(pressure_gain), float(adapt_gain), float(spend_target)
         self.grid = BudgetGrid(float(self.allowance.max()) * ctx.num_layers, levels)
-        self.lookahead = LookAhead(ctx, self.grid, self.horizon, sets_per_prev, max_enum_k)
+        # Steered tables cost N x G times the unsteered ones; beyond STEER_ALL_NODES nodes the tables price the
+        # future with the myopic rule (64 servers, L=16, E=32, K=4: 57 s steered vs ~1 s), the decision stays steered.
+        self.lookahead = LookAhead(ctx, self.grid, self.horizon, sets_per_prev, max_enum_k, kinds,
+                                   self.steer and ctx.num_nodes <= STEER_ALL_NODES, self.steer_replicas, self.power,
+                                   min_set_count)
+        U = ctx.num_users
         self.queue_pressure = 0.0  # EWMA of mean queueing delay / (it + median round trip)
-        self.latency_excess = 0.0  # EWMA of max(observed / estimated layer latency - 1, 0)
-        self._estimate = None  # EWMA of the policy's own layer-latency estimates
+        self.latency_excess = np.zeros(U)  # [U] EWMA of max(observed / estimated latency - 1, 0)
+        self.spend_rate = np.zeros(U)  # [U] EWMA of spent / granted budget of the user's finished passes
+        self.quality_weight = np.ones(U)  # [U] multiplier of the quality price, adapted per user
 
     @property
-    def alpha(self) -> float:
-        """Latency weight: 1 without pressure, up to 1 + 2 * pressure_gain under heavy queues / slow links."""
-        return 1.0 + self.pressure_gain * (self.queue_pressure + min(self.latency_excess, 1.0))
+    def alpha(self) -> np.ndarray:
+        """[U] latency weight: 1 without pressure, up to 1 + 2 * pressure_gain under heavy queues / slow links."""
+        return 1.0 + self.pressure_gain * (self.queue_pressure + np.minimum(self.latency_excess, 1.0))
 
     def beta(self, layer: np.ndarray, state: TokenState) -> np.ndarray:
-        """[T] quality weight: quality_price x (share of budget used) / (share of layers done). layer: [T]."""
+        """[T] quality weight: quality_price x the user's adapted weight x (share of budget used) / (share of
+        layers done). layer: [T]."""
         progress = (layer + 0.5) / self.ctx.num_layers
         used = np.divide(state.budget_used, state.budget_total, out=np.zeros(len(state)), where=state.budget_total > 0)
-        return self.quality_price * used / progress
+        return self.quality_price * self.quality_weight[state.user] * used / progress
 
-    def observe(self, layer_latency_s) -> None:
-        obs = np.asarray(layer_latency_s, dtype=float)
-        if obs.size and self._estimate:
-            ratio = float(obs.mean()) / self._estimate - 1.0
-            self.latency_excess += self.ewma * (max(ratio, 0.0) - self.latency_excess)
+    def weights(self) -> dict:
+        """Per user: the latency weight alpha, the quality weight (multiplier of the quality price) and the
+        smoothed spent share, as lists (for results files)."""
+        return {"alpha": self.alpha.tolist(), "quality_weight": self.quality_weight.tolist(),
+                "spend_rate": self.spend_rate.tolist()}
+
+    def observe(self, users, latency_s, estimate_s=None, spent=None, granted=None) -> None:
+        """Per-user adaptation from finished passes (docs/runtime.md, "Adaptive weights"):
+        - latency: excess_u <- EWMA of max(observed / estimated - 1, 0) raises the user's latency weight;
+        - budget: with r_u = spent / granted of the call's passes, the quality weight moves multiplicatively by
+          exp(adapt_gain * a * (r_u - spend_target) / spend_target) (a: the EWMA weight of the passes seen;
+          spend_rate keeps the EWMA of r_u for reports): a user who spends more of its budget
+          than the target pays more for quality (saves it for where it buys most), one who spends less pays
+          less (so it substitutes whenever that helps)."""
+        users = np.asarray(users, dtype=np.int64)
+        if users.size == 0:
+            return
+        U = self.ctx.num_users
+        n = np.bincount(users, minlength=U).astype(float)
+        seen = n > 0
+        a = 1.0 - (1.0 - self.ewma) ** n[seen]  # n observations in one call: the EWMA weight of n steps
+        if estimate_s is not None:
+            ratio = np.asarray(latency_s, float) / np.maximum(np.asarray(estimate_s, float), 1e-12) - 1.0
+            excess = np.bincount(users, np.maximum(ratio, 0.0), minlength=U)[seen] / n[seen]
+            self.latency_excess[seen] += a * (excess - self.latency_excess[seen])
+        if spent is not None and granted is not None:
+            spent, granted = np.asarray(spent, float), np.asarray(granted, float)
+            has = np.bincount(users, granted, minlength=U)
+            rate = np.divide(np.bincount(users, spent, minlength=U), has, out=np.zeros(U), where=has > 0)
+            upd = seen & (has > 0)
+            a_u = 1.0 - (1.0 - self.ewma) ** n[upd]
+            self.spend_rate[upd] += a_u * (rate[upd] - self.spend_rate[upd])
+            step = self.adapt_gain * a_u * (rate[upd] - self.spend_target) / self.spend_target
+            self.quality_weight[upd] = np.clip(self.quality_weight[upd] * np.exp(step), 1e-3, 1e3)
 
     def choose(self, layer, topk, gates, state, load):
         ctx = self.ctx
-        if len(state) == 0 or not (state.budget_total > 0).any():
-            dec = exact_decision(ctx, layer, topk, state, load)  # budget 0: exactly `exact`
-            self._track(load, dec.latency_s)
+        has_budget = state.budget_total > 0
+        if len(state) == 0 or not (self.steer or has_budget.any()):
+            dec = exact_decision(ctx, layer, topk, state, load)  # no budget and no steering: exactly `exact`
+            self._track(load)
             return dec
         loc = state.location
-        opt = layer_options(ctx, layer, loc, state.home, ctx.usable[state.user], topk, gates, load, self.max_enum_k)
-        left = state.budget_left[:, None] - opt.quality  # [T, M]
-        any_sub = opt.mask.any(axis=2)
-        feasible = opt.valid & (left >= -1e-12) & (~any_sub | (state.budget_total[:, None] > 0))
-        future = self.lookahead.stacked[layer[:, None] + 1, opt.next_location, top1(topk, gates)[:, None],
-                                        self.grid.index(np.maximum(left, 0.0))]
+        opt = layer_options(ctx, layer, loc, state.home, ctx.usable[state.user], topk, gates, load, self.max_enum_k,
+                            self.kinds, self.steer, self.steer_replicas, self.power)
+        quality = opt.quality
+        left = state.budget_left[:, None] - quality  # [T, A]
+        feasible = opt.valid & (left >= -1e-12) & (~opt.any_replaced | has_budget[:, None])
+        key = self.lookahead.keys.keys(layer, topk, gates)
+        _, N, C, m = self.lookahead.stacked.shape
+        flat = (((layer[:, None] + 1) * N + opt.next_location) * C + key[:, None]) * m + self.grid.index(np.maximum(left, 0.0))
+        future = self.lookahead.stacked.reshape(-1).take(flat)  # [T, A]: one flat gather
         beta = self.beta(layer, state)[:, None]
-        cost = self.alpha * (opt.latency_s + future) + (beta + EPS_S_PER_Q) * opt.quality
+        cost = self.alpha[state.user][:, None] * (opt.latency_s + future) + (beta + EPS_S_PER_Q) * quality
         pick = np.where(feasible, cost, np.inf).argmin(axis=1)  # action 0 (no substitution) is always feasible
-        rows = np.arange(len(state))
-        dec = Decision(experts=opt.experts[rows, pick], node=opt.node[rows, pick], location=loc.copy(),
-                       next_location=opt.next_location[rows, pick], quality_cost=opt.quality[rows, pick],
-                       latency_s=opt.latency_s[rows, pick])
-        self._track(load, dec.latency_s)
-        return dec
+        self._track(load)
+        return pick_decision(opt, pick, loc)
 
-    def _track(self, load: np.ndarray, latency: np.ndarray) -> None:
+    def _track(self, load: np.ndarray) -> None:
         mean_load = float(load.mean()) if load.size else 0.0
         self.queue_pressure += self.ewma * (mean_load / (mean_load + self.rt_med) - self.queue_pressure)
-        if latency.size:
-            est = float(latency.mean())
-            self._estimate = est if self._estimate is None else self._estimate + self.ewma * (est - self._estimate)
+
+
+def pick_decision(opt: Options, pick: np.ndarray, location: np.ndarray) -> Decision:
+    """The Decision made of action `pick` [T] of each row of `opt`."""
+    rows = np.arange(len(pick))
+    m, g = np.divmod(pick, opt.G)
+    mask = opt.mask[rows, m]
+    node = opt.node_m[rows, m] if opt.exact_node is None else np.where(mask, opt.node_m[rows, m], opt.exact_node[rows, g])
+    zeroed = opt.zeroed[rows, m]
+    return Decision(experts=opt.experts[rows, m], node=node, location=location.copy(),
+                    next_location=opt.next_location[rows, pick], quality_cost=opt.quality_m[rows, m],
+                    latency_s=opt.latency_s[rows, pick], zeroed=zeroed if zeroed.any() else None)

@@ -1,23 +1,23 @@
-"""The runtime-policy interface, the registry, and the layer arithmetic every policy shares (pure numpy).
+"""The runtime-policy interface and the layer arithmetic every policy shares (pure numpy).
 
 A policy decides, for T token rows at one MoE layer, which expert runs in each of the K slots and where:
 
-    policy = make_policy("ordermoe", ctx, budget=0.05, horizon=2)
+    policy = make_policy("ordermoe", ctx, budget=0.05, horizon=2)   # edgemoe.runtime.registry
     state = policy.start(users)                        # users: [T] user index of each token row
     for layer in range(L):
         dec = policy.decide(layer, topk[:, layer], gates[:, layer], state, load_s)   # state updated in place
 
 Conventions (docs/runtime.md): `experts[t, k]` is the expert actually run in slot k (the routed id = exact,
-another id = local substitute, -1 = dropped); `node[t, k]` the node that runs it (-1 when dropped). A token is
-at `state.location`; its K branches run in parallel from there; the outputs meet at `next_location` (always
-the current node in `home` mode; in `migrate` mode one of the nodes involved). Layer latency = the slowest
-branch including the transfers to the meeting node (+ the trip home after the last layer in `migrate`).
+another id = local substitute, -1 = not run: dropped and renormalised, or zeroed where `Decision.zeroed`);
+`node[t, k]` the node that runs it (-1 when not run). A token is at `state.location`; its K branches run in
+parallel from there; the outputs meet at `next_location` (always the current node in `home` mode; in
+`migrate` mode a node the policy chooses). Layer latency = the slowest branch including the transfers to
+the meeting node (+ the trip home after the last layer in `migrate`).
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -38,6 +38,7 @@ class TokenState:
     budget_used: np.ndarray  # [T] float spent so far
     layer: np.ndarray  # [T] int next layer to decide (decisions must come in order)
     prev_top1: np.ndarray  # [T] int top-1 expert of the previous layer (-1 before layer 0)
+    row: np.ndarray  # [T] int the row's index in the `start` call that made it (per-row tables, e.g. the oracle's)
 
     def __len__(self) -> int:
         return int(self.user.shape[0])
@@ -66,11 +67,18 @@ class Decision:
     next_location: np.ndarray  # [T] int where the token is after the layer
     quality_cost: np.ndarray  # [T] float budget spent at this layer
     latency_s: np.ndarray  # [T] float the policy's estimate of the layer's latency (with the load it saw)
+    zeroed: np.ndarray | None = None  # [T, K] bool: among the slots not run (-1), those zeroed (the other gates
+    # stay as they are) rather than dropped and renormalised; None: no slot zeroed
 
     @property
     def dropped(self) -> np.ndarray:
-        """[T, K] bool."""
+        """[T, K] bool: the slot does not run (dropped and renormalised, or zeroed)."""
         return self.experts < 0
+
+    @property
+    def zero_mask(self) -> np.ndarray:
+        """[T, K] bool: the slot is zeroed (its gate's share is lost; the other gates stay)."""
+        return np.zeros(self.experts.shape, bool) if self.zeroed is None else self.zeroed
 
     def substituted(self, topk: np.ndarray) -> np.ndarray:
         """[T, K] bool: a different expert than the routed one runs in the slot."""
@@ -96,8 +104,11 @@ class Policy:
         self.params = {"budget": _jsonable(budget), **{k: _jsonable(v) for k, v in params.items()}}
 
     # -- interface ------------------------------------------------------------------------------------------
-    def start(self, users) -> TokenState:
-        """Fresh state of T token rows at their users' homes. users: [T] int user index."""
+    def start(self, users, tokens=None) -> TokenState:
+        """Fresh state of T token rows at their users' homes. users: [T] int user index.
+
+        tokens: [T] index of each row's token in the routing the caller replays (the simulator's trace, the
+        local backend's evaluation text); only policies that know the future (`oracle`) need it."""
         users = np.asarray(users, dtype=np.int64)
         if users.ndim != 1 or ((users < 0) | (users >= self.ctx.num_users)).any():
             raise EdgeMoEError(f"users must be a [T] array of user indices in [0, {self.ctx.num_users})")
@@ -106,7 +117,7 @@ class Policy:
         return TokenState(
             user=users, home=home.copy(), location=home.copy(),
             budget_total=self.allowance[users] * self.ctx.num_layers, budget_used=np.zeros(T),
-            layer=np.zeros(T, np.int64), prev_top1=np.full(T, -1, np.int64),
+            layer=np.zeros(T, np.int64), prev_top1=np.full(T, -1, np.int64), row=np.arange(T),
         )
 
     def decide(self, layer, topk, gates, state: TokenState, load_s=None) -> Decision:
@@ -135,46 +146,15 @@ class Policy:
         state.prev_top1 = top1(topk, gates)
         return dec
 
-    def observe(self, layer_latency_s) -> None:
-        """Feed measured layer latencies [n] back (adaptive policies use it; default ignores it)."""
+    wants_feedback = False  # backends call `observe` only when True (it costs them bookkeeping)
+
+    def observe(self, users, latency_s, estimate_s=None, spent=None, granted=None) -> None:
+        """Feedback from a backend about n finished passes (or layers): users [n] int; latency_s [n] measured
+        seconds; estimate_s [n] the policy's own estimate of the same (sum of `Decision.latency_s`); spent /
+        granted [n] quality budget the pass's rows spent / were granted. Adaptive policies use it."""
 
     def choose(self, layer: np.ndarray, topk: np.ndarray, gates: np.ndarray, state: TokenState, load: np.ndarray) -> Decision:
         raise NotImplementedError
-
-
-# ------------------------------------------------------------------------------------------- registry
-
-_POLICIES: dict[str, Callable[..., Policy]] = {}
-
-
-def register_policy(name: str):
-    """Class decorator: make a Policy subclass available to `make_policy(name, ...)`."""
-
-    def deco(cls):
-        if name in _POLICIES:
-            raise ValueError(f"policy {name!r} registered twice")
-        cls.name = name
-        _POLICIES[name] = cls
-        return cls
-
-    return deco
-
-
-def policy_names() -> list[str]:
-    from . import baselines, ordermoe  # noqa: F401  (register)
-
-    return sorted(_POLICIES)
-
-
-def make_policy(name: str, ctx: RuntimeContext, **params) -> Policy:
-    """The policy called `name` ("exact", "ordermoe", "drop", "slimcaching") on `ctx` with `params`."""
-    names = policy_names()
-    if name not in _POLICIES:
-        raise EdgeMoEError(f"unknown policy {name!r}; expected one of {names}")
-    try:
-        return _POLICIES[name](ctx, **params)
-    except TypeError as exc:
-        raise EdgeMoEError(f"policy {name!r}: bad parameters {sorted(params)} ({exc})") from None
 
 
 # ------------------------------------------------------------------------------- shared layer arithmetic
@@ -269,13 +249,30 @@ class ReplicaShortlist:
                 self.bound[c] = np.take_along_axis(static, order[..., m:m + 1], 2)[..., 0]
         self.built[locations] = True
 
-    def pick(self, layer: np.ndarray, location: np.ndarray, experts: np.ndarray, load: np.ndarray):
-        """([T, K] node, [T, K] bool proven): the shortlist's cheapest replica and whether it is the global one."""
+    def ensure(self, location: np.ndarray) -> None:
+        """Build the tables of every node in `location` not built yet."""
         if not self.all_built:
             missing = np.unique(location[~self.built[location]])
             if missing.size:
                 self._build(missing)
             self.all_built = bool(self.built.all())
+
+    def candidates(self, layer: np.ndarray, location: np.ndarray, experts: np.ndarray, m: int):
+        """([R, K, m] node, [R, K, m] bool real): the m statically cheapest replicas of each (location, layer, expert).
+
+        layer, location: [R]; experts: [R, K]. Returns [R, K, m'] with m' = min(m, table size); padding (an
+        expert with fewer replicas than m') is marked not real."""
+        self.ensure(location)
+        _, L, E, size = self.node.shape
+        m = min(int(m), size)
+        flat = (location * L + layer)[:, None] * E + experts  # [R, K]
+        node = self.node.reshape(-1, size)[:, :m].take(flat, axis=0)
+        real = np.isfinite(self.static.reshape(-1, size)[:, :m].take(flat, axis=0))
+        return node, real
+
+    def pick(self, layer: np.ndarray, location: np.ndarray, experts: np.ndarray, load: np.ndarray):
+        """([T, K] node, [T, K] bool proven): the shortlist's cheapest replica and whether it is the global one."""
+        self.ensure(location)
         _, L, E, m = self.node.shape
         flat = (location * L + layer)[:, None] * E + experts  # [T, K] row of (c, l, e) in the tables
         cand = self.node.reshape(-1, m).take(flat, axis=0)  # [T, K, m]

@@ -73,6 +73,7 @@ class Run:
         self.request_arrival = scenario.request_arrival.copy()
         self.node_busy = np.zeros(ctx.num_nodes)
         self.budget_total = 0.0
+        self.user_budget: dict = {}  # per user: spent / granted quality budget (policies with feedback)
 
     def metrics(self, ctx: RuntimeContext, sc: Scenario, extra: dict) -> RunMetrics:
         prefill = sc.pass_prefill
@@ -91,7 +92,7 @@ class Run:
             budget_used_fraction=(t.quality_cost / self.budget_total) if self.budget_total > 0 else None,
             requests=len(sc.request_user), prompt_tokens=t.prefill_tokens, generated_tokens=generated,
             token_layers=t.token_layers, makespan_s=makespan,
-            extra={**extra, "latency_quantiles_ms": _quantiles_ms(decode_latency)},
+            extra={**extra, "latency_quantiles_ms": _quantiles_ms(decode_latency), **self.user_budget},
         )
 
 
@@ -100,6 +101,52 @@ def _quantiles_ms(seconds: np.ndarray, points: int = 101) -> list[float]:
     x = np.asarray(seconds, dtype=float)
     x = x[np.isfinite(x)]
     return (np.percentile(x, np.linspace(0, 100, points)) * 1e3).round(4).tolist() if x.size else []
+
+
+class Feedback:
+    """Feeds `policy.observe` (when the policy wants feedback) with the passes that have finished: per pass the
+    user, the measured duration, the policy's own estimate (per layer the slowest row's `latency_s`, summed),
+    and the budget the pass's rows spent and were granted. Checked every `every` policy calls (a check scans
+    all passes)."""
+
+    def __init__(self, policy: Policy, sc: Scenario, state, run: Run, every: int = 8):
+        self.on = bool(getattr(policy, "wants_feedback", False))
+        if not self.on:
+            return
+        P = sc.num_passes
+        self.policy, self.run, self.every, self.calls = policy, run, int(every), 0
+        self.estimate = np.zeros(P)
+        self.spent = np.zeros(P)
+        self.granted = np.bincount(sc.row_pass, state.budget_total, minlength=P)
+        self.pass_user = sc.request_user[sc.pass_request]
+        self.observed = np.zeros(P, bool)
+        self.num_users = int(state.user.max()) + 1 if len(state) else 0
+
+    def add(self, row_pass: np.ndarray, dec: Decision) -> None:
+        if not self.on or not len(row_pass):
+            return
+        passes, inverse = np.unique(row_pass, return_inverse=True)
+        slowest = np.zeros(len(passes))
+        np.maximum.at(slowest, inverse, dec.latency_s)
+        self.estimate[passes] += slowest
+        self.spent[passes] += np.bincount(inverse, dec.quality_cost, minlength=len(passes))
+
+    def flush(self, force: bool = False) -> None:
+        if not self.on:
+            return
+        self.calls += 1
+        if not force and self.calls % self.every:
+            return
+        done = np.flatnonzero(~self.observed & np.isfinite(self.run.pass_end))
+        if done.size:
+            self.observed[done] = True
+            self.policy.observe(self.pass_user[done], self.run.pass_end[done] - self.run.pass_begin[done],
+                                self.estimate[done], self.spent[done], self.granted[done])
+        if force:
+            U = max(self.num_users, int(self.pass_user.max()) + 1 if self.pass_user.size else 0)
+            self.run.user_budget = {
+                "budget_spent_by_user": np.bincount(self.pass_user, self.spent, minlength=U).tolist(),
+                "budget_granted_by_user": np.bincount(self.pass_user, self.granted, minlength=U).tolist()}
 
 
 def make_jobs(ctx: RuntimeContext, layer, dec, row_pass: np.ndarray, row_start: np.ndarray, home: np.ndarray):
@@ -135,8 +182,9 @@ def run_fast(ctx: RuntimeContext, policy: Policy, trace: Trace, sc: Scenario, wi
     """Windowed-wave engine (see the module docstring): per wave one policy call (numpy) for all its rows
     and one compiled call (`edgemoe.runtime.waves`) for the jobs, the FIFO queues and the bookkeeping."""
     run = Run(ctx, sc)
-    state = policy.start(sc.row_user)
+    state = policy.start(sc.row_user, tokens=sc.row_trace)
     run.budget_total = float(state.budget_total.sum())
+    feedback = Feedback(policy, sc, state, run)
     engine = WaveEngine(ctx, sc, run, window_s)
     tally = _TallyBuffer(run.tally, sc.pass_prefill)
     wave = engine.first()
@@ -147,8 +195,11 @@ def run_fast(ctx: RuntimeContext, policy: Policy, trace: Trace, sc: Scenario, wi
         dec = policy.decide(lv, topk, gates, part, load)
         state.put(rows, part)
         tally.add(dec, topk, lv, part.home, row_pass)
+        feedback.add(row_pass, dec)
         wave = engine.step(row_pass, lv, part.home, dec)
+        feedback.flush()
     tally.flush()
+    feedback.flush(force=True)
     return run
 
 
@@ -162,7 +213,7 @@ class _TallyBuffer:
 
     def add(self, dec, topk, layer, home, row_pass) -> None:
         self.parts.append((dec.experts, dec.node, dec.location, dec.next_location, dec.quality_cost, dec.latency_s,
-                           topk, layer, home, row_pass))
+                           dec.zero_mask, topk, layer, home, row_pass))
         self.rows += len(layer)
         if self.rows >= self.chunk_rows:
             self.flush()
@@ -171,8 +222,8 @@ class _TallyBuffer:
         if not self.parts:
             return
         cols = [np.concatenate(c) for c in zip(*self.parts, strict=True)]
-        experts, node, location, next_location, quality, latency, topk, layer, home, row_pass = cols
+        experts, node, location, next_location, quality, latency, zeroed, topk, layer, home, row_pass = cols
         dec = Decision(experts=experts, node=node, location=location, next_location=next_location,
-                       quality_cost=quality, latency_s=latency)
+                       quality_cost=quality, latency_s=latency, zeroed=zeroed)
         self.tally.add(dec, topk, layer, home, self.pass_prefill[row_pass])
         self.parts, self.rows = [], 0

@@ -1,0 +1,47 @@
+"""The policy registry: names -> Policy classes, and `make_policy`.
+
+Imports run one way: registry -> the policy modules (baselines, ordermoe, oracle) -> policy (the interface)
+-> context. The policy modules know nothing of the registry; each class carries its `name`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from edgemoe.errors import EdgeMoEError
+
+from .baselines import DropPolicy, ExactPolicy, SlimCachingPolicy
+from .context import RuntimeContext
+from .oracle import OraclePolicy
+from .ordermoe import OrderMoEPolicy
+from .policy import Policy
+
+_POLICIES: dict[str, Callable[..., Policy]] = {cls.name: cls for cls in (
+    ExactPolicy, SlimCachingPolicy, DropPolicy, OrderMoEPolicy, OraclePolicy)}
+
+
+def register_policy(name: str):
+    """Class decorator for policies defined elsewhere: make a Policy subclass available to `make_policy(name)`."""
+
+    def deco(cls):
+        if name in _POLICIES:
+            raise ValueError(f"policy {name!r} registered twice")
+        cls.name = name
+        _POLICIES[name] = cls
+        return cls
+
+    return deco
+
+
+def policy_names() -> list[str]:
+    return sorted(_POLICIES)
+
+
+def make_policy(name: str, ctx: RuntimeContext, **params) -> Policy:
+    """The policy called `name` (see `policy_names()`) on `ctx` with `params`."""
+    if name not in _POLICIES:
+        raise EdgeMoEError(f"unknown policy {name!r}; expected one of {policy_names()}")
+    try:
+        return _POLICIES[name](ctx, **params)
+    except TypeError as exc:
+        raise EdgeMoEError(f"policy {name!r}: bad parameters {sorted(params)} ({exc})") from None
