@@ -5,7 +5,8 @@ from its start to its end as the home's clock saw it (never earlier than the emu
 the host ran late); TTFT = submission to the end of the prefill pass; throughput = generated tokens /
 makespan (driver's clock); traffic = bytes that crossed an emulated link; remote ratio = remote slots /
 slots that ran, after any repair; utilisation = each node's emulated accelerator seconds / makespan;
-lateness = measured pass end - emulated pass end (the host's own delay, what dilation shrinks).
+lateness = how much later than their deadlines a decode pass's layers started and the pass ended, summed
+(the host's own delay, what dilation shrinks); late_share = lateness / latency over all decode passes.
 Predicted: the simulator replays the very same requests (the routing each row really had, each request
 arriving when it was really submitted) through `simulate_scenario` with the same policy, so the two
 differ only by what the emulation does not reproduce: host lateness, the order in which concurrent calls
@@ -30,7 +31,8 @@ def measured_metrics(records, makespan_s: float, ctx) -> dict:
     gen = sum(len(r.tokens) for r in results)
     rows = sum(r.topk.shape[0] for r in results)
     ran = max(counts["slots"] - counts["dropped"], 1)
-    late = np.concatenate([r.pass_end_s - r.pass_deadline_s for r in results if r.pass_end_s is not None] or [np.zeros(0)])
+    late = np.concatenate([(r.pass_end_s - r.pass_deadline_s)[1:] for r in results if r.pass_end_s is not None]
+                          or [np.zeros(0)])
     busy = np.sum([r.node_busy_s for r in results if r.node_busy_s is not None], axis=0)
     return {
         "requests": len(results), "generated_tokens": gen, "token_rows": rows,
@@ -47,7 +49,7 @@ def measured_metrics(records, makespan_s: float, ctx) -> dict:
         "utilisation": {n: float(b / makespan_s) for n, b in zip(ctx.node_names, np.atleast_1d(busy), strict=False)}
         if makespan_s > 0 and np.ndim(busy) else {},
         "lateness_ms": latency_summary_ms(late),
-        "late_share": float(late.mean() / max(decode.mean(), 1e-12)) if late.size and decode.size else float("nan"),
+        "late_share": float(late.sum() / max(decode.sum(), 1e-12)) if late.size and decode.size else float("nan"),
     }
 
 

@@ -185,6 +185,9 @@ class _Pass:
     index: int = 0  # pass number within its request (0 = prefill)
     events: list = field(default_factory=list)  # [J, 10] arrays, see GenerateResult.events
     busy: np.ndarray = None  # [N] emulated accelerator seconds used per node
+    estimate_s: float = 0.0  # the policy's own estimate of the pass (per layer its slowest row's latency_s)
+    spent: float = 0.0  # quality budget the pass's rows spent
+    late_s: float = 0.0  # host lateness: how much later than their deadlines the layers started (and the pass ended)
 
 
 COUNT_KEYS = ("slots", "remote", "substituted", "dropped", "repaired", "failed_calls", "calls", "link_bytes",
@@ -263,9 +266,12 @@ class HomeEngine:
         stranded = ~alive[st.location]  # the token's (emulated) node left: its state is at home anyway
         st.location[stranded] = st.home[stranded]
         dec = policy.decide(layer, topk, gates, st, self.load_s(p.t))
+        p.estimate_s += float(dec.latency_s.max(initial=0.0))
+        p.spent += float(dec.quality_cost.sum())
         experts, node, fixed = repair_slots(self.ctx, layer, dec.experts, dec.node, dec.location, st.user, alive)
         meet = np.where(alive[dec.next_location], dec.next_location, dec.location)
         sent = self.clock.stamp(p.t)  # the layer starts now: its deadline, or later if the host ran late
+        p.late_s += sent - p.t
         out, experts, node, meet, done = self._dispatch(layer, hidden, experts, node, dec.location, meet, st, p, sent)
         st.location[:] = meet
         # The layer ends when its slowest output has reached the meeting node (and, after the last layer, the
@@ -360,7 +366,10 @@ class HomeEngine:
     # ---- requests -----------------------------------------------------------------------------
     def _forward(self, ids: torch.Tensor, cache, user: int, index: int, t: float, counts: dict, tally, rec,
                  busy: np.ndarray, events: list) -> tuple[int, float, float, float]:
-        """One pass over ids [1, S] due at nominal time t -> (greedy next token, begin, end, emulated end)."""
+        """One pass over ids [1, S] due at nominal time t -> (greedy next token, begin, end, end - host lateness).
+
+        Host lateness: the time by which the layers' starts and the pass's end missed their deadlines (the
+        host's CPU work ran past them); with none, end is exactly the emulated end."""
         policy, _ = self.policy()
         rows = ids.shape[1]
         state = policy.start(np.full(rows, user))
@@ -375,7 +384,14 @@ class HomeEngine:
             self._local.current = None
         rec[0].append(np.stack(p.topk, 1))
         rec[1].append(np.stack(p.gates, 1))
-        return int(logits[0, -1].argmax()), begin, self.clock.stamp(p.t), p.t
+        end = self.clock.stamp(p.t)
+        p.late_s += end - p.t
+        if getattr(policy, "wants_feedback", False):
+            # As the simulator does (issue 9, section 4): the user's observed pass latency and spent budget
+            # go back to the policy, which adapts that user's latency/quality weights.
+            policy.observe(np.array([user]), np.array([end - begin]), np.array([p.estimate_s]), np.array([p.spent]),
+                           np.array([float(state.budget_total.sum())]))
+        return int(logits[0, -1].argmax()), begin, end, end - p.late_s
 
     @torch.no_grad()
     def generate(self, req: GenerateRequest) -> GenerateResult:

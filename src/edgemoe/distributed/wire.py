@@ -95,6 +95,6 @@ class GenerateResult:
     arrival_s: float = float("nan")  # nominal submit time (what the simulator's replay uses)
     pass_begin_s: np.ndarray = None  # [G] nominal start of each pass (prefill first)
     pass_end_s: np.ndarray = None  # [G] nominal end as measured (the deadline, or later if the host was late)
-    pass_deadline_s: np.ndarray = None  # [G] emulated end (the latest ready time of the last layer)
+    pass_deadline_s: np.ndarray = None  # [G] pass end less the host's lateness within the pass (= end when on time)
     events: np.ndarray = None  # [J, 10] per expert job: pass, layer, node, row, slot, sent, arrival, start, end, done
     node_busy_s: np.ndarray = None  # [N] emulated accelerator seconds this request's jobs used per node
