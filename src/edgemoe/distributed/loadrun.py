@@ -11,7 +11,9 @@ backbone on CPU, Ray calls, Python) only has to finish before those deadlines. W
 ends late and the measurement is the host's, not the cluster's. With dilation k every emulated delay lasts
 k times longer in wall time and every measured time is divided by k, so the host has k times more time per
 nominal second. `auto` picks k so that the CPU the run needs fits in about half of the cores that other
-processes leave free: k = margin x CPU seconds per token x users / (simulated seconds per token x free cores).
+processes leave free (k >= margin x CPU seconds per token x users / (simulated seconds per token x free cores))
+and so that a pass's own host work, which runs between its layers, is a small share of its latency
+(k >= CPU seconds per token / (1.5% x simulated seconds per token)); `choose_dilation`.
 """
 
 from __future__ import annotations
@@ -108,13 +110,18 @@ def warm_up(client, dep, prompts, gen_tokens: int) -> None:
 
 
 def choose_dilation(cpu_s_per_token: float, users: int, sim_latency_s: float, free_cores: float,
-                    margin: float = 2.0, max_k: float = 5000.0) -> float:
-    """k such that the run needs about 1/margin of the free cores: users tokens in flight each take
-    sim_latency_s x k of wall time and cpu_s_per_token of CPU."""
+                    margin: float = 2.0, late_target: float = 0.015, max_k: float = 20000.0) -> float:
+    """The larger of two k (rounded up, at least 1):
+    - throughput: the run needs about 1/margin of the free cores (users tokens in flight, each taking
+      sim_latency_s x k of wall time and cpu_s_per_token of CPU);
+    - critical path: a pass's own host work (the dense part and the dispatch run between its layers, at most
+      cpu_s_per_token) delays it by about cpu / k nominal seconds, which must stay under late_target of its
+      simulated latency."""
     if not (sim_latency_s > 0 and cpu_s_per_token >= 0):
         return 1.0
-    k = margin * cpu_s_per_token * users / (sim_latency_s * max(free_cores, 0.25))
-    return float(min(max(1.0, math.ceil(k)), max_k))
+    throughput = margin * cpu_s_per_token * users / (sim_latency_s * max(free_cores, 0.25))
+    critical = cpu_s_per_token / (late_target * sim_latency_s)
+    return float(min(max(1.0, math.ceil(max(throughput, critical))), max_k))
 
 
 def calibrate(dep, client, users, prompts, gen_tokens: int, max_users: int = 4) -> dict:
