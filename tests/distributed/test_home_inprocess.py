@@ -125,3 +125,34 @@ def test_a_server_lost_mid_run_is_excluded_and_its_slots_rerouted(tiny_path, lab
     assert res.tokens.tolist() == first.tokens.tolist()
     engine.membership.readmit(1)
     assert engine.membership.events[-1][1:] == ("readmitted", 1)
+
+
+def test_homes_feed_each_pass_back_to_an_adaptive_policy(tiny_path, lab3):
+    """Issue 9, section 4, on the distributed backend: after every pass the home calls the policy's observe()
+    with the user, the pass's measured latency, the policy's own estimate, and the budget spent and granted
+    (only for policies that ask for feedback, `wants_feedback`)."""
+    from edgemoe.runtime import make_policy
+
+    ctx = lab3("home")
+    engine, _ = _engine(ctx, tiny_path, policy="drop", params=(("budget", 0.5),), links=True, clock="virtual")
+    seen = []
+
+    class Recording:
+        wants_feedback = True
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def observe(self, users, latency_s, estimate_s, spent, granted):
+            seen.append((users.tolist(), float(latency_s[0]), float(estimate_s[0]), float(spent[0]), float(granted[0])))
+
+    _, version = engine.membership.snapshot()
+    engine._policies = {version: Recording(make_policy("drop", ctx, budget=0.5))}
+    res = engine.generate(GenerateRequest("f", 0, PROMPT, 3, submit_s=0.0))
+    assert [s[0] for s in seen] == [[0]] * 3
+    assert [s[1] for s in seen] == (res.pass_end_s - res.pass_begin_s).tolist()
+    assert all(s[2] > 0 and 0 <= s[3] <= s[4] for s in seen)
+    assert sum(s[3] for s in seen) == pytest.approx(res.counts["quality_cost"])
