@@ -139,7 +139,9 @@ class ServerActor:
         home = None
         if cfg.home_nodes()[self.node]:
             membership = Membership(ctx.num_nodes, Backoff(cfg.backoff_base_s, cfg.backoff_max_s))
-            home = HomeEngine(cfg, self.node, RayTransport(self.node, ctx.node_names, core), membership)
+            prev = getattr(self, "home", None)  # same model: keep the loaded backbone (the demo swaps methods)
+            adapter = prev.adapter if prev is not None and prev.cfg.model_path == cfg.model_path else None
+            home = HomeEngine(cfg, self.node, RayTransport(self.node, ctx.node_names, core), membership, adapter=adapter)
         self.cfg, self.core, self.home = cfg, core, home
 
     def configure(self, cfg: ServerConfig) -> int:

@@ -202,7 +202,8 @@ class HomeEngine:
     layer ends at the latest time any of its outputs is ready at the meeting node (links.py)."""
 
     def __init__(self, cfg: ServerConfig, node: int, transport: Transport, membership: Membership | None = None,
-                 finished_cache: int = 4096):
+                 finished_cache: int = 4096, adapter=None):
+        """adapter: the backbone of a previous engine on the same model (a reconfiguration keeps it)."""
         from edgemoe.models import load_moe
 
         self.cfg, self.node, self.transport = cfg, int(node), transport
@@ -211,8 +212,10 @@ class HomeEngine:
         self.membership = membership or Membership(self.ctx.num_nodes, Backoff(cfg.backoff_base_s, cfg.backoff_max_s))
         # The backbone: the HF model with its experts modules dropped (their weights are freed; the
         # peak while loading still holds them once, see docs/distributed.md).
-        self.adapter = load_moe(cfg.model_path)
-        self.adapter.remove_hooks()
+        if adapter is None:
+            adapter = load_moe(cfg.model_path)
+            adapter.remove_hooks()
+        self.adapter = adapter
         if self.adapter.num_layers != self.ctx.num_layers or self.adapter.num_experts != self.ctx.num_experts:
             raise EdgeMoEError(f"model {cfg.model_path} has L={self.adapter.num_layers}, E={self.adapter.num_experts}; "
                                f"the deployment's profile has L={self.ctx.num_layers}, E={self.ctx.num_experts}")
