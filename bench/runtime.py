@@ -107,8 +107,6 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--users", type=int, default=16)
     args = ap.parse_args()
-    import ray  # after edgemoe.distributed, which switches Ray's token authentication on
-
     from edgemoe.distributed.cli import load_prompts, run_load
     from edgemoe.distributed.serve import Client, Deployment, start_ray, stop_ray
     from edgemoe.distributed.server import HomeEngine, LocalTransport, ServerConfig, ServerCore
@@ -116,6 +114,7 @@ def main() -> None:
     from edgemoe.distributed.wire import ExpertCall, GenerateRequest
     from edgemoe.eval.results import environment
 
+    ray = __import__("ray")  # after edgemoe.distributed, which switches Ray's token authentication on
     ctx, path = setup("exact")
     H = checkpoint_hidden_size(path)
     gen = 8 if args.quick else 32

@@ -61,7 +61,9 @@ def start_ray(node_names=(), address: str | None = None, num_cpus: int = 2,
     the environment already chose; a local instance generates its own token. Returns what was done."""
     import sys
 
-    if auth and os.environ.get("RAY_AUTH_MODE") != "token":
+    from . import RAY_IMPORTED_TOO_EARLY
+
+    if auth and (os.environ.get("RAY_AUTH_MODE") != "token" or RAY_IMPORTED_TOO_EARLY):
         if "ray" in sys.modules:  # Ray read the mode at import: too late to switch it on here
             raise EdgeMoEError("Ray was imported before token authentication was chosen: import edgemoe.distributed "
                                "before ray, or set RAY_AUTH_MODE=token (or pass auth=False knowingly)")
