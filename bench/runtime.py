@@ -6,11 +6,12 @@ Measures (2-core shared machine, 8 server actors, torch 1 thread each):
 - per remote call overhead: one expert call of one row with links off, in-process (threads) vs a Ray
   actor call from another process;
 - tokens/s of one request (16-token prompt, 32 generated), in-process vs Ray, links off and on;
-- a closed loop of U users against the 8 actors for a bounded time, links on: throughput, latency
-  percentiles, errors, and the simulator's prediction of the same requests beside it;
+- a closed loop of U users against the 8 actors, links on, at the calibrated dilation: throughput,
+  latency percentiles, errors, CPU use and validity, and the simulator's replay of the same requests;
 - memory of each actor against the experts it hosts;
-- link emulation accuracy: the round trip of a 64-row expert call from node 0 to every other node,
-  measured (median of repeats) against the configured legs, per link (the load average beside it).
+- link emulation accuracy: the round trip of a 64-row expert call from node 0 to every other node (stamped
+  with its send time; the driver waits for the latest ready time as a home does), measured (median of
+  repeats) against the emulated legs + queue + roofline, per link (the load average beside it).
 Writes bench/results/runtime.json and prints the tables.
 """
 
@@ -69,30 +70,35 @@ def one_request_tps(generate, prompt, gen: int, repeats: int) -> dict:
 
 
 def link_accuracy(ctx, handles, H: int, repeats: int) -> list[dict]:
-    """Round trip of a 64-row bf16 call from node 0 to each other node: measured vs configured."""
+    """Round trip of a 64-row bf16 call from node 0 to each other node, as a home makes it: measured (wall,
+    median) vs emulated (inbound leg + the node's FIFO accelerator + outbound leg, from the reply's times)."""
     import os
 
     import ray
 
+    from edgemoe.distributed.links import Clock
     from edgemoe.distributed.wire import ExpertCall
 
-    rows, row_bytes = 64, 2 * H
+    clock = Clock()
+    rows = 64
     out = []
     for n in range(1, ctx.num_nodes):
         e = int(np.flatnonzero(ctx.hosts[n, 0])[0]) if ctx.hosts[n, 0].any() else None
         if e is None:
             continue
-        call = ExpertCall(0, np.zeros((rows, H), np.int16), np.full(rows, e), np.zeros(rows, np.int64),
-                          np.zeros(rows, np.int64), "bf16")
-        configured = sum(ctx.lat_s[i, j] + rows * row_bytes / ctx.bw_Bps[i, j] for i, j in ((0, n), (n, 0)))
-        measured = []
+        measured, emulated = [], []
         for _ in range(repeats):
-            t0 = time.perf_counter()
-            ray.get(handles[n].run_experts.remote(call))
-            measured.append(time.perf_counter() - t0)
-        med = float(np.median(measured))
-        out.append({"link": f"{ctx.node_names[0]}<->{ctx.node_names[n]}", "configured_ms": configured * 1e3,
-                    "measured_ms": med * 1e3, "ratio": med / configured, "load_avg_1min": os.getloadavg()[0]})
+            sent = clock.now()
+            call = ExpertCall(0, np.zeros((rows, H), np.int16), np.full(rows, e), np.zeros(rows, np.int64),
+                              np.zeros(rows, np.int64), "bf16", sent)
+            reply = ray.get(handles[n].run_experts.remote(call))
+            ready = float((reply.end + reply.back_s).max())
+            clock.wait_until(ready)
+            measured.append(clock.now() - sent)
+            emulated.append(ready - sent)
+        med, emu = float(np.median(measured)), float(np.median(emulated))
+        out.append({"link": f"{ctx.node_names[0]}<->{ctx.node_names[n]}", "configured_ms": emu * 1e3,
+                    "measured_ms": med * 1e3, "ratio": med / emu, "load_avg_1min": os.getloadavg()[0]})
     return out
 
 
@@ -100,17 +106,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--users", type=int, default=16)
-    ap.add_argument("--seconds", type=float, default=30.0)
     args = ap.parse_args()
-    import ray  # after edgemoe.distributed, which switches Ray's token authentication on
-
     from edgemoe.distributed.cli import load_prompts, run_load
-    from edgemoe.distributed.links import LinkTable
     from edgemoe.distributed.serve import Client, Deployment, start_ray, stop_ray
     from edgemoe.distributed.server import HomeEngine, LocalTransport, ServerConfig, ServerCore
     from edgemoe.distributed.weights import checkpoint_hidden_size
     from edgemoe.distributed.wire import ExpertCall, GenerateRequest
+    from edgemoe.eval.results import environment
 
+    ray = __import__("ray")  # after edgemoe.distributed, which switches Ray's token authentication on
     ctx, path = setup("exact")
     H = checkpoint_hidden_size(path)
     gen = 8 if args.quick else 32
@@ -122,7 +126,7 @@ def main() -> None:
 
     # ---- in-process
     cfg_off = ServerConfig(ctx, path, links_enabled=False)
-    servers = {n: ServerCore(n, path, ctx.hosts[n], LinkTable.from_context(ctx, False), H) for n in range(ctx.num_nodes)}
+    servers = {n: ServerCore(n, path, ctx, cfg_off.links(H)) for n in range(ctx.num_nodes)}
     local = HomeEngine(cfg_off, 0, LocalTransport(servers))
     e = int(np.flatnonzero(ctx.hosts[1, 0])[0])
     call = ExpertCall(0, np.zeros((1, H), np.int16), np.array([e]), np.array([0]), np.array([0]), "bf16")
@@ -131,7 +135,7 @@ def main() -> None:
     out["one_request"] = {"in_process_links_off": one_request_tps(
         lambda p, g, i: local.generate(GenerateRequest(f"l{i}", 0, p, g)), prompt, gen, 3)}
     cfg_on = replace(cfg_off, links_enabled=True)
-    servers_on = {n: ServerCore(n, path, ctx.hosts[n], LinkTable.from_context(ctx, True), H) for n in range(ctx.num_nodes)}
+    servers_on = {n: ServerCore(n, path, ctx, cfg_on.links(H)) for n in range(ctx.num_nodes)}
     local_on = HomeEngine(cfg_on, 0, LocalTransport(servers_on))
     out["one_request"]["in_process_links_on"] = one_request_tps(
         lambda p, g, i: local_on.generate(GenerateRequest(f"lo{i}", 0, p, g)), prompt, gen, 2)
@@ -148,7 +152,9 @@ def main() -> None:
     dep.configure(cfg_on)
     out["links"] = link_accuracy(ctx, dep.handles, H, 5 if args.quick else 15)
     out["one_request"]["ray_links_on"] = one_request_tps(lambda p, g, i: client.generate(0, p, g), prompt, gen, 2)
-    out["load"] = run_load(dep, args.users, 8.0 if args.quick else args.seconds, 16 if args.quick else gen)
+    load = run_load(dep, args.users, 1e9, 8 if args.quick else 16, dilation="auto", requests_per_user=2)
+    out["load"] = load
+    out["environment"] = environment()
     dep.shutdown()
     stop_ray()
     RESULTS.mkdir(exist_ok=True)
@@ -168,8 +174,10 @@ def print_tables(out: dict) -> None:
           f"{one['ray_links_on']['tokens_per_s']:.1f} |")
     load = out["load"]
     m, p, err = load["measured"], load["predicted"], load["error_vs_simulator"]
-    print(f"\nclosed loop: {load['users']} users, {load['seconds']:.0f} s, 8 server actors, links on: "
-          f"{m['requests']} requests, errors {len(load['errors'])}, duplicates {load['duplicates']}")
+    print(f"\nclosed loop: {load['users']} users, 2 requests each, 8 server actors, links on, dilation "
+          f"{load['dilation']:g} (host CPU {100 * load['cpu']['host_util']:.0f}%, Ray {load['cpu']['ray_cores_busy']:.2f} "
+          f"cores, {'valid' if load['valid'] else 'INVALID'}): {m['requests']} requests, errors {len(load['errors'])}, "
+          f"duplicates {load['duplicates']}")
     print("| | measured (Ray) | simulator, same requests | error |\n|---|---|---|---|")
     for label, key, sub in (("latency/token mean ms", "latency_ms", "mean"), ("latency/token p50 ms", "latency_ms", "p50"),
                             ("latency/token p99 ms", "latency_ms", "p99"), ("TTFT mean ms", "ttft_ms", "mean")):
@@ -179,7 +187,7 @@ def print_tables(out: dict) -> None:
     print(f"| traffic bytes / 1k tokens | {m['traffic_bytes_per_1k_tokens']:.0f} | {p['traffic_bytes_per_1k_tokens']:.0f} | {100 * err['traffic']:+.1f}% |")
     print(f"| remote ratio | {m['remote_ratio']:.3f} | {p['remote_ratio']:.3f} | {100 * err['remote_ratio']:+.1f}% |")
     if "links" in out:
-        print("\n| link | configured RTT ms | measured ms | measured/configured | load avg |\n|---|---|---|---|---|")
+        print("\n| link | emulated RTT ms | measured ms | measured/emulated | load avg |\n|---|---|---|---|---|")
         for lk in out["links"]:
             print(f"| {lk['link']} | {lk['configured_ms']:.1f} | {lk['measured_ms']:.1f} | {lk['ratio']:.3f} | "
                   f"{lk['load_avg_1min']:.2f} |")

@@ -12,19 +12,35 @@ LAT = np.array([[0.0, 0.01, 0.02], [0.01, 0.0, 0.03], [0.02, 0.03, 0.0]])
 BW = np.array([[np.inf, 1e6, 2e6], [1e6, np.inf, 1e6], [2e6, 1e6, np.inf]])
 
 
-def test_leg_is_the_slowest_parallel_message_and_counts_crossing_rows():
-    links = LinkTable(LAT, BW)
-    # rows from 0, 0, 2 and 1 (local) to node 1, 1000 bytes each:
-    # 0->1 carries 2000 B: 0.01 + 2000/1e6 = 0.012 s; 2->1 carries 1000 B: 0.03 + 0.001 = 0.031 s
-    seconds, nbytes = links.leg_s(np.array([0, 0, 2, 1]), np.array([1, 1, 1, 1]), 1000)
-    assert seconds == pytest.approx(0.031)
-    assert nbytes == 3000
-    assert links.leg_s(np.array([1, 1]), np.array([1, 1]), 1000) == (0.0, 0)
+def test_each_row_is_its_own_message_as_the_simulator_charges():
+    from edgemoe.distributed.links import VirtualAccelerator
+
+    xfer = LAT + 1000 / BW  # rows of 1000 bytes
+    np.fill_diagonal(xfer, 0.0)
+    links = LinkTable(xfer, 1000)
+    # rows from 0, 0, 2 and 1 (local) to node 1: 0.01 + 0.001, twice; 0.03 + 0.001; 0
+    assert links.legs_s(np.array([0, 0, 2, 1]), np.array([1, 1, 1, 1])) == pytest.approx([0.011, 0.011, 0.031, 0.0])
+    assert links.bytes_moved(np.array([0, 0, 2, 1]), np.array([1, 1, 1, 1])) == 3000
+    off = LinkTable(xfer, 1000, enabled=False)
+    assert off.legs_s(np.array([0]), np.array([2])).tolist() == [0.0] and off.bytes_moved([0], [2]) == 1000
+    # FIFO accelerator: start = max(arrival, free_at), end = start + service, in the order given
+    acc = VirtualAccelerator()
+    start, end, free = acc.serve(np.array([1.0, 1.0, 5.0]), np.array([2.0, 1.0, 0.5]))
+    assert start.tolist() == [1.0, 3.0, 5.0] and end.tolist() == [3.0, 4.0, 5.5] and free == 5.5
+    start, end, _ = acc.serve(np.array([5.2]), np.array([1.0]))
+    assert start.tolist() == [5.5] and end.tolist() == [6.5] and acc.busy_s == 4.5
 
 
-def test_disabled_links_do_not_wait_but_still_count_bytes():
-    links = LinkTable(LAT, BW, enabled=False)
-    assert links.hold(np.array([0]), np.array([2]), 500) == (0.0, 500)
+def test_virtual_clock_never_waits_and_dilation_stretches_real_waits():
+    from edgemoe.distributed.links import Clock
+
+    v = Clock("virtual")
+    assert v.now() == -np.inf and v.stamp(3.5) == 3.5
+    v.wait_until(1e12)  # returns at once
+    real = Clock("real", 10.0)
+    assert real.stamp(0.0) == real.now() or real.stamp(0.0) > 0  # monotonic / 10 is far past 0
+    with pytest.raises(ValueError):
+        Clock("real", 0.5)
 
 
 def _adapter(path):

@@ -21,6 +21,9 @@ RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1 before starting (see docs/distributed.md).
 """
 
 import os
+import sys
 
+# Ray imported before this package read RAY_AUTH_MODE unset (= disabled): start_ray refuses to start then.
+RAY_IMPORTED_TOO_EARLY = "ray" in sys.modules and "RAY_AUTH_MODE" not in os.environ
 os.environ.setdefault("RAY_AUTH_MODE", "token")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -33,6 +34,7 @@ def serve_command(
     load_users: Annotated[int, typer.Option(min=0, help="run a closed-loop load with this many users, then stop (0: serve until Ctrl-C)")] = 0,
     load_seconds: Annotated[float, typer.Option(min=0.001, max=86_400, help="duration of the closed-loop load (seconds)")] = 20.0,
     gen_tokens: Annotated[int, typer.Option(min=1, help="tokens generated per load request")] = 16,
+    dilation: Annotated[str, typer.Option(help="time dilation k of the emulated cluster: a number >= 1, or 'auto' (calibrated)")] = "1",
     out: Annotated[Path, typer.Option(help="where the load run's metrics go (JSON)")] = Path("runs/serve.json"),
 ):
     """Run the cluster's servers as Ray actors (one per node, pinned by the `edgemoe_node_<name>` resource)."""
@@ -42,8 +44,10 @@ def serve_command(
 
     try:
         file_target(out)
+        k = _dilation(dilation)
         ctx, cfg = _checked_inputs(cluster, placement, profile, model, policy, param, mode, wire, domain_fallback,
                                    links and ray_address is None)
+        cfg = replace(cfg, dilation=1.0 if k == "auto" else k)
         try:
             info = start_ray(ctx.node_names if ray_address is None else (), address=ray_address)
         except (TimeoutError, ConnectionError, RuntimeError) as exc:  # ray.init: "Failed to start/connect to GCS"
@@ -64,10 +68,11 @@ def serve_command(
         from edgemoe.progress import ticker
 
         with ticker(f"load run: {load_users} users", total_s=load_seconds):
-            result = run_load(dep, load_users, load_seconds, gen_tokens, model)
+            result = run_load(dep, load_users, load_seconds, gen_tokens, model, dilation=k)
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out, json.dumps(result, indent=1, default=float))
-        typer.echo(json.dumps({k: result[k] for k in ("measured", "error_vs_simulator")}, indent=1, default=float))
+        typer.echo(json.dumps({key: result[key] for key in ("dilation", "valid", "invalid_because", "cpu", "error_vs_simulator")},
+                              indent=1, default=float))
         typer.echo(f"wrote {out}")
     except EdgeMoEError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
@@ -129,6 +134,19 @@ def _check_checkpoint_matches(model_path: str, prof) -> None:
                            f"({prof.L}, {prof.E}); give the model the profile was measured on")
 
 
+def _dilation(text: str) -> float | str:
+    """'auto' or a number >= 1 (--dilation)."""
+    if text == "auto":
+        return "auto"
+    try:
+        k = float(text)
+    except ValueError:
+        k = float("nan")
+    if not k >= 1.0 or k == float("inf"):
+        raise EdgeMoEError(f"--dilation {text!r}: expected 'auto' or a finite number >= 1")
+    return k
+
+
 def load_prompts(model: str, count: int = 32, length: int = 16):
     """Prompts of `length` tokens cut from the offline corpus (the stdlib docs) with the model's tokenizer."""
     import numpy as np
@@ -141,26 +159,29 @@ def load_prompts(model: str, count: int = 32, length: int = 16):
     return [ids[i * length:(i + 1) * length] for i in range(count)]
 
 
-def run_load(dep, users: int, seconds: float, gen_tokens: int, model: str = "default", prompt_tokens: int = 16) -> dict:
-    """Closed loop of `users` users (cycling over the cluster's users) for `seconds`; measured metrics
-    beside the simulator's replay of the same requests."""
+def run_load(dep, users: int, seconds: float, gen_tokens: int, model: str = "default", prompt_tokens: int = 16,
+             dilation: float | str = 1.0, requests_per_user: int | None = None) -> dict:
+    """Closed loop of `users` users (cycling over the cluster's users) for `seconds` nominal seconds (or
+    `requests_per_user` each); measured metrics, CPU use and validity beside the simulator's replay of the
+    same requests (edgemoe.distributed.loadrun). dilation: a number, or "auto" (calibrated)."""
     import numpy as np
 
-    from .measure import compare, measured_metrics, predicted_metrics
-    from .serve import Client, closed_loop
+    from .loadrun import measure_load
+    from .measure import predicted_metrics
     from .weights import checkpoint_hidden_size
     from .wire import row_bytes
 
     ctx = dep.cfg.ctx
-    client = Client(dep)
     prompts = load_prompts(model, 32, prompt_tokens)
     who = [int(u) % ctx.num_users for u in range(users)]
-    records, makespan, errors = closed_loop(client, who, prompts, gen_tokens, seconds)
-    measured = measured_metrics(records, makespan, ctx)
     wire_bytes = row_bytes(checkpoint_hidden_size(dep.cfg.model_path), dep.cfg.wire)
-    predicted = predicted_metrics(ctx, dep.cfg.policy, dep.cfg.params, records, wire_bytes) if records else {}
-    return {"users": users, "seconds": seconds, "gen_tokens": gen_tokens, "prompt_tokens": prompt_tokens,
-            "policy": dep.cfg.policy, "mode": ctx.mode, "cluster": ctx.cluster_name, "errors": errors,
-            "duplicates": client.duplicates, "failovers": client.failovers, "measured": measured,
-            "predicted": predicted, "error_vs_simulator": compare(measured, predicted) if records else {},
-            "requests_per_user": np.bincount([r.user for r in records], minlength=ctx.num_users).tolist()}
+    sim_latency_s = None
+    if dilation == "auto":  # the simulated latency the calibration sizes k for: a short replay at k = 1
+        probe = measure_load(dep, who, prompts, gen_tokens, requests_per_user=1, dilation=1.0, wire_bytes=wire_bytes)
+        sim_latency_s = predicted_metrics(ctx, dep.cfg.policy, dep.cfg.params, probe["records"], wire_bytes)["latency_ms"]["mean"] / 1e3
+    out = measure_load(dep, who, prompts, gen_tokens, requests_per_user, seconds, dilation, sim_latency_s,
+                       wire_bytes=wire_bytes)
+    records = out.pop("records")
+    out.update(seconds=seconds, prompt_tokens=prompt_tokens, policy=dep.cfg.policy, mode=ctx.mode,
+               cluster=ctx.cluster_name, requests_per_user=np.bincount([r.user for r in records], minlength=ctx.num_users).tolist())
+    return out

@@ -31,6 +31,7 @@ class Membership:
         self.version = 0
         self.backoff = backoff or Backoff()
         self.events: list[tuple[float, str, int]] = []  # (time, "excluded" | "readmitted", node)
+        self.wakeup = threading.Event()  # set by exclude(): the prober has work
 
     def snapshot(self) -> tuple[np.ndarray, int]:
         with self._lock:
@@ -46,6 +47,7 @@ class Membership:
                 self.alive[node] = False
                 self.version += 1
                 self.events.append((now, "excluded", int(node)))
+        self.wakeup.set()
 
     def readmit(self, node: int, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -55,6 +57,13 @@ class Membership:
                 self.alive[node] = True
                 self.version += 1
                 self.events.append((now, "readmitted", int(node)))
+
+    def next_probe_in(self, now: float | None = None) -> float | None:
+        """Seconds until the next excluded server's probe is due (None: nothing is excluded)."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            out = self.next_probe[~self.alive]
+            return float(out.min() - now) if out.size else None
 
     def due(self, now: float | None = None) -> list[int]:
         """Excluded servers whose next probe is due."""

@@ -1,13 +1,16 @@
 """Measured metrics of a distributed run, and the simulator's prediction for the same run (pure numpy).
 
-Measured: per-token latency = wall seconds of each decode pass on the home; TTFT = queueing on the home's
-backbone + the prefill pass; throughput = generated tokens / makespan (driver clock); traffic = bytes
-that crossed an emulated link, counted where the link delay was applied; remote ratio = remote slots /
-slots that ran, from the slots actually executed (after any repair).
+Measured (nominal seconds: wall / dilation, links.Clock): per-token latency = each decode pass on the home,
+from its start to its end as the home's clock saw it (never earlier than the emulated deadline, later when
+the host ran late); TTFT = submission to the end of the prefill pass; throughput = generated tokens /
+makespan (driver's clock); traffic = bytes that crossed an emulated link; remote ratio = remote slots /
+slots that ran, after any repair; utilisation = each node's emulated accelerator seconds / makespan;
+lateness = how much later than their deadlines a decode pass's layers started and the pass ended, summed
+(the host's own delay, what dilation shrinks); late_share = lateness / latency over all decode passes.
 Predicted: the simulator replays the very same requests (the routing each row really had, each request
 arriving when it was really submitted) through `simulate_scenario` with the same policy, so the two
-differ only by what the simulator does not model (the dense part, Ray and Python overheads, CPU
-expert compute instead of the cluster's GPUs, closed-loop arrivals replayed as open ones).
+differ only by what the emulation does not reproduce: host lateness, the order in which concurrent calls
+reach a server, and the load each home sees (replies, not the simulator's global view).
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ def measured_metrics(records, makespan_s: float, ctx) -> dict:
     gen = sum(len(r.tokens) for r in results)
     rows = sum(r.topk.shape[0] for r in results)
     ran = max(counts["slots"] - counts["dropped"], 1)
+    late = np.concatenate([(r.pass_end_s - r.pass_deadline_s)[1:] for r in results if r.pass_end_s is not None]
+                          or [np.zeros(0)])
+    busy = np.sum([r.node_busy_s for r in results if r.node_busy_s is not None], axis=0)
     return {
         "requests": len(results), "generated_tokens": gen, "token_rows": rows,
         "latency_ms": latency_summary_ms(decode), "ttft_ms": latency_summary_ms(ttft),
@@ -39,7 +45,19 @@ def measured_metrics(records, makespan_s: float, ctx) -> dict:
         "drop_ratio": counts["dropped"] / max(counts["slots"], 1),
         "calls": int(counts["calls"]), "failed_calls": int(counts["failed_calls"]), "repaired_slots": int(counts["repaired"]),
         "makespan_s": makespan_s,
+        "latency_quantiles_ms": quantiles_ms(decode),
+        "utilisation": {n: float(b / makespan_s) for n, b in zip(ctx.node_names, np.atleast_1d(busy), strict=False)}
+        if makespan_s > 0 and np.ndim(busy) else {},
+        "lateness_ms": latency_summary_ms(late),
+        "late_share": float(late.sum() / max(decode.sum(), 1e-12)) if late.size and decode.size else float("nan"),
     }
+
+
+def quantiles_ms(seconds, points: int = 101) -> list[float]:
+    """[points] evenly spaced quantiles (0..100%) in ms, to draw a CDF from the results file."""
+    x = np.asarray(seconds, dtype=float)
+    x = x[np.isfinite(x)]
+    return (np.percentile(x, np.linspace(0, 100, points)) * 1e3).round(4).tolist() if x.size else []
 
 
 def replay_scenario(records, num_layers: int):
@@ -95,7 +113,9 @@ def predicted_metrics(ctx, policy: str, params: dict, records, wire_bytes: int |
     m = simulate_scenario(ctx, make_policy(policy, ctx, **params), trace, scenario)
     return {"latency_ms": m.latency_ms, "ttft_ms": m.ttft_ms, "throughput_tokens_per_s": m.throughput_tokens_per_s,
             "traffic_bytes_per_1k_tokens": m.traffic_bytes_per_1k_tokens, "remote_ratio": m.remote_ratio,
-            "substitution_ratio": m.substitution_ratio, "drop_ratio": m.drop_ratio, "makespan_s": m.makespan_s}
+            "substitution_ratio": m.substitution_ratio, "drop_ratio": m.drop_ratio, "makespan_s": m.makespan_s,
+            "latency_quantiles_ms": m.extra.get("latency_quantiles_ms", []), "utilisation": m.utilisation,
+            "requests": m.requests, "generated_tokens": m.generated_tokens}
 
 
 def compare(measured: dict, predicted: dict) -> dict:
@@ -112,3 +132,34 @@ def compare(measured: dict, predicted: dict) -> dict:
         "traffic": rel(measured["traffic_bytes_per_1k_tokens"], predicted["traffic_bytes_per_1k_tokens"]),
         "remote_ratio": rel(measured["remote_ratio"], predicted["remote_ratio"]),
     }
+
+
+def reference_events(ctx, policy: str, params: dict, records, wire_bytes: int | None = None):
+    """The reference simulator's replay of `records` with every job's event times.
+
+    Returns (pass_begin [P], pass_end [P], jobs [J, 7]: pass, layer, node, arrival, start, finish, done), passes
+    numbered as `replay_scenario` orders them (requests by submit time, then prefill, decode passes)."""
+    from edgemoe.runtime import make_policy
+    from edgemoe.runtime.des import run_reference
+
+    if wire_bytes is not None:
+        ctx = with_wire_bytes(ctx, wire_bytes)
+    trace, scenario = replay_scenario(records, ctx.num_layers)
+    jobs: list = []
+    run = run_reference(ctx, make_policy(policy, ctx, **params), trace, scenario, record=jobs)
+    return run.pass_begin, run.pass_end, np.array(jobs, float).reshape(-1, 7)
+
+
+def emulated_events(records):
+    """The same as `reference_events` from what the homes recorded: (pass_begin, pass_end, jobs [J, 7])."""
+    records = sorted(records, key=lambda r: r.submitted_s)
+    res = [r.result for r in records]
+    first = np.cumsum([0] + [len(r.tokens) for r in res[:-1]])
+    jobs = [np.column_stack([r.events[:, 0] + f, r.events[:, [1, 2, 6, 7, 8, 9]]]) for r, f in zip(res, first, strict=True)]
+    return (np.concatenate([r.pass_begin_s for r in res]), np.concatenate([r.pass_end_s for r in res]),
+            np.concatenate(jobs) if jobs else np.zeros((0, 7)))
+
+
+def sorted_jobs(jobs: np.ndarray) -> np.ndarray:
+    """jobs [J, 7] in (pass, layer, node, arrival, start, ...) order, for comparing two runs row by row."""
+    return jobs[np.lexsort(jobs.T[::-1])]

@@ -16,7 +16,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +25,7 @@ import torch
 from edgemoe.errors import EdgeMoEError
 
 from .health import Backoff, Membership
-from .links import LinkTable
+from .links import Clock, LinkTable, VirtualAccelerator
 from .repair import degraded_context, repair_slots
 from .weights import ExpertWeights
 from .wire import ExpertCall, ExpertReply, GenerateRequest, GenerateResult, decode, encode, row_bytes
@@ -39,13 +39,16 @@ class ServerConfig:
     model_path: str
     policy: str = "exact"
     policy_params: tuple = ()  # ((key, value), ...) so the config stays hashable
-    links_enabled: bool = True
+    links_enabled: bool = True  # emulate the cluster's links and nominal hardware (off on a real cluster)
     wire: str = "bf16"
-    call_timeout_s: float = 5.0
+    call_timeout_s: float = 5.0  # wall seconds a call may take beyond its emulated duration
     max_attempts: int = 3
     backoff_base_s: float = 0.25
     backoff_max_s: float = 4.0
     version: int = 0
+    clock: str = "real"  # "real" (deadlines on the monotonic clock) or "virtual" (pure arithmetic, no waits)
+    dilation: float = 1.0  # every emulated delay lasts this many times longer in wall time (real clock)
+    use_load: bool = True  # policies see node backlogs estimated from replies (the simulator gives backlogs)
 
     @property
     def params(self) -> dict:
@@ -56,6 +59,12 @@ class ServerConfig:
         homes = np.zeros(self.ctx.num_nodes, bool)
         homes[np.asarray(self.ctx.user_home)] = True
         return homes
+
+    def make_clock(self) -> Clock:
+        return Clock(self.clock, self.dilation)
+
+    def links(self, hidden_size: int) -> LinkTable:
+        return LinkTable.from_context(self.ctx, row_bytes(hidden_size, self.wire), self.links_enabled)
 
 
 def process_rss_bytes() -> int:
@@ -70,20 +79,43 @@ def process_rss_bytes() -> int:
 
 
 class ServerCore:
-    """Serves the experts `hosts [L, E]` of node `node` with emulated links."""
+    """Serves the experts `ctx.hosts[node]` of node `node`, emulating its links and nominal hardware.
 
-    def __init__(self, node: int, model_path: str, hosts: np.ndarray, links: LinkTable, hidden_size: int):
+    A call's rows arrive `sent + inbound leg`; each waits for its arrival, then queues on the node's FIFO
+    `VirtualAccelerator` for the roofline time of the node's nominal hardware (the simulator's cost); the
+    reply says when each row started and ended and how long its outbound leg is. The host CPU computes the
+    outputs meanwhile; it sets no clock. With links off (a real cluster) the times are the real ones."""
+
+    def __init__(self, node: int, model_path: str, ctx, links: LinkTable, clock: Clock | None = None):
         self.node = int(node)
-        pairs = [tuple(p) for p in np.argwhere(np.asarray(hosts, bool))]
+        self.ctx = ctx
+        pairs = [tuple(p) for p in np.argwhere(np.asarray(ctx.hosts[self.node], bool))]
         self.weights = ExpertWeights.load(model_path, pairs)
         self.links = links
-        self.hidden_size = int(hidden_size)
+        self.clock = clock or Clock()
+        self.accelerator = VirtualAccelerator()
+
+    def service_s(self, layer: int, experts: np.ndarray) -> np.ndarray:
+        """[R] nominal seconds of each row: rows for the same expert share one batched roofline call."""
+        _, inverse, counts = np.unique(experts, return_inverse=True, return_counts=True)
+        count = counts[inverse.ravel()]
+        return self.ctx.call_s(np.full(len(experts), self.node), np.full(len(experts), layer), experts, count) / count
 
     def run_experts(self, call: ExpertCall) -> ExpertReply:
         R = len(call.experts)
         here = np.full(R, self.node)
-        nbytes = row_bytes(self.hidden_size, call.wire)
-        inbound_s, bytes_in = self.links.hold(call.src, here, nbytes)  # the bytes arrive
+        sent = self.clock.now() if np.isnan(call.sent) else float(call.sent)
+        inbound = self.links.legs_s(call.src, here)
+        arrival = sent + inbound
+        start, end = np.empty(R), np.empty(R)
+        free_at = float("nan")
+        if self.links.enabled:
+            order = np.argsort(arrival, kind="stable")  # FIFO: arrival order, then the call's (row, slot) order
+            service = self.service_s(call.layer, call.experts)
+            for a in np.unique(arrival):
+                idx = order[arrival[order] == a]
+                self.clock.wait_until(a)  # the rows are here: only now may they join the queue
+                start[idx], end[idx], free_at = self.accelerator.serve(arrival[idx], service[idx])
         x = decode(call.hidden, call.wire)
         t0 = time.perf_counter()
         out = torch.empty_like(x)
@@ -91,9 +123,14 @@ class ServerCore:
             rows = torch.from_numpy(np.flatnonzero(call.experts == e))
             out[rows] = self.weights.forward(call.layer, int(e), x[rows])
         compute_s = time.perf_counter() - t0
-        payload = encode(out, call.wire)
-        outbound_s, bytes_out = self.links.hold(here, call.dst, nbytes)  # the answer leaves
-        return ExpertReply(payload, self.node, inbound_s, outbound_s, bytes_in, bytes_out, compute_s)
+        if not self.links.enabled:  # real hardware: the real times
+            start[:] = sent
+            end[:] = self.clock.now()
+            free_at = float(end[0]) if R else free_at
+        back = self.links.legs_s(here, call.dst)
+        return ExpertReply(encode(out, call.wire), self.node, float(inbound.max(initial=0.0)), float(back.max(initial=0.0)),
+                           self.links.bytes_moved(call.src, here), self.links.bytes_moved(here, call.dst), compute_s,
+                           arrival, start, end, back, free_at)
 
     def memory(self) -> dict:
         return {"node": self.node, "experts": len(self.weights.tensors), "expert_bytes": self.weights.nbytes(),
@@ -136,7 +173,7 @@ class RemoteExperts(torch.nn.Module):
 
 @dataclass
 class _Pass:
-    """Book-keeping of the forward pass in progress on this home."""
+    """Book-keeping of one forward pass in progress on this home (one per thread)."""
 
     state: object  # TokenState
     prefill: bool
@@ -144,6 +181,13 @@ class _Pass:
     topk: list
     gates: list
     tally: object
+    t: float  # nominal time the next MoE layer may start (the last layer's end so far)
+    index: int = 0  # pass number within its request (0 = prefill)
+    events: list = field(default_factory=list)  # [J, 10] arrays, see GenerateResult.events
+    busy: np.ndarray = None  # [N] emulated accelerator seconds used per node
+    estimate_s: float = 0.0  # the policy's own estimate of the pass (per layer its slowest row's latency_s)
+    spent: float = 0.0  # quality budget the pass's rows spent
+    late_s: float = 0.0  # host lateness: how much later than their deadlines the layers started (and the pass ended)
 
 
 COUNT_KEYS = ("slots", "remote", "substituted", "dropped", "repaired", "failed_calls", "calls", "link_bytes",
@@ -151,20 +195,27 @@ COUNT_KEYS = ("slots", "remote", "substituted", "dropped", "repaired", "failed_c
 
 
 class HomeEngine:
-    """The dense backbone of node `node` plus the dispatch of its users' expert slots."""
+    """The dense backbone of node `node` plus the dispatch of its users' expert slots.
+
+    Passes of different requests run concurrently (one thread each), as the simulator runs them; each pass
+    carries its own nominal clock (`_Pass.t`): a layer's calls are stamped with the layer's start, and the
+    layer ends at the latest time any of its outputs is ready at the meeting node (links.py)."""
 
     def __init__(self, cfg: ServerConfig, node: int, transport: Transport, membership: Membership | None = None,
-                 finished_cache: int = 4096):
+                 finished_cache: int = 4096, adapter=None):
+        """adapter: the backbone of a previous engine on the same model (a reconfiguration keeps it)."""
         from edgemoe.models import load_moe
 
         self.cfg, self.node, self.transport = cfg, int(node), transport
         self.ctx = cfg.ctx
-        self.links = LinkTable.from_context(self.ctx, cfg.links_enabled)
+        self.clock = cfg.make_clock()
         self.membership = membership or Membership(self.ctx.num_nodes, Backoff(cfg.backoff_base_s, cfg.backoff_max_s))
         # The backbone: the HF model with its experts modules dropped (their weights are freed; the
         # peak while loading still holds them once, see docs/distributed.md).
-        self.adapter = load_moe(cfg.model_path)
-        self.adapter.remove_hooks()
+        if adapter is None:
+            adapter = load_moe(cfg.model_path)
+            adapter.remove_hooks()
+        self.adapter = adapter
         if self.adapter.num_layers != self.ctx.num_layers or self.adapter.num_experts != self.ctx.num_experts:
             raise EdgeMoEError(f"model {cfg.model_path} has L={self.adapter.num_layers}, E={self.adapter.num_experts}; "
                                f"the deployment's profile has L={self.ctx.num_layers}, E={self.ctx.num_experts}")
@@ -172,31 +223,44 @@ class HomeEngine:
             block.experts = RemoteExperts(self, layer)
         self.backbone_bytes = sum(p.numel() * p.element_size() for p in self.adapter.model.parameters())
         self.hidden_size = self.adapter.hidden_size
-        self.lock = threading.Lock()  # one forward pass at a time on this home's backbone
+        self.links = cfg.links(self.hidden_size)
+        self._lock = threading.Lock()  # policies, the finished cache, the load estimate
+        self._local = threading.local()  # the pass this thread is running
         self._policies: dict[int, object] = {}
-        self._current: _Pass | None = None
+        # Latest time each node's accelerator was reported busy until (replies): the home's load estimate.
+        self.free_seen = np.full(self.ctx.num_nodes, -np.inf)
         self.finished: OrderedDict[str, GenerateResult] = OrderedDict()
         self.finished_cache = finished_cache
         self.served = 0
+        self.started = 0  # requests begun (not answered from the cache)
+        self.in_flight = 0
 
     # ---- policy per membership ----------------------------------------------------------------
     def policy(self):
         from edgemoe.runtime import make_policy
 
         alive, version = self.membership.snapshot()
-        if version not in self._policies:
-            ctx = self.ctx if alive.all() else degraded_context(self.ctx, alive)
-            try:
-                self._policies = {version: make_policy(self.cfg.policy, ctx, **self.cfg.params)}
-            except EdgeMoEError:  # e.g. look-ahead tables on a context with holes: exact + repair instead
-                self._policies = {version: make_policy("exact", ctx)}
-        return self._policies[version], alive
+        with self._lock:
+            if version not in self._policies:
+                ctx = self.ctx if alive.all() else degraded_context(self.ctx, alive)
+                try:
+                    self._policies = {version: make_policy(self.cfg.policy, ctx, **self.cfg.params)}
+                except EdgeMoEError:  # e.g. look-ahead tables on a context with holes: exact + repair instead
+                    self._policies = {version: make_policy("exact", ctx)}
+            return self._policies[version], alive
+
+    def load_s(self, t: float) -> np.ndarray | None:
+        """[N] backlog each node had at nominal time t, as far as this home's replies told it (None: off)."""
+        if not self.cfg.use_load:
+            return None
+        with self._lock:
+            return np.maximum(self.free_seen - t, 0.0)
 
     # ---- one MoE layer ------------------------------------------------------------------------
     def moe_layer(self, layer: int, hidden: torch.Tensor, index, weights) -> torch.Tensor:
         from edgemoe.models.base import Intervention, LayerCall, apply_intervention
 
-        p = self._current
+        p = self._local.current
         topk_t, gates_t = self.adapter._to_canonical(index, weights)
         topk = topk_t.cpu().numpy().astype(np.int64)
         gates = gates_t.float().cpu().numpy().astype(np.float64)
@@ -204,15 +268,24 @@ class HomeEngine:
         st = p.state
         stranded = ~alive[st.location]  # the token's (emulated) node left: its state is at home anyway
         st.location[stranded] = st.home[stranded]
-        dec = policy.decide(layer, topk, gates, st)
+        dec = policy.decide(layer, topk, gates, st, self.load_s(p.t))
+        p.estimate_s += float(dec.latency_s.max(initial=0.0))
+        p.spent += float(dec.quality_cost.sum())
         experts, node, fixed = repair_slots(self.ctx, layer, dec.experts, dec.node, dec.location, st.user, alive)
         meet = np.where(alive[dec.next_location], dec.next_location, dec.location)
-        out, experts, node, meet = self._dispatch(layer, hidden, experts, node, dec.location, meet, st.user, p.counts)
+        sent = self.clock.stamp(p.t)  # the layer starts now: its deadline, or later if the host ran late
+        p.late_s += sent - p.t
+        out, experts, node, meet, done = self._dispatch(layer, hidden, experts, node, dec.location, meet, st, p, sent)
         st.location[:] = meet
-        if layer == self.ctx.num_layers - 1:  # the hidden state comes home for the LM head (migrate mode)
-            held, nbytes = self.links.hold(meet, st.home, row_bytes(self.hidden_size, self.cfg.wire))
-            p.counts["emulated_s"] += held
-            p.counts["link_bytes"] += nbytes
+        # The layer ends when its slowest output has reached the meeting node (and, after the last layer, the
+        # token is home again for the LM head, as in the simulator); rows without a job end at their floor.
+        trip = self.links.legs_s(meet, st.home) if layer == self.ctx.num_layers - 1 else np.zeros(len(meet))
+        end = max(sent, float((sent + trip).max(initial=sent)), float(np.nanmax(done, initial=-np.inf)))
+        if layer == self.ctx.num_layers - 1:
+            p.counts["emulated_s"] += float(trip.max(initial=0.0))
+            p.counts["link_bytes"] += self.links.bytes_moved(meet, st.home)
+        self.clock.wait_until(end)
+        p.t = end
         final = replace(dec, experts=experts, node=node, next_location=meet)
         p.tally.add(final, topk, layer, st.home, p.prefill)
         p.counts["repaired"] += fixed
@@ -222,12 +295,17 @@ class HomeEngine:
         _, new_gates = apply_intervention(self.adapter, call, Intervention(torch.from_numpy(experts)))
         return (new_gates.to(out.dtype)[..., None] * out).sum(dim=1).to(hidden.dtype)
 
-    def _dispatch(self, layer, hidden, experts, node, src, meet, users, counts):
+    def _dispatch(self, layer, hidden, experts, node, src, meet, st, p: _Pass, sent: float):
         """Run every slot where node [T, K] says; failed calls are re-routed (repair) and retried up to
-        max_attempts, then dropped. Returns (outputs [T, K, H] gate 1, experts, node, meet) as executed."""
+        max_attempts, then dropped. Returns (outputs [T, K, H] gate 1, experts, node, meet, done [T, K]) as
+        executed; done: nominal time each slot's output is at the meeting node (home after the last layer),
+        nan where nothing ran."""
         T, K = experts.shape
         out = torch.zeros(T, K, hidden.shape[1])
+        done = np.full((T, K), np.nan)
         experts, node, meet = experts.copy(), node.copy(), meet.copy()
+        counts, users = p.counts, st.user
+        last = layer == self.ctx.num_layers - 1
         pending = np.argwhere(node >= 0)  # [S, 2] (row, slot)
         for _attempt in range(self.cfg.max_attempts):
             if len(pending) == 0:
@@ -237,24 +315,9 @@ class HomeEngine:
                 mine = pending[node[pending[:, 0], pending[:, 1]] == n]
                 t = mine[:, 0]
                 msg = ExpertCall(layer, encode(hidden[torch.from_numpy(t)], self.cfg.wire), experts[t, mine[:, 1]],
-                                 src[t], meet[t], self.cfg.wire)
+                                 src[t], meet[t], self.cfg.wire, sent)
                 calls.append((int(n), mine, self.transport.submit(int(n), msg), msg.hidden.nbytes))
-            deadline = time.monotonic() + self.cfg.call_timeout_s
-            failed = []
-            for n, mine, fut, sent in calls:
-                counts["calls"] += 1
-                try:
-                    reply: ExpertReply = fut.result(timeout=max(deadline - time.monotonic(), 0.0))
-                except Exception:  # noqa: BLE001 - actor died, unavailable, or timed out: all mean "not now"
-                    counts["failed_calls"] += 1
-                    self.membership.exclude(n)
-                    failed.append(mine)
-                    continue
-                out[mine[:, 0], mine[:, 1]] = decode(reply.out, self.cfg.wire)
-                counts["link_bytes"] += reply.bytes_in + reply.bytes_out
-                counts["emulated_s"] += reply.inbound_s + reply.outbound_s
-                if n != self.node:
-                    counts["process_bytes"] += sent + reply.out.nbytes
+            failed = self._collect(calls, layer, out, done, meet, st, p, sent, last)
             if not failed:
                 pending = pending[:0]
                 break
@@ -264,63 +327,129 @@ class HomeEngine:
             meet = np.where(alive[meet], meet, src)
             counts["repaired"] += len(pending)
             pending = pending[node[pending[:, 0], pending[:, 1]] >= 0]
+            sent = self.clock.stamp(sent)  # the retry leaves now
         if len(pending):  # still failing after every attempt: drop those slots (gates renormalised)
             experts[pending[:, 0], pending[:, 1]] = -1
             node[pending[:, 0], pending[:, 1]] = -1
-        return out, experts, node, meet
+        return out, experts, node, meet, done
+
+    def _collect(self, calls, layer, out, done, meet, st, p: _Pass, sent: float, last: bool) -> list:
+        """Wait for the replies of `calls`, fill out/done, record events; returns the failed calls' slots.
+        A call may take its emulated time (dilated) plus `call_timeout_s` of wall time before it counts as failed."""
+        counts = p.counts
+        slack = self.clock.dilation * (2.0 * float(self.links.xfer_s.max(initial=0.0))
+                                       + float(self.ctx.compute_s.max(initial=0.0)) * max(len(c[1]) for c in calls))
+        deadline = time.monotonic() + self.cfg.call_timeout_s + (0.0 if self.clock.virtual else slack)
+        failed = []
+        for n, mine, fut, sent_bytes in calls:
+            counts["calls"] += 1
+            try:
+                reply: ExpertReply = fut.result(timeout=max(deadline - time.monotonic(), 0.0))
+            except Exception:  # noqa: BLE001 - actor died, unavailable, or timed out: all mean "not now"
+                counts["failed_calls"] += 1
+                self.membership.exclude(n)
+                failed.append(mine)
+                continue
+            r, k = mine[:, 0], mine[:, 1]
+            out[r, k] = decode(reply.out, self.cfg.wire)
+            trip = self.links.legs_s(meet[r], st.home[r]) if last else np.zeros(len(r))
+            done[r, k] = reply.end + (reply.back_s + trip)  # the simulator's finish + back, in its order
+            counts["link_bytes"] += reply.bytes_in + reply.bytes_out
+            counts["emulated_s"] += reply.inbound_s + reply.outbound_s
+            if n != self.node:
+                counts["process_bytes"] += sent_bytes + reply.out.nbytes
+            p.busy[n] += float((reply.end - reply.start).sum())
+            p.events.append(np.column_stack([np.full(len(r), p.index), np.full(len(r), layer), np.full(len(r), n), r, k,
+                                             np.full(len(r), sent), reply.arrival, reply.start, reply.end, done[r, k]]))
+            if np.isfinite(reply.free_at):
+                with self._lock:
+                    self.free_seen[n] = max(self.free_seen[n], reply.free_at)
+        return failed
 
     # ---- requests -----------------------------------------------------------------------------
-    def _forward(self, ids: torch.Tensor, cache, user: int, prefill: bool, counts: dict, tally, rec) -> tuple[int, float, float]:
-        """One pass over ids [1, S] under the backbone lock -> (greedy next token, wall seconds, seconds queued)."""
+    def _forward(self, ids: torch.Tensor, cache, user: int, index: int, t: float, counts: dict, tally, rec,
+                 busy: np.ndarray, events: list) -> tuple[int, float, float, float]:
+        """One pass over ids [1, S] due at nominal time t -> (greedy next token, begin, end, end - host lateness).
+
+        Host lateness: the time by which the layers' starts and the pass's end missed their deadlines (the
+        host's CPU work ran past them); with none, end is exactly the emulated end."""
         policy, _ = self.policy()
         rows = ids.shape[1]
         state = policy.start(np.full(rows, user))
         state.home[:] = self.node  # the row lives here, even when this home stands in for another
         state.location[:] = self.node
-        t_wait = time.perf_counter()
-        with self.lock:
-            t0 = time.perf_counter()
-            self._current = _Pass(state, prefill, counts, [], [], tally)
-            try:
-                logits = self.adapter.model(input_ids=ids, cache=cache, use_cache=True).logits
-            finally:
-                p, self._current = self._current, None
-            seconds = time.perf_counter() - t0
+        begin = self.clock.stamp(t)
+        p = _Pass(state, index == 0, counts, [], [], tally, begin, index, events, busy)
+        self._local.current = p
+        try:
+            logits = self.adapter.model(input_ids=ids, cache=cache, use_cache=True).logits
+        finally:
+            self._local.current = None
         rec[0].append(np.stack(p.topk, 1))
         rec[1].append(np.stack(p.gates, 1))
-        return int(logits[0, -1].argmax()), seconds, t0 - t_wait
+        end = self.clock.stamp(p.t)
+        p.late_s += end - p.t
+        if getattr(policy, "wants_feedback", False):
+            # As the simulator does (issue 9, section 4): the user's observed pass latency and spent budget
+            # go back to the policy, which adapts that user's latency/quality weights.
+            policy.observe(np.array([user]), np.array([end - begin]), np.array([p.estimate_s]), np.array([p.spent]),
+                           np.array([float(state.budget_total.sum())]))
+        return int(logits[0, -1].argmax()), begin, end, end - p.late_s
 
     @torch.no_grad()
     def generate(self, req: GenerateRequest) -> GenerateResult:
         """Greedy generation for one request; a request id seen before is answered from the cache."""
-        from transformers import DynamicCache
-
-        from edgemoe.eval.metrics import DecisionTally
-
-        done = self.finished.get(req.request_id)
+        with self._lock:
+            done = self.finished.get(req.request_id)
         if done is not None:
             return replace(done, replayed=True)
         if not 0 <= req.user < self.ctx.num_users:
             raise EdgeMoEError(f"request {req.request_id}: user {req.user} outside [0, {self.ctx.num_users})")
         if req.gen_tokens < 1 or len(req.prompt) < 1:
             raise EdgeMoEError(f"request {req.request_id}: needs a prompt and gen_tokens >= 1")
+        if self.clock.virtual and not np.isfinite(req.submit_s):
+            raise EdgeMoEError(f"request {req.request_id}: the virtual clock needs submit_s (the nominal arrival)")
+        arrival = self.clock.now() if np.isnan(req.submit_s) else float(req.submit_s)
+        with self._lock:
+            self.started += 1
+            self.in_flight += 1
+        try:
+            return self._generate(req, arrival)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    def _generate(self, req: GenerateRequest, arrival: float) -> GenerateResult:
+        from transformers import DynamicCache
+
+        from edgemoe.eval.metrics import DecisionTally
+
         counts = dict.fromkeys(COUNT_KEYS, 0)
         tally = DecisionTally(self.ctx.num_layers, row_bytes(self.hidden_size, self.cfg.wire))
         rec: tuple[list, list] = ([], [])
+        busy, events = np.zeros(self.ctx.num_nodes), []
         cache = DynamicCache(config=self.adapter.model.config)
-        prompt = torch.as_tensor(np.asarray(req.prompt, np.int64))[None]
-        token, prefill_s, queued_s = self._forward(prompt, cache, req.user, True, counts, tally, rec)
-        tokens, decode_s = [token], []
-        for _ in range(req.gen_tokens - 1):
-            token, sec, _ = self._forward(torch.tensor([[token]]), cache, req.user, False, counts, tally, rec)
+        ids = torch.as_tensor(np.asarray(req.prompt, np.int64))[None]
+        tokens, begin, end, emulated = [], [], [], []
+        t = arrival
+        for i in range(req.gen_tokens):
+            token, b, e, d = self._forward(ids, cache, req.user, i, t, counts, tally, rec, busy, events)
             tokens.append(token)
-            decode_s.append(sec)
+            begin.append(b)
+            end.append(e)
+            emulated.append(d)
+            ids, t = torch.tensor([[token]]), e  # the next decode pass starts when this one ends
+        begin_a, end_a = np.asarray(begin), np.asarray(end)
         counts.update(slots=tally.slots, remote=tally.remote, substituted=tally.substituted, dropped=tally.dropped,
                       predicted_bytes=tally.prefill_bytes + tally.decode_bytes, quality_cost=tally.quality_cost)
-        result = GenerateResult(req.request_id, req.user, np.asarray(tokens, np.int64), self.node, queued_s, prefill_s,
-                                np.asarray(decode_s), counts, np.concatenate(rec[0]), np.concatenate(rec[1]))
-        self.finished[req.request_id] = result
-        while len(self.finished) > self.finished_cache:
-            self.finished.popitem(last=False)
-        self.served += 1
+        result = GenerateResult(
+            req.request_id, req.user, np.asarray(tokens, np.int64), self.node, float(begin_a[0] - arrival),
+            float(end_a[0] - begin_a[0]), end_a[1:] - begin_a[1:], counts, np.concatenate(rec[0]), np.concatenate(rec[1]),
+            arrival_s=arrival, pass_begin_s=begin_a, pass_end_s=end_a, pass_deadline_s=np.asarray(emulated),
+            events=np.concatenate(events) if events else np.zeros((0, 10)), node_busy_s=busy)
+        with self._lock:
+            self.finished[req.request_id] = result
+            while len(self.finished) > self.finished_cache:
+                self.finished.popitem(last=False)
+            self.served += 1
         return result

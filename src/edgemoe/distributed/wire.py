@@ -45,17 +45,25 @@ class ExpertCall:
     src: np.ndarray  # [R] node the token sits at (the inbound leg starts there)
     dst: np.ndarray  # [R] meeting node (the outbound leg ends there)
     wire: str = "bf16"
+    sent: float = float("nan")  # nominal send time (links.Clock); nan: the callee's now
 
 
 @dataclass(frozen=True)
 class ExpertReply:
+    """The outputs and the emulated times of every row (nominal seconds, links.Clock)."""
+
     out: np.ndarray  # [R, H] wire dtype, expert outputs with gate 1
     node: int
-    inbound_s: float  # emulated seconds held for the inbound leg
-    outbound_s: float
+    inbound_s: float  # the slowest row's inbound leg (emulated seconds)
+    outbound_s: float  # the slowest row's outbound leg
     bytes_in: int  # bytes that crossed an emulated link
     bytes_out: int
-    compute_s: float  # wall seconds of the expert arithmetic
+    compute_s: float  # wall seconds of the expert arithmetic (host CPU; it sets no clock)
+    arrival: np.ndarray = None  # [R] when each row reached this node
+    start: np.ndarray = None  # [R] when the node's accelerator started it (FIFO)
+    end: np.ndarray = None  # [R] when it finished
+    back_s: np.ndarray = None  # [R] outbound leg of each row to its meeting node
+    free_at: float = float("nan")  # the node's accelerator is busy until then (a load estimate for homes)
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,7 @@ class GenerateRequest:
     prompt: np.ndarray  # [P] token ids
     gen_tokens: int
     attempt: int = 0
+    submit_s: float = float("nan")  # nominal time the client submitted it (nan: the home's now)
 
 
 @dataclass(frozen=True)
@@ -75,11 +84,17 @@ class GenerateResult:
     user: int
     tokens: np.ndarray  # [G] generated ids
     served_by: int  # home node that ran the dense part
-    queued_s: float  # waiting for the home's backbone before the prefill started
-    prefill_s: float  # wall seconds of the prefill pass (queueing excluded)
-    decode_s: np.ndarray  # [G-1] wall seconds of each decode pass
+    queued_s: float  # nominal seconds from submission to the prefill's start
+    prefill_s: float  # nominal seconds of the prefill pass (queueing excluded)
+    decode_s: np.ndarray  # [G-1] nominal seconds of each decode pass (measured: wall / dilation)
     counts: dict  # slots, remote, substituted, dropped, repaired, link_bytes, process_bytes, emulated_s
     topk: np.ndarray  # [P+G-1, L, K] routing of every row (for the simulator's replay)
     gates: np.ndarray  # [P+G-1, L, K]
     replayed: bool = False  # answered from the home's cache of finished requests (a client retry)
     extra: dict = field(default_factory=dict)
+    arrival_s: float = float("nan")  # nominal submit time (what the simulator's replay uses)
+    pass_begin_s: np.ndarray = None  # [G] nominal start of each pass (prefill first)
+    pass_end_s: np.ndarray = None  # [G] nominal end as measured (the deadline, or later if the host was late)
+    pass_deadline_s: np.ndarray = None  # [G] pass end less the host's lateness within the pass (= end when on time)
+    events: np.ndarray = None  # [J, 10] per expert job: pass, layer, node, row, slot, sent, arrival, start, end, done
+    node_busy_s: np.ndarray = None  # [N] emulated accelerator seconds this request's jobs used per node

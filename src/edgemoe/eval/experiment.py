@@ -375,11 +375,14 @@ def _params_tag(params: dict) -> str:
 
 
 def _ray_measured(state: dict, ctx, spec: MethodSpec, ids: np.ndarray, cfg: ExperimentConfig, log, simulated):
-    """Measure one method on Ray actors: the deployment is launched once per comparison and reconfigured
-    per method; each user runs closed-loop requests (prompts cut from the evaluation text) until
-    cfg.num_requests are done. Returns RunMetrics with the measured numbers and the simulator's in extra."""
-    from edgemoe.distributed.measure import measured_metrics
-    from edgemoe.distributed.serve import Client, Deployment, closed_loop, start_ray
+    """Measure one method on Ray actors (edgemoe.distributed.loadrun): the deployment is launched once per
+    comparison and reconfigured per method; one warm-up request per home, then every user runs closed-loop
+    requests (prompts cut from the evaluation text) until cfg.num_requests are done, at a time dilation sized
+    from one CPU calibration per comparison and this method's simulated latency. Returns RunMetrics with the
+    measured numbers (their own quantiles and utilisation); extra["simulated"] is the simulator's replay of the
+    very requests Ray ran, extra["ray"] the dilation, CPU use and validity."""
+    from edgemoe.distributed.loadrun import measure_load
+    from edgemoe.distributed.serve import Deployment, start_ray
     from edgemoe.distributed.server import ServerConfig
     from edgemoe.models.loader import resolve_model_path
 
@@ -395,19 +398,28 @@ def _ray_measured(state: dict, ctx, spec: MethodSpec, ids: np.ndarray, cfg: Expe
     users = list(range(ctx.num_users))
     per_user = max(1, -(-cfg.num_requests // len(users)))
     prompts = [row[: cfg.prompt_tokens] for row in ids]
-    records, makespan, errors = closed_loop(Client(dep), users, prompts, cfg.gen_tokens, duration_s=3600.0,
-                                            max_requests_per_user=per_user)
-    if errors:
-        raise EdgeMoEError(f"ray backend, method {spec.name}: {len(errors)} requests failed: {errors[:3]}")
-    m = measured_metrics(records, makespan, ctx)
-    sim = {k: getattr(simulated, k) for k in ("latency_ms", "ttft_ms", "throughput_tokens_per_s",
-                                               "traffic_bytes_per_1k_tokens", "remote_ratio")}
+    out = measure_load(dep, users, prompts, cfg.gen_tokens, requests_per_user=per_user, dilation="auto",
+                       sim_latency_s=simulated.latency_ms["mean"] / 1e3, calibration=state.get("calibration"))
+    state["calibration"] = out["calibration"]
+    out.pop("records")
+    if out["errors"]:
+        raise EdgeMoEError(f"ray backend, method {spec.name}: {len(out['errors'])} requests failed: {out['errors'][:3]}")
+    m, sim = out["measured"], out["predicted"]
+    log(f"    ray k={out['dilation']:g} host CPU {100 * out['cpu']['host_util']:.0f}% ray {out['cpu']['ray_cores_busy']:.2f} cores"
+        f"{'' if out['valid'] else ' INVALID: ' + '; '.join(out['invalid_because'])}; measured {m['latency_ms']['mean']:.2f} ms"
+        f" vs replayed simulation {sim['latency_ms']['mean']:.2f} ms")
+    ray_info = {k: out[k] for k in ("dilation", "calibration", "sim_latency_ms_for_dilation", "cpu", "valid",
+                                    "invalid_because", "error_vs_simulator", "duplicates", "failovers")}
+    ray_info.update(lateness_ms=m["lateness_ms"], late_share=m["late_share"], calls=m["calls"], failed_calls=m["failed_calls"])
+    poisson = {k: getattr(simulated, k) for k in ("latency_ms", "ttft_ms", "throughput_tokens_per_s",
+                                                   "traffic_bytes_per_1k_tokens", "remote_ratio")}
     return replace(simulated, latency_ms=m["latency_ms"], ttft_ms=m["ttft_ms"],
                    throughput_tokens_per_s=m["throughput_tokens_per_s"],
                    traffic_bytes_per_1k_tokens=m["traffic_bytes_per_1k_tokens"], remote_ratio=m["remote_ratio"],
                    substitution_ratio=m["substitution_ratio"], drop_ratio=m["drop_ratio"], requests=m["requests"],
-                   generated_tokens=m["generated_tokens"], makespan_s=makespan,
-                   extra={**simulated.extra, "backend": "ray", "simulated": sim,
+                   generated_tokens=m["generated_tokens"], makespan_s=m["makespan_s"], utilisation=m["utilisation"],
+                   extra={**simulated.extra, "backend": "ray", "latency_quantiles_ms": m["latency_quantiles_ms"],
+                          "simulated": sim, "simulated_poisson_workload": poisson, "ray": ray_info,
                           "ray_calls": m["calls"], "ray_failed_calls": m["failed_calls"]})
 
 

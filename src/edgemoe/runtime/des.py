@@ -17,7 +17,9 @@ from .simulate import Feedback, Run, make_jobs
 DECIDE, DONE, ARRIVE = 0, 0, 1  # priorities at equal times
 
 
-def run_reference(ctx, policy, trace, sc) -> Run:
+def run_reference(ctx, policy, trace, sc, record: list | None = None) -> Run:
+    """record: if a list, each job's (pass, layer, node, arrival, start, finish, done) is appended to it (the
+    Ray backend's virtual clock is checked against these event times)."""
     P, L, N = sc.num_passes, ctx.num_layers, ctx.num_nodes
     run = Run(ctx, sc)
     state = policy.start(sc.row_user, tokens=sc.row_trace)
@@ -79,7 +81,10 @@ def run_reference(ctx, policy, trace, sc) -> Run:
                 push(arrival[j], ARRIVE, "arrive", (p, int(node[j]), float(service[j]), float(back[j])))
         elif kind == "arrive":
             p, n, service, back = data
-            finish = max(t, node_free[n]) + service
+            begin = max(t, node_free[n])
+            finish = begin + service
+            if record is not None:
+                record.append((p, int(layer[p]), n, t, begin, finish, finish + back))
             node_free[n] = finish
             run.node_busy[n] += service
             push(finish + back, DONE, "done", p)
