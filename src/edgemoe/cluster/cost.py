@@ -116,7 +116,8 @@ def node_queue_s(cluster: Cluster, compute_s: np.ndarray, freq: np.ndarray | Non
 def user_domain_index(cluster: Cluster, domains: list[str] | tuple[str, ...], fallback: bool = False) -> tuple[np.ndarray, dict]:
     """[U] index of each user's domain in `domains` and the name map used.
 
-    With `fallback`, domains not among `domains` are mapped round-robin (in order of first appearance)
+    A profile with a single domain takes every user, whatever its domain. With `fallback`, domains not
+    among `domains` are mapped round-robin (in order of first appearance)
     onto `domains` (for synthetic profiles whose domains are "domain0", ...); otherwise they are an error.
     """
     domains = list(domains)
@@ -124,7 +125,8 @@ def user_domain_index(cluster: Cluster, domains: list[str] | tuple[str, ...], fa
         raise EdgeMoEError("profile.meta.domains is empty; a profile needs at least one domain")
     mapping: dict[str, str] = {d: d for d in domains}
     unknown = [u for u in dict.fromkeys(u.domain for u in cluster.users) if u not in mapping]
-    if unknown and not fallback:
+    # A one-domain profile (e.g. a routing trace without domains) has nothing to choose: every user follows it.
+    if unknown and not fallback and len(domains) > 1:
         i = next(i for i, u in enumerate(cluster.users) if u.domain == unknown[0])
         raise EdgeMoEError(
             f"cluster {cluster.name!r}: users[{i}].domain is {unknown[0]!r}, not among the profile's domains "

@@ -71,6 +71,29 @@ def router_similarity(router_logits: np.ndarray) -> np.ndarray:
     return 0.5 * (sim + sim.transpose(0, 2, 1))
 
 
+def coselection_similarity(topk: np.ndarray, gates: np.ndarray, num_experts: int) -> np.ndarray:
+    """Expert similarity from routing alone (no router logits): cosine of gate-weighted selection columns.
+
+    topk, gates: [T, L, K]. Column e of layer l holds, for each token, the gate it gave e (0 when e was not
+    chosen), so two experts are similar when the router picks them for the same tokens with similar weight;
+    it lies in [0, 1] (never negative, unlike the logit cosine). Returns sim [L, E, E], symmetric, unit
+    diagonal. Built from K x K slot pairs with np.add.at, so memory is O(T K^2), not O(T E).
+    """
+    T, L, K = topk.shape
+    ids = np.asarray(topk, dtype=np.int64)
+    g = np.abs(np.asarray(gates, dtype=np.float64))
+    gram = np.zeros((L, num_experts, num_experts))
+    layer = np.broadcast_to(np.arange(L)[None, :, None, None], (T, L, K, K))
+    np.add.at(gram, (layer, ids[:, :, :, None].repeat(K, 3), ids[:, :, None, :].repeat(K, 2)),
+              g[:, :, :, None] * g[:, :, None, :])
+    norms = np.sqrt(np.diagonal(gram, axis1=1, axis2=2))  # [L, E]
+    den = norms[:, :, None] * norms[:, None, :]
+    sim = np.divide(gram, den, out=np.zeros_like(gram), where=den > 0)
+    sim = np.clip(0.5 * (sim + sim.transpose(0, 2, 1)), 0.0, 1.0)
+    sim[:, np.arange(num_experts), np.arange(num_experts)] = 1.0
+    return sim
+
+
 def _onehot_sets(topk: np.ndarray, num_experts: int) -> np.ndarray:
     """[T, L, K] ids -> [T, L, E] float indicator of each token's Top-K set."""
     T, L, K = topk.shape
