@@ -72,8 +72,18 @@ def profile(
     block_len: Annotated[int, typer.Option(help="tokens per sequence")] = 256,
     subst_tokens: Annotated[int, typer.Option(help="tokens per layer whose hidden states measure substitution error")] = 1024,
     report: Annotated[Path | None, typer.Option(help="also write the specialisation report (JSON + PNG) here")] = None,
+    trace: Annotated[list[Path] | None, typer.Option(help="routing trace JSONL (.gz) files instead of a model: "
+                                                          "--trace FILE [FILE ...] (docs/traces.md)")] = None,
+    model_spec: Annotated[str | None, typer.Option(help="with --trace: a built-in spec (mixtral-8x7b, qwen1.5-moe-a2.7b, "
+                                                        "qwen3-30b-a3b, deepseek-v2-lite, olmoe-1b-7b, switch-base-8) or "
+                                                        "an HF config.json (default: the model a meta line names)")] = None,
+    more_traces: Annotated[list[Path] | None, typer.Argument(hidden=True, help="further --trace files")] = None,
 ):
-    """Record router logits, Top-K and gates on calibration text and derive the routing statistics."""
+    """Record router logits, Top-K and gates on calibration text and derive the routing statistics
+    (or build the profile from logged routing traces with --trace, no weights needed)."""
+    if trace or more_traces:
+        _profile_from_trace(list(trace or []) + list(more_traces or []), model_spec, out, report, bool(trace))
+        return
     from edgemoe.data import resolve
     from edgemoe.models import load_moe, load_tokenizer
     from edgemoe.profile.collect import collect_profile, profile_blocks_for
@@ -88,6 +98,35 @@ def profile(
         prof.save(out)
     except EdgeMoEError as exc:
         _fail(exc)
+    typer.echo(_profile_summary(prof))
+    typer.echo(f"wrote {out}")
+    if report is not None:
+        from edgemoe.profile.report import specialisation_report
+
+        specialisation_report(prof, report)
+        typer.echo(f"wrote {report}/specialisation.json, usage_heatmaps.png, similarity.png")
+
+
+def _profile_from_trace(files: list[Path], spec: str | None, out: Path, report: Path | None, flagged: bool) -> None:
+    """`edgemoe profile --trace ...`: parse the trace files, build and save an ordinary profile."""
+    from edgemoe.profile.trace import trace_profile
+
+    try:
+        if not flagged:
+            raise EdgeMoEError(f"unexpected argument {str(files[0])!r}; trace files follow --trace")
+        prof, tr = trace_profile(files, spec)
+        prof.save(out)
+    except EdgeMoEError as exc:
+        _fail(exc)
+    c = tr.counts
+    typer.echo(f"trace: {c['route_lines']:,} route lines in {len(files)} file(s), {c['requests']:,} requests; "
+               f"{c['tokens_kept']:,} tokens kept, {c['tokens_dropped_incomplete']:,} dropped (missing a logged layer); "
+               f"skipped lines by type: {c['skipped_by_type'] or 'none'}")
+    typer.echo(f"model spec: {tr.spec.describe()}")
+    if len(tr.layer_ids) < len(tr.spec.moe_layer_ids):
+        typer.echo(f"note: the trace logs {len(tr.layer_ids)} of the model's {len(tr.spec.moe_layer_ids)} MoE layers; "
+                   "the profile holds those only")
+    typer.echo(f"similarity from {prof.meta.similarity}; substitution error {prof.meta.subst_err_source}")
     typer.echo(_profile_summary(prof))
     typer.echo(f"wrote {out}")
     if report is not None:
@@ -166,8 +205,16 @@ def evaluate(
     eval_tokens: int = 16_384,
     calib_tokens: int = 20_000,
     cache_dir: Annotated[Path, typer.Option(help="where calibration profiles are cached")] = Path("runs/cache"),
+    profile: Annotated[Path | None, typer.Option(help="replay this profile's routing (e.g. from --trace) in the simulator, "
+                                                      "no model; PLACEMENT may then be a placement file")] = None,
+    requests: Annotated[int, typer.Option(help="with --profile: simulated requests per method")] = 64,
+    rate: Annotated[float, typer.Option(help="with --profile: Poisson request rate (req/s, all users)")] = 20.0,
 ):
-    """Evaluate chosen placements and policies on the real model (quality) and the simulator (latency)."""
+    """Evaluate chosen placements and policies on the real model (quality) and the simulator (latency);
+    with --profile, replay a profile's tokens in the simulator only (quality columns stay empty)."""
+    if profile is not None:
+        _evaluate_profile(profile, out, cluster, mode, method, requests, rate)
+        return
     from edgemoe.eval.experiment import Comparison, ExperimentConfig, run_experiment
 
     try:
@@ -181,6 +228,24 @@ def evaluate(
     except EdgeMoEError as exc:
         _fail(exc)
     typer.echo(f"wrote {out}")
+
+
+def _evaluate_profile(profile: Path, out: Path, cluster: str, mode: str, method: list[str] | None, requests: int,
+                      rate: float) -> None:
+    """`edgemoe evaluate --profile`: simulator-only replay of a profile (edgemoe.eval.replay)."""
+    from edgemoe.eval.replay import DEFAULT_METHODS, evaluate_profile_file
+    from edgemoe.eval.results import load_results
+    from edgemoe.report.render import markdown_table, methods_table
+    from edgemoe.runtime.workload import Workload
+
+    try:
+        specs = tuple(_parse_method(m) for m in (method or DEFAULT_METHODS))
+        workload = Workload(num_requests=requests, prompt_tokens=16, gen_tokens=16, rate_per_s=rate)
+        path = evaluate_profile_file(profile, cluster, specs, out, mode=mode, workload=workload, log=typer.echo)
+    except EdgeMoEError as exc:
+        _fail(exc)
+    typer.echo(markdown_table(methods_table(load_results(path))))
+    typer.echo(f"wrote {path}")
 
 
 def _parse_method(text: str):
