@@ -161,9 +161,17 @@ def demo(
     quick: Annotated[bool, typer.Option(help="fewer tokens and requests (a smoke run)")] = False,
     eval_data: Annotated[str | None, typer.Option(help="evaluation text spec (default: WikiText-2 test, else offline)")] = None,
     backend: Annotated[str, typer.Option(help="latency from the 'simulate' backend or measured on 'ray' actors")] = "simulate",
+    scenario: Annotated[str, typer.Option(help="'default' (the default model) or 'paper-scale' (Mixtral-8x7B and "
+                                               "Qwen1.5-MoE-A2.7B on testbed8, routing calibrated on real counts)")] = "default",
+    shared_data: Annotated[Path, typer.Option(help="with --scenario paper-scale: the shared data folder")] = SHARED_DATA,
 ):
     """The main job: the default model on edge8 (OrderMoE's comparison) and device-edge-cloud (SlimCaching's),
     every method side by side; writes results JSON, plots and a Markdown/HTML report."""
+    if scenario == "paper-scale":
+        _demo_paper_scale(out, quick, shared_data)
+        return
+    if scenario != "default":
+        _fail(EdgeMoEError(f"--scenario {scenario!r}: expected 'default' or 'paper-scale'"))
     from edgemoe.eval.experiment import (
         ExperimentConfig,
         ordermoe_comparison,
@@ -191,6 +199,21 @@ def demo(
         for line in res.get("summary", []):
             typer.echo(f"- {line}")
     typer.echo(f"\nwrote {', '.join(str(p) for p in paths)}, {report} and {report.with_suffix('.html')}")
+
+
+def _demo_paper_scale(out: Path, quick: bool, shared_data: Path) -> None:
+    """`edgemoe demo --scenario paper-scale` (edgemoe.eval.paper_scale)."""
+    from edgemoe.eval.paper_scale import PaperScaleConfig, run_paper_scale
+
+    cfg = PaperScaleConfig(shared_data=str(shared_data))
+    if quick:
+        cfg = PaperScaleConfig(shared_data=str(shared_data), tokens_per_domain=200, num_requests=8, exact_time_limit_s=5.0)
+    try:
+        paths = run_paper_scale(cfg, out, log=typer.echo)
+    except EdgeMoEError as exc:
+        _fail(exc)
+    typer.echo((out / "summary.md").read_text())
+    typer.echo(f"wrote {', '.join(str(p) for p in paths)}, {out / 'summary.json'} and {out / 'summary.md'}")
 
 
 @app.command()

@@ -69,10 +69,14 @@ def resolve_placement(problem, placement: str, params: dict):
 
 
 def replay_profile(profile, cluster, methods: Sequence, mode: str = "migrate", workload=None,
-                   log: Callable[[str], None] = print, name: str = "replay", profile_path: str = "") -> dict:
+                   log: Callable[[str], None] = print, name: str = "replay", profile_path: str = "",
+                   plan_profile=None) -> dict:
     """Every method (eval.experiment.MethodSpec) on `cluster` with `profile`'s routing replayed; a results dict.
 
     workload: runtime.workload.Workload (default 64 requests of 16 prompt + 16 generated tokens, 20 req/s).
+    plan_profile: what planners and runtime policies know (statistics, groups, look-ahead); default `profile`.
+    Given another profile of the same model and domains, evaluation is out of sample: placements and
+    policies are built from `plan_profile`, and only `profile`'s tokens are replayed.
     """
     from edgemoe.cluster.cost import plan_problem, user_domain_index
     from edgemoe.cluster.schema import Cluster, load_cluster
@@ -85,10 +89,14 @@ def replay_profile(profile, cluster, methods: Sequence, mode: str = "migrate", w
 
     workload = workload or Workload(num_requests=64, prompt_tokens=16, gen_tokens=16, rate_per_s=20.0)
     cluster_obj = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
+    known = profile if plan_profile is None else plan_profile
+    if (known.L, known.E, known.K) != (profile.L, profile.E, profile.K) or known.meta.domains != profile.meta.domains:
+        raise EdgeMoEError(f"planning profile ({known.L}, {known.E}, {known.K}, domains {known.meta.domains}) and evaluation "
+                           f"profile ({profile.L}, {profile.E}, {profile.K}, domains {profile.meta.domains}) must match")
     fallback = any(u.domain not in profile.meta.domains for u in cluster_obj.users)
-    problem = plan_problem(profile, cluster_obj, domain_fallback=fallback)
+    problem = plan_problem(known, cluster_obj, domain_fallback=fallback)
     _, domain_map = user_domain_index(cluster_obj, profile.meta.domains, fallback)
-    groups = groups_for(profile)
+    groups = groups_for(known)
     trace = Trace.from_profile(profile)
     placements: dict = {}
     entries: dict = {}
@@ -97,7 +105,7 @@ def replay_profile(profile, cluster, methods: Sequence, mode: str = "migrate", w
         key = (spec.placement, repr(sorted(spec.placement_params.items())))
         if key not in cache:
             pl, cpu_s = resolve_placement(problem, spec.placement, dict(spec.placement_params))
-            cache[key] = make_context(profile, cluster_obj, pl, mode=mode, groups=groups, domain_fallback=fallback)
+            cache[key] = make_context(known, cluster_obj, pl, mode=mode, groups=groups, domain_fallback=fallback)
             placements[spec.placement] = {"method": pl.method, "from_file": is_placement_file(spec.placement),
                                           "copies_mean": float(pl.replicas().mean()),
                                           "bytes_used": pl.bytes_used().tolist(), "plan_cpu_seconds": round(cpu_s, 3)}
@@ -113,7 +121,9 @@ def replay_profile(profile, cluster, methods: Sequence, mode: str = "migrate", w
               "methods": [asdict(s) for s in methods], "workload": asdict(workload), "domain_map": domain_map,
               "profile": {"path": profile_path, "model": profile.meta.model, "data": profile.meta.data,
                           "tokens": profile.num_tokens, "domains": list(profile.meta.domains),
-                          "similarity": profile.meta.similarity, "weights_hash": profile.meta.weights_hash}}
+                          "similarity": profile.meta.similarity, "weights_hash": profile.meta.weights_hash},
+              "planned_on": None if plan_profile is None else {"model": known.meta.model, "data": known.meta.data,
+                                                               "tokens": known.num_tokens}}
     doc = results_dict(config, entries)
     doc["placements"] = placements
     return doc
