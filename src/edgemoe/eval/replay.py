@@ -70,13 +70,15 @@ def resolve_placement(problem, placement: str, params: dict):
 
 def replay_profile(profile, cluster, methods: Sequence, mode: str = "migrate", workload=None,
                    log: Callable[[str], None] = print, name: str = "replay", profile_path: str = "",
-                   plan_profile=None) -> dict:
+                   plan_profile=None, skip_failed_plans: bool = False) -> dict:
     """Every method (eval.experiment.MethodSpec) on `cluster` with `profile`'s routing replayed; a results dict.
 
     workload: runtime.workload.Workload (default 64 requests of 16 prompt + 16 generated tokens, 20 req/s).
     plan_profile: what planners and runtime policies know (statistics, groups, look-ahead); default `profile`.
     Given another profile of the same model and domains, evaluation is out of sample: placements and
     policies are built from `plan_profile`, and only `profile`'s tokens are replayed.
+    skip_failed_plans: a planner that raises EdgeMoEError (e.g. the ILP without a feasible point within its
+    time limit) drops its methods, listed under doc["skipped"], instead of failing the run.
     """
     from edgemoe.cluster.cost import plan_problem, user_domain_index
     from edgemoe.cluster.schema import Cluster, load_cluster
@@ -101,10 +103,22 @@ def replay_profile(profile, cluster, methods: Sequence, mode: str = "migrate", w
     placements: dict = {}
     entries: dict = {}
     cache: dict = {}
+    failed: dict = {}
+    skipped: dict = {}
     for spec in methods:
         key = (spec.placement, repr(sorted(spec.placement_params.items())))
+        if key in failed:
+            skipped[spec.name] = failed[key]
+            continue
         if key not in cache:
-            pl, cpu_s = resolve_placement(problem, spec.placement, dict(spec.placement_params))
+            try:
+                pl, cpu_s = resolve_placement(problem, spec.placement, dict(spec.placement_params))
+            except EdgeMoEError as exc:
+                if not skip_failed_plans:
+                    raise
+                failed[key] = skipped[spec.name] = f"placement {spec.placement!r} failed: {exc}"
+                log(f"  {spec.name:<24} skipped: {exc}")
+                continue
             cache[key] = make_context(known, cluster_obj, pl, mode=mode, groups=groups, domain_fallback=fallback)
             placements[spec.placement] = {"method": pl.method, "from_file": is_placement_file(spec.placement),
                                           "copies_mean": float(pl.replicas().mean()),
@@ -126,6 +140,7 @@ def replay_profile(profile, cluster, methods: Sequence, mode: str = "migrate", w
                                                                "tokens": known.num_tokens}}
     doc = results_dict(config, entries)
     doc["placements"] = placements
+    doc["skipped"] = skipped
     return doc
 
 
