@@ -198,3 +198,20 @@ def test_trace_without_logits_or_domain_plans_on_every_preset(tmp_path):
         assert (problem.user_domain == 0).all()
         for method in ("lfu", "greedy", "ordermoe"):
             plan(problem, method)
+
+
+def test_cli_takes_several_trace_files_after_one_flag(tmp_path):
+    from typer.testing import CliRunner
+
+    from edgemoe.cli import app
+
+    p = synthetic_profile(num_layers=4, num_experts=16, top_k=2, num_tokens=40, seed=4)
+    cfg = str(_tiny_config(tmp_path))
+    a = write_trace(tmp_path / "a.jsonl", p.topk[:20], p.gates[:20], range(4), ["a"] * 20, np.arange(20))
+    b = write_trace(tmp_path / "b.jsonl.gz", p.topk[20:], p.gates[20:], range(4), ["b"] * 20, np.arange(20))
+    r = CliRunner().invoke(app, ["profile", "--trace", str(a), str(b), "--model-spec", cfg, "--out", str(tmp_path / "p")])
+    assert r.exit_code == 0, r.output
+    assert "40 tokens kept" in r.output and "similarity from co-selection" in r.output
+    assert load_profile(tmp_path / "p").num_tokens == 40
+    r = CliRunner().invoke(app, ["profile", str(a), "--out", str(tmp_path / "q")])
+    assert r.exit_code == 2 and "trace files follow --trace" in r.output
