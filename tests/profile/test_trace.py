@@ -215,3 +215,23 @@ def test_cli_takes_several_trace_files_after_one_flag(tmp_path):
     assert load_profile(tmp_path / "p").num_tokens == 40
     r = CliRunner().invoke(app, ["profile", str(a), "--out", str(tmp_path / "q")])
     assert r.exit_code == 2 and "trace files follow --trace" in r.output
+
+
+def test_pair_counted_statistics_equal_one_hot_brute_force():
+    """coactivation / transitions / co-selection count K x K slot pairs; check against one-hot sets."""
+    from edgemoe.profile import stats
+
+    rng = np.random.default_rng(0)
+    T, L, E, K = 50, 3, 6, 3
+    topk = np.stack([np.stack([rng.choice(E, K, replace=False) for _ in range(L)]) for _ in range(T)])
+    gates = rng.uniform(0.1, 1.0, size=(T, L, K))
+    onehot = np.zeros((T, L, E))
+    weighted = np.zeros((T, L, E))
+    for t in range(T):
+        for layer in range(L):
+            onehot[t, layer, topk[t, layer]] = 1.0
+            weighted[t, layer, topk[t, layer]] = gates[t, layer]
+    assert np.array_equal(stats.coactivation(topk, E), np.einsum("tle,tlf->lef", onehot, onehot))
+    counts = np.einsum("tle,tlf->lef", onehot[:, :-1], onehot[:, 1:])
+    assert np.allclose(stats.transitions(topk, E), counts / counts.sum(2, keepdims=True))
+    assert np.allclose(stats.coselection_similarity(topk, gates, E), stats.router_similarity(weighted))

@@ -161,9 +161,10 @@ def read_trace(paths: Sequence[str | Path], spec: ModelSpec | str | None = None)
                                    f"(req_id {req!r}, token_idx {pos}) say {tok_domain[tok]!r}")
             elif tok_domain[tok] is None:
                 tok_domain[tok] = domain
-            first = seen.setdefault((tok, layer), where)
-            if first is not where:
+            first = seen.get((tok, layer))
+            if first is not None:
                 raise EdgeMoEError(f"{where}: (req_id {req!r}, token_idx {pos}, layer {layer}) repeats line {first}")
+            seen[(tok, layer)] = where
             rows_tok.append(tok)
             rows_layer.append(layer)
             rows_ids.append(ids)
@@ -207,7 +208,8 @@ def _assemble(spec, files, sha, meta_models, skipped, lines_read, tok_req, tok_p
         logits[r_new, r_l] = np.array(kept_logits, dtype=np.float32)
     names = [d if d is not None else DEFAULT_DOMAIN for d in tok_domain]
     domains = tuple(sorted(set(names[t] for t in keep)))
-    domain = np.array([domains.index(names[t]) for t in keep], dtype=np.int64)
+    index = {d: i for i, d in enumerate(domains)}
+    domain = np.array([index[names[t]] for t in keep], dtype=np.int64)
     counts = {
         "lines": lines_read, "route_lines": len(rows_tok), "skipped_by_type": skipped, "requests": len(set(tok_req)),
         "tokens_seen": n_tok, "tokens_kept": int(T), "tokens_dropped_incomplete": int(n_tok - T),
