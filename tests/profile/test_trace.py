@@ -198,6 +198,11 @@ def test_trace_without_logits_or_domain_plans_on_every_preset(tmp_path):
         assert (problem.user_domain == 0).all()
         for method in ("lfu", "greedy", "ordermoe"):
             plan(problem, method)
+    from edgemoe.plan.base import planners
+
+    edge8 = plan_problem(prof, "edge8")
+    for method in sorted(set(planners()) - {"exact"}):  # every planner (but the slow ILP) takes it
+        plan(edge8, method)
 
 
 def test_cli_takes_several_trace_files_after_one_flag(tmp_path):
