@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -56,9 +57,9 @@ def test_builtin_specs_match_published_dimensions():
 
 
 def test_spec_from_hf_config_file(tmp_path):
-    from edgemoe.models.loader import default_model_path
+    import edgemoe
 
-    s = model_spec(str(default_model_path() / "config.json"))
+    s = model_spec(str(Path(edgemoe.__file__).parent / "assets" / "default_model" / "config.json"))  # no torch import
     assert (s.num_layers, s.num_experts, s.top_k, s.hidden_size) == (4, 16, 2, 128)
     cfg = {"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layers": 6, "num_experts": 8,
            "num_experts_per_tok": 2, "moe_intermediate_size": 32, "decoder_sparse_step": 2, "mlp_only_layers": [3]}
