@@ -123,6 +123,11 @@ def _profile_from_trace(files: list[Path], spec: str | None, out: Path, report: 
                f"{c['tokens_kept']:,} tokens kept, {c['tokens_dropped_incomplete']:,} dropped (missing a logged layer); "
                f"skipped lines by type: {c['skipped_by_type'] or 'none'}")
     typer.echo(f"model spec: {tr.spec.describe()}")
+    from edgemoe.profile.specs import builtin_for
+
+    named = {builtin_for(m) for m in tr.meta_models} - {None}
+    if named and tr.spec.name not in named:
+        typer.echo(f"note: the trace's meta line names {', '.join(tr.meta_models)}, not the spec {tr.spec.name}")
     if len(tr.layer_ids) < len(tr.spec.moe_layer_ids):
         typer.echo(f"note: the trace logs {len(tr.layer_ids)} of the model's {len(tr.spec.moe_layer_ids)} MoE layers; "
                    "the profile holds those only")
