@@ -237,11 +237,13 @@ def evaluate(
                                                       "no model; PLACEMENT may then be a placement file")] = None,
     requests: Annotated[int, typer.Option(help="with --profile: simulated requests per method")] = 64,
     rate: Annotated[float, typer.Option(help="with --profile: Poisson request rate (req/s, all users)")] = 20.0,
+    plan_profile: Annotated[Path | None, typer.Option(help="with --profile: plan and build the policies' knowledge "
+                                                           "from this profile instead (out of sample)")] = None,
 ):
     """Evaluate chosen placements and policies on the real model (quality) and the simulator (latency);
     with --profile, replay a profile's tokens in the simulator only (quality columns stay empty)."""
     if profile is not None:
-        _evaluate_profile(profile, out, cluster, mode, method, requests, rate)
+        _evaluate_profile(profile, out, cluster, mode, method, requests, rate, plan_profile)
         return
     from edgemoe.eval.experiment import Comparison, ExperimentConfig, run_experiment
 
@@ -259,7 +261,7 @@ def evaluate(
 
 
 def _evaluate_profile(profile: Path, out: Path, cluster: str, mode: str, method: list[str] | None, requests: int,
-                      rate: float) -> None:
+                      rate: float, plan_profile: Path | None = None) -> None:
     """`edgemoe evaluate --profile`: simulator-only replay of a profile (edgemoe.eval.replay)."""
     from edgemoe.eval.replay import DEFAULT_METHODS, evaluate_profile_file
     from edgemoe.eval.results import load_results
@@ -269,7 +271,8 @@ def _evaluate_profile(profile: Path, out: Path, cluster: str, mode: str, method:
     try:
         specs = tuple(_parse_method(m) for m in (method or DEFAULT_METHODS))
         workload = Workload(num_requests=requests, prompt_tokens=16, gen_tokens=16, rate_per_s=rate)
-        path = evaluate_profile_file(profile, cluster, specs, out, mode=mode, workload=workload, log=typer.echo)
+        path = evaluate_profile_file(profile, cluster, specs, out, mode=mode, workload=workload, log=typer.echo,
+                                     plan_profile_dir=plan_profile)
     except EdgeMoEError as exc:
         _fail(exc)
     typer.echo(markdown_table(methods_table(load_results(path))))

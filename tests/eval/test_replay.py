@@ -62,6 +62,13 @@ def test_plan_on_one_half_evaluate_on_the_other(tmp_path):
     assert m["floor"]["remote_ratio"] == 0.0 and m["monday"]["remote_ratio"] > 0.0
     assert m["floor"]["latency_ms"]["mean"] <= m["monday"]["latency_ms"]["mean"]
     assert doc["config"]["profile"]["tokens"] == 120
+    # the same in one command: plan on Monday's profile inside evaluate
+    r = run(app, ["evaluate", "--profile", str(tmp_path / "tuesday"), "--plan-profile", str(tmp_path / "monday"),
+                  "--cluster", "testbed8", "--requests", "6", "--method", "lfu=lfu:exact", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    again = json.loads(out.read_text())
+    assert again["config"]["planned_on"]["tokens"] == 120
+    assert again["methods"]["lfu"]["latency_ms"] == m["monday"]["latency_ms"]  # same placement, same replay
 
 
 def test_placement_file_gives_the_same_run_as_planning_by_name(tmp_path):

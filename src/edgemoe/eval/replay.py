@@ -145,13 +145,18 @@ def replay_profile(profile, cluster, methods: Sequence, mode: str = "migrate", w
 
 
 def evaluate_profile_file(profile_dir: str | Path, cluster: str, methods: Sequence, out: str | Path,
-                          mode: str = "migrate", workload=None, log: Callable[[str], None] = print) -> Path:
-    """Load a profile folder, replay it (replay_profile) and write the results file atomically."""
+                          mode: str = "migrate", workload=None, log: Callable[[str], None] = print,
+                          plan_profile_dir: str | Path | None = None) -> Path:
+    """Load a profile folder, replay it (replay_profile) and write the results file atomically.
+
+    plan_profile_dir: a profile to plan on and to build the policies' knowledge from (out of sample)."""
     from edgemoe.eval.results import write_document
     from edgemoe.profile import load_profile
 
     profile = load_profile(profile_dir)
-    log(f"replaying {profile.num_tokens:,} tokens of {profile.meta.model} ({profile.meta.data}) on {cluster}, {mode} mode")
+    known = None if plan_profile_dir is None else load_profile(plan_profile_dir)
+    log(f"replaying {profile.num_tokens:,} tokens of {profile.meta.model} ({profile.meta.data}) on {cluster}, {mode} mode"
+        + ("" if known is None else f"; planned on {known.num_tokens:,} tokens of {known.meta.data}"))
     doc = replay_profile(profile, cluster, methods, mode=mode, workload=workload, log=log, name=Path(out).stem,
-                         profile_path=str(profile_dir))
+                         profile_path=str(profile_dir), plan_profile=known)
     return write_document(out, doc)
