@@ -176,8 +176,18 @@ def profile(
     block_len: Annotated[int, typer.Option(min=2, help="tokens per sequence")] = 256,
     subst_tokens: Annotated[int, typer.Option(min=1, help="tokens per layer whose hidden states measure substitution error")] = 1024,
     report: Annotated[Path | None, typer.Option(help="also write the specialisation report (JSON + PNG) here")] = None,
+    trace: Annotated[list[Path] | None, typer.Option(help="routing trace JSONL (.gz) files instead of a model: "
+                                                          "--trace FILE [FILE ...] (docs/traces.md)")] = None,
+    model_spec: Annotated[str | None, typer.Option(help="with --trace: a built-in spec (mixtral-8x7b, qwen1.5-moe-a2.7b, "
+                                                        "qwen3-30b-a3b, deepseek-v2-lite, olmoe-1b-7b, switch-base-8) or "
+                                                        "an HF config.json (default: the model a meta line names)")] = None,
+    more_traces: Annotated[list[Path] | None, typer.Argument(hidden=True, help="further --trace files")] = None,
 ):
-    """Record router logits, Top-K and gates on calibration text and derive the routing statistics."""
+    """Record router logits, Top-K and gates on calibration text and derive the routing statistics
+    (or build the profile from logged routing traces with --trace, no weights needed)."""
+    if trace or more_traces:
+        _profile_from_trace(list(trace or []) + list(more_traces or []), model_spec, out, report, bool(trace))
+        return
     from edgemoe.data import resolve
     from edgemoe.io import check_distinct_outputs, check_replaceable_dir, claim_output_dir
     from edgemoe.models import load_moe, load_tokenizer
@@ -210,6 +220,40 @@ def profile(
         typer.echo(f"wrote {report}/specialisation.json, usage_heatmaps.png, similarity.png")
 
 
+def _profile_from_trace(files: list[Path], spec: str | None, out: Path, report: Path | None, flagged: bool) -> None:
+    """`edgemoe profile --trace ...`: parse the trace files, build and save an ordinary profile."""
+    from edgemoe.profile.trace import trace_profile
+
+    try:
+        if not flagged:
+            raise EdgeMoEError(f"unexpected argument {str(files[0])!r}; trace files follow --trace")
+        prof, tr = trace_profile(files, spec)
+        prof.save(out)
+    except EdgeMoEError as exc:
+        _fail(exc)
+    c = tr.counts
+    typer.echo(f"trace: {c['route_lines']:,} route lines in {len(files)} file(s), {c['requests']:,} requests; "
+               f"{c['tokens_kept']:,} tokens kept, {c['tokens_dropped_incomplete']:,} dropped (missing a logged layer); "
+               f"skipped lines by type: {c['skipped_by_type'] or 'none'}")
+    typer.echo(f"model spec: {tr.spec.describe()}")
+    from edgemoe.profile.specs import builtin_for
+
+    named = {builtin_for(m) for m in tr.meta_models} - {None}
+    if named and tr.spec.name not in named:
+        typer.echo(f"note: the trace's meta line names {', '.join(tr.meta_models)}, not the spec {tr.spec.name}")
+    if len(tr.layer_ids) < len(tr.spec.moe_layer_ids):
+        typer.echo(f"note: the trace logs {len(tr.layer_ids)} of the model's {len(tr.spec.moe_layer_ids)} MoE layers; "
+                   "the profile holds those only")
+    typer.echo(f"similarity from {prof.meta.similarity}; substitution error {prof.meta.subst_err_source}")
+    typer.echo(_profile_summary(prof))
+    typer.echo(f"wrote {out}")
+    if report is not None:
+        from edgemoe.profile.report import specialisation_report
+
+        specialisation_report(prof, report)
+        typer.echo(f"wrote {report}/specialisation.json, usage_heatmaps.png, similarity.png")
+
+
 def _profile_summary(prof) -> str:
     import numpy as np
 
@@ -235,9 +279,17 @@ def demo(
     quick: Annotated[bool, typer.Option(help="fewer tokens and requests (a smoke run)")] = False,
     eval_data: Annotated[str | None, typer.Option(help="evaluation text spec (default: WikiText-2 test, else offline)")] = None,
     backend: Annotated[str, typer.Option(help="latency from the 'simulate' backend or measured on 'ray' actors")] = "simulate",
+    scenario: Annotated[str, typer.Option(help="'default' (the default model) or 'paper-scale' (Mixtral-8x7B and "
+                                               "Qwen1.5-MoE-A2.7B on testbed8, routing calibrated on real counts)")] = "default",
+    shared_data: Annotated[Path, typer.Option(help="with --scenario paper-scale: the shared data folder")] = SHARED_DATA,
 ):
     """The main job: the default model on edge8 (OrderMoE's comparison) and device-edge-cloud (SlimCaching's),
     every method side by side; writes results JSON, plots and a Markdown/HTML report."""
+    if scenario == "paper-scale":
+        _demo_paper_scale(out, quick, shared_data)
+        return
+    if scenario != "default":
+        _fail(EdgeMoEError(f"--scenario {scenario!r}: expected 'default' or 'paper-scale'"))
     from edgemoe.eval.experiment import (
         ExperimentConfig,
         run_demo,
@@ -272,6 +324,21 @@ def demo(
     typer.echo(f"\nwrote {', '.join(str(p) for p in paths)}, {report} and {report.with_suffix('.html')}")
 
 
+def _demo_paper_scale(out: Path, quick: bool, shared_data: Path) -> None:
+    """`edgemoe demo --scenario paper-scale` (edgemoe.eval.paper_scale)."""
+    from edgemoe.eval.paper_scale import PaperScaleConfig, run_paper_scale
+
+    cfg = PaperScaleConfig(shared_data=str(shared_data))
+    if quick:
+        cfg = PaperScaleConfig(shared_data=str(shared_data), tokens_per_domain=200, num_requests=8, exact_time_limit_s=5.0)
+    try:
+        paths = run_paper_scale(cfg, out, log=typer.echo)
+    except EdgeMoEError as exc:
+        _fail(exc)
+    typer.echo((out / "summary.md").read_text())
+    typer.echo(f"wrote {', '.join(str(p) for p in paths)}, {out / 'summary.json'} and {out / 'summary.md'}")
+
+
 @app.command()
 def evaluate(
     out: Annotated[Path, typer.Option(help="results JSON to write")],
@@ -284,8 +351,18 @@ def evaluate(
     eval_tokens: Annotated[int, typer.Option(min=1, help="evaluation tokens")] = 16_384,
     calib_tokens: Annotated[int, typer.Option(min=1, help="calibration tokens (profile)")] = 20_000,
     cache_dir: Annotated[Path, typer.Option(help="where calibration profiles are cached")] = Path("runs/cache"),
+    profile: Annotated[Path | None, typer.Option(help="replay this profile's routing (e.g. from --trace) in the simulator, "
+                                                      "no model; PLACEMENT may then be a placement file")] = None,
+    requests: Annotated[int, typer.Option(min=1, help="with --profile: simulated requests per method")] = 64,
+    rate: Annotated[float, typer.Option(min=1e-9, max=1e9, help="with --profile: Poisson request rate (req/s, all users)")] = 20.0,
+    plan_profile: Annotated[Path | None, typer.Option(help="with --profile: plan and build the policies' knowledge "
+                                                           "from this profile instead (out of sample)")] = None,
 ):
-    """Evaluate chosen placements and policies on the real model (quality) and the simulator (latency)."""
+    """Evaluate chosen placements and policies on the real model (quality) and the simulator (latency);
+    with --profile, replay a profile's tokens in the simulator only (quality columns stay empty)."""
+    if profile is not None:
+        _evaluate_profile(profile, out, cluster, mode, method, requests, rate, plan_profile)
+        return
     from edgemoe.cluster import load_cluster
     from edgemoe.eval.experiment import Comparison, ExperimentConfig, run_experiment
     from edgemoe.io import file_target, publish_file
@@ -328,6 +405,25 @@ def _parse_methods(texts: list[str]) -> tuple:
     return specs
 
 
+def _evaluate_profile(profile: Path, out: Path, cluster: str, mode: str, method: list[str] | None, requests: int,
+                      rate: float, plan_profile: Path | None = None) -> None:
+    """`edgemoe evaluate --profile`: simulator-only replay of a profile (edgemoe.eval.replay)."""
+    from edgemoe.eval.replay import DEFAULT_METHODS, evaluate_profile_file
+    from edgemoe.eval.results import load_results
+    from edgemoe.report.render import markdown_table, methods_table
+    from edgemoe.runtime.workload import Workload
+
+    try:
+        specs = _parse_methods(method or list(DEFAULT_METHODS))
+        workload = Workload(num_requests=requests, prompt_tokens=16, gen_tokens=16, rate_per_s=rate)
+        path = evaluate_profile_file(profile, cluster, specs, out, mode=mode, workload=workload, log=typer.echo,
+                                     plan_profile_dir=plan_profile)
+    except EdgeMoEError as exc:
+        _fail(exc)
+    typer.echo(markdown_table(methods_table(load_results(path))))
+    typer.echo(f"wrote {path}")
+
+
 def _parse_method(text: str):
     """'name=placement:policy[:k=v,k=v]' -> MethodSpec (values read by edgemoe.params.parse_value)."""
     from edgemoe.eval.experiment import MethodSpec
@@ -346,8 +442,8 @@ def _check_placement_name(placement: str, text: str) -> str:
     from edgemoe.plan.base import planners
 
     valid = sorted(planners()) + ["all-local"]
-    if placement not in valid:
-        raise EdgeMoEError(f"--method {text!r}: unknown placement {placement!r}; expected one of {', '.join(valid)}")
+    if placement not in valid and not Path(placement).is_file():  # a placement file (edgemoe plan --out)
+        raise EdgeMoEError(f"--method {text!r}: unknown placement {placement!r}; expected one of {', '.join(valid)} or a placement file")
     return placement
 
 

@@ -15,7 +15,8 @@ from edgemoe.profile import synthetic_profile
 DEFAULT_EXPERT_BYTES = np.full((4, 16), 200_000, dtype=np.int64)
 
 
-@pytest.mark.parametrize("name", sorted(PRESETS))
+# testbed8 is sized in absolute bytes for paper-scale models (tests/cluster/test_testbed8.py)
+@pytest.mark.parametrize("name", sorted(set(PRESETS) - {"testbed8"}))
 def test_presets_load_and_validate(name):
     c = load_cluster(name)
     capacity = validate_for_model(c, DEFAULT_EXPERT_BYTES)

@@ -15,7 +15,7 @@ from edgemoe.errors import EdgeMoEError
 
 from .schema import Cluster, build_cluster
 
-PRESETS = {"edge8": "edge8.yaml", "device-edge-cloud": "device-edge-cloud.yaml"}
+PRESETS = {"edge8": "edge8.yaml", "device-edge-cloud": "device-edge-cloud.yaml", "testbed8": "testbed8.yaml"}
 
 # The default model's profile domains (the texts it is calibrated on).
 DEFAULT_DOMAINS = ("wiki", "gutenberg", "shakespeare", "code")

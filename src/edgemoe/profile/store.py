@@ -40,6 +40,11 @@ class ProfileMeta:
     num_tokens: int = 0
     versions: dict = field(default_factory=dict)
     schema: str = SCHEMA
+    # How `sim` and `subst_err` were obtained. A profile built from a routing trace without router logits or
+    # weights says so here (edgemoe.profile.trace): sim from co-selection, subst_err estimated as 1 - sim.
+    similarity: str = "router-logits"  # "router-logits" | "co-selection"
+    subst_err_source: str = "measured"  # "measured" | "estimated: 1 - similarity" | "synthetic"
+    source: dict = field(default_factory=dict)  # where the routing came from (a trace: files, counts, drops)
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,7 @@ class Profile:
     """Routing statistics of one model on calibration text. Shapes as in ARCHITECTURE.md."""
 
     meta: ProfileMeta
-    router_logits: np.ndarray  # [T, L, E] float16
+    router_logits: np.ndarray  # [T, L, E] float16 ([0, L, E] when the routing came without logits)
     topk: np.ndarray  # [T, L, K] int16 expert ids
     gates: np.ndarray  # [T, L, K] float32 gate weights as the model applies them
     domain: np.ndarray  # [T] int16 domain id of each token
@@ -188,6 +193,8 @@ def validate_shapes(p: Profile, source: str = "profile") -> None:
         "freq": (L, E), "freq_by_domain": (U, L, E), "coact": (L, E, E), "trans": (max(L - 1, 0), E, E),
         "sim": (L, E, E), "subst_err": (L, E, E), "expert_bytes": (L, E), "expert_flops": (L, E),
     }
+    if p.meta.similarity != "router-logits":
+        expected["router_logits"] = (0, L, E)  # no logits were recorded; sim comes from co-selection
     for name, shape in expected.items():
         got = tuple(getattr(p, name).shape)
         if got != shape:
@@ -228,11 +235,13 @@ def build_profile(
     subst_err: np.ndarray,
     expert_bytes: np.ndarray,
     expert_flops: np.ndarray,
+    sim: np.ndarray | None = None,
 ) -> Profile:
     """Derive freq, coact, trans and sim from a router sample and assemble a Profile.
 
-    router_logits: [T, L, E]; topk, gates: [T, L, K]; domain: [T]; subst_err: [L, E, E];
-    expert_bytes, expert_flops: [L, E].
+    router_logits: [T, L, E] (or [0, L, E] with `sim` given, when no logits were recorded); topk, gates:
+    [T, L, K]; domain: [T]; subst_err: [L, E, E]; expert_bytes, expert_flops: [L, E]; sim: [L, E, E]
+    replaces the router-logit cosine.
     """
     E, U = meta.num_experts, len(meta.domains)
     topk = np.asarray(topk).astype(np.int16)
@@ -247,7 +256,7 @@ def build_profile(
         freq_by_domain=stats.frequency_by_domain(topk, domain, U, E),
         coact=stats.coactivation(topk, E),
         trans=stats.transitions(topk, E),
-        sim=stats.router_similarity(router_logits),
+        sim=stats.router_similarity(router_logits) if sim is None else np.asarray(sim, dtype=np.float64),
         subst_err=np.asarray(subst_err, dtype=np.float64),
         expert_bytes=np.asarray(expert_bytes, dtype=np.int64),
         expert_flops=np.asarray(expert_flops, dtype=np.int64),
