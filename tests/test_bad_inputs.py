@@ -174,7 +174,7 @@ CASES = [
     ("plan-seed-negative", [*PLAN, "--method", "random", "--param", "seed=-1"], "seed"),
     ("plan-max-units-0", [*PLAN, "--method", "slimcaching", "--param", "max_units=0"], "max_units"),
     ("plan-redundancy-maybe", [*PLAN, "--method", "ordermoe", "--param", "redundancy=maybe"], "redundancy"),
-    ("plan-unknown-param", [*PLAN, "--method", "ordermoe", "--param", "colour=red"], "valid: grouping"),
+    ("plan-unknown-param", [*PLAN, "--method", "ordermoe", "--param", "colour=red"], "valid: mode, algorithm, budget"),
     ("plan-param-no-value", [*PLAN, "--method", "ordermoe", "--param", "novalue"], "key=value"),
     ("plan-param-twice", [*PLAN, "--method", "random", "--param", "seed=1", "--param", "seed=2"], "twice"),
     ("plan-unknown-method", [*PLAN, "--method", "nonsense"], "expected one of"),

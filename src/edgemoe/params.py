@@ -154,7 +154,7 @@ def _describe_type(annotation) -> str:
 
 def policy_params(policy: str, params: dict, flag: str = "--param") -> dict:
     """`params` typed and range-checked for runtime policy `policy` (unknown policy: names the valid ones)."""
-    from edgemoe.runtime.policy import _POLICIES, policy_names
+    from edgemoe.runtime.registry import _POLICIES, policy_names
 
     names = policy_names()
     if policy not in names:

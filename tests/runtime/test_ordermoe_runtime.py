@@ -74,7 +74,7 @@ def test_lookahead_steers_the_token_towards_its_next_expert():
 def edge8():
     profile = synthetic_profile(num_layers=4, num_experts=8, top_k=2, num_tokens=400, seed=3)
     cluster = load_cluster("edge8")
-    placement = plan(plan_problem(profile, cluster, domain_fallback=True), "ordermoe")
+    placement = plan(plan_problem(profile, cluster, domain_fallback=True), "ordermoe", algorithm="two-stage")  # the runtime under test, on a fixed placement
     return profile, make_context(profile, cluster, placement, mode="migrate", domain_fallback=True)
 
 
