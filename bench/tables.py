@@ -23,21 +23,31 @@ def _table(head: list[str], rows: list[list]) -> str:
     return markdown_table([head] + [[str(c) for c in r] for r in rows])
 
 
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:+.2f}%"
+
+
+def _num(x, digits: int) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
 def demo_tables(folder: str = "demo") -> list[str]:
     out = []
     for path in sorted((RESULTS / folder).glob("*.json")):
+        if path.name.startswith("."):  # the output marker, not a results file
+            continue
         res = _load(path)
         cfg = res["config"]
-        out.append(f"**{cfg['name']}** ({cfg['cluster']}, {cfg['mode']} mode; `{path.relative_to(ROOT.parent)}`; "
+        out.append(f"**{cfg['name']}**, model `{cfg.get('model', 'default')}` ({cfg['cluster']}, {cfg['mode']} mode; `{path.relative_to(ROOT.parent)}`; "
                    f"exact perplexity {res.get('ppl_exact', float('nan')):.3f} on {cfg.get('eval_data')})\n")
         rows = []
         for name, m in res["methods"].items():
             rows.append([name, f"{m['latency_ms']['mean']:.1f}", f"{m['latency_ms']['p99']:.1f}", f"{m['ttft_ms']['mean']:.1f}",
                          f"{m['traffic_bytes_per_1k_tokens'] / 1e6:.2f}", f"{m['remote_ratio']:.3f}",
-                         f"{m['substitution_ratio']:.3f}", f"{m['ppl']:.3f}", f"{m['quality_retention']:.4f}",
-                         f"{m['throughput_tokens_per_s']:.0f}"])
-        out.append(_table(["method", "mean ms", "p99 ms", "TTFT ms", "MB/1k tok", "remote", "subst.", "ppl", "retention",
-                           "tok/s"], rows))
+                         f"{m['substitution_ratio']:.3f}", f"{m['ppl']:.3f}", _pct(m.get('ppl_rel_increase')),
+                         _num(m.get('top1_agreement'), 3), f"{m['throughput_tokens_per_s']:.0f}"])
+        out.append(_table(["method", "mean ms", "p99 ms", "TTFT ms", "MB/1k tok", "remote", "stand-in", "ppl", "ppl +%",
+                           "top-1 agr.", "tok/s"], rows))
         for line in res.get("summary", []):
             out.append(f"- {line}")
         for name, pts in (res.get("budget_sweep") or {}).items():
