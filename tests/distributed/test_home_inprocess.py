@@ -156,3 +156,15 @@ def test_homes_feed_each_pass_back_to_an_adaptive_policy(tiny_path, lab3):
     assert [s[1] for s in seen] == (res.pass_end_s - res.pass_begin_s).tolist()
     assert all(s[2] > 0 and 0 <= s[3] <= s[4] for s in seen)
     assert sum(s[3] for s in seen) == pytest.approx(res.counts["quality_cost"])
+
+
+def test_zeroed_branches_combine_like_the_local_backend(tiny_path, lab3):
+    """A policy that zeroes remote branches (other gates unchanged) gives the local backend's tokens."""
+    from edgemoe.runtime import make_policy
+
+    ctx = lab3("home")
+    params = {"budget": 100.0, "horizon": 0, "substitutes": ("zero",)}
+    engine, _ = _engine(ctx, tiny_path, policy="ordermoe", params=tuple(params.items()))
+    res = engine.generate(GenerateRequest("z", 0, PROMPT, 4))
+    assert res.counts["dropped"] > 0  # zeroed slots are counted among the slots not run
+    assert res.tokens.tolist() == _greedy_local(tiny_path, 4, make_policy("ordermoe", ctx, **params))

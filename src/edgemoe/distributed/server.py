@@ -292,7 +292,9 @@ class HomeEngine:
         p.topk.append(topk)
         p.gates.append(gates)
         call = LayerCall(layer, hidden, None, topk_t, gates_t)
-        _, new_gates = apply_intervention(self.adapter, call, Intervention(torch.from_numpy(experts)))
+        # Slots the policy zeroed keep the other gates as they are (a drop renormalises them), as locally.
+        zeroed = None if dec.zeroed is None else torch.from_numpy(np.asarray(dec.zeroed, bool) & (experts < 0))
+        _, new_gates = apply_intervention(self.adapter, call, Intervention(torch.from_numpy(experts), zeroed=zeroed))
         return (new_gates.to(out.dtype)[..., None] * out).sum(dim=1).to(hidden.dtype)
 
     def _dispatch(self, layer, hidden, experts, node, src, meet, st, p: _Pass, sent: float):
