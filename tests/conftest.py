@@ -12,3 +12,27 @@ def shared_data() -> Path:
     if not (SHARED_DATA / "wikitext-2").is_dir():
         pytest.skip(f"shared data not found at {SHARED_DATA} (these tests need ../shared/data)")
     return SHARED_DATA
+
+
+# A three-server cluster file (one user per server) shared by the CLI tests.
+THREE_EDGE_CLUSTER_YAML = """
+name: three-edge
+nodes:
+  - {name: a, kind: edge, memory: 12MB, compute: {peak_flops: 10TFLOPS, memory_bandwidth: 500GB/s, overhead: 50us}}
+  - {name: b, kind: edge, memory: 12MB, compute: {peak_flops: 20TFLOPS, memory_bandwidth: 900GB/s, overhead: 50us}}
+  - {name: c, kind: edge, memory: 8MB, compute: {peak_flops: 5TFLOPS, memory_bandwidth: 200GB/s, overhead: 50us}}
+links:
+  - {src: a, dst: b, latency: 5ms, bandwidth: 100Mbit/s}
+  - {src: b, dst: c, latency: 10ms, bandwidth: 50Mbit/s}
+  - {src: a, dst: c, latency: 12ms, bandwidth: 50Mbit/s}
+users:
+  - {name: u1, home: a, weight: 3, domain: domain0}
+  - {name: u2, home: b, weight: 1, domain: domain1}
+  - {name: u3, home: c, weight: 1, domain: domain2}
+"""
+
+
+@pytest.fixture(scope="session")
+def three_edge_cluster_yaml() -> str:
+    """The text of a small three-server cluster file (THREE_EDGE_CLUSTER_YAML)."""
+    return THREE_EDGE_CLUSTER_YAML

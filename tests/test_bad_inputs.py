@@ -25,22 +25,6 @@ from edgemoe.models.tiny import save_tiny
 from edgemoe.plan.base import plan
 from edgemoe.profile import synthetic_profile
 
-CLUSTER_YAML = """
-name: three-edge
-nodes:
-  - {name: a, kind: edge, memory: 12MB, compute: {peak_flops: 10TFLOPS, memory_bandwidth: 500GB/s, overhead: 50us}}
-  - {name: b, kind: edge, memory: 12MB, compute: {peak_flops: 20TFLOPS, memory_bandwidth: 900GB/s, overhead: 50us}}
-  - {name: c, kind: edge, memory: 8MB, compute: {peak_flops: 5TFLOPS, memory_bandwidth: 200GB/s, overhead: 50us}}
-links:
-  - {src: a, dst: b, latency: 5ms, bandwidth: 100Mbit/s}
-  - {src: b, dst: c, latency: 10ms, bandwidth: 50Mbit/s}
-  - {src: a, dst: c, latency: 12ms, bandwidth: 50Mbit/s}
-users:
-  - {name: u1, home: a, weight: 3, domain: domain0}
-  - {name: u2, home: b, weight: 1, domain: domain1}
-  - {name: u3, home: c, weight: 1, domain: domain2}
-"""
-
 
 def _edit_arrays(folder: Path, **changes) -> None:
     arrays = load_file(str(folder / "arrays.safetensors"))
@@ -56,12 +40,12 @@ def _edit_json(path: Path, fn) -> None:
 
 
 @pytest.fixture(scope="module")
-def d(tmp_path_factory) -> Path:
+def d(tmp_path_factory, three_edge_cluster_yaml) -> Path:
     """Every input the table points at, made once."""
     root = tmp_path_factory.mktemp("bad")
     prof = synthetic_profile(num_layers=4, num_experts=8, top_k=2, num_tokens=300, expert_bytes=1_000_000, seed=0)
     prof.save(root / "prof")
-    (root / "cluster.yaml").write_text(CLUSTER_YAML)
+    (root / "cluster.yaml").write_text(three_edge_cluster_yaml)
     placement = plan(plan_problem(prof, load_cluster(root / "cluster.yaml")), "uniform")
     placement.save(root / "placement.json")
 
@@ -90,8 +74,8 @@ def d(tmp_path_factory) -> Path:
     _edit_json(root / "pl_bad_id.json", lambda doc: doc["hosts"]["a"].__setitem__(0, [0, 42]))
     (root / "not_json.json").write_text("{ this is not json")
     (root / "cluster_bad.yaml").write_text("nodes: 5\n")
-    (root / "cluster_kind.yaml").write_text(CLUSTER_YAML.replace("kind: edge, memory: 8MB", "kind: fog, memory: 8MB"))
-    (root / "cluster_latin1.yaml").write_bytes(CLUSTER_YAML.replace("u1", "\u00fc1").encode("latin-1"))
+    (root / "cluster_kind.yaml").write_text(three_edge_cluster_yaml.replace("kind: edge, memory: 8MB", "kind: fog, memory: 8MB"))
+    (root / "cluster_latin1.yaml").write_bytes(three_edge_cluster_yaml.replace("u1", "\u00fc1").encode("latin-1"))
     (root / "cluster_syntax.yaml").write_text("name: [unclosed\n")
 
     # A checkpoint whose (L, E) is not the profile's, and one whose weights file is damaged.

@@ -306,9 +306,10 @@ def demo(
     try:
         from edgemoe.eval.experiment import ordermoe_comparison, slimcaching_comparison
 
-        comparisons = [ordermoe_comparison()] * max(1, len(cfg.models)) + [slimcaching_comparison()]
-        with _experiment_log(comparisons) as log:
-            paths = run_demo(cfg, out, backend=backend, log=log)
+        ordermoe, slimcaching = ordermoe_comparison(), slimcaching_comparison()
+        # the progress bar counts OrderMoE's comparison once per model, SlimCaching's once
+        with _experiment_log([ordermoe] * max(1, len(cfg.models)) + [slimcaching]) as log:
+            paths = run_demo(cfg, out, backend=backend, log=log, ordermoe=ordermoe, slimcaching=slimcaching)
         report = render_report(paths, out)
     except EdgeMoEError as exc:
         _fail(exc)

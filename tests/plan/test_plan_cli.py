@@ -14,29 +14,13 @@ from edgemoe.plan.base import load_placement
 from edgemoe.plan.cli import parse_params, plan_command
 from edgemoe.profile import synthetic_profile
 
-CLUSTER_YAML = """
-name: three-edge
-nodes:
-  - {name: a, kind: edge, memory: 12MB, compute: {peak_flops: 10TFLOPS, memory_bandwidth: 500GB/s, overhead: 50us}}
-  - {name: b, kind: edge, memory: 12MB, compute: {peak_flops: 20TFLOPS, memory_bandwidth: 900GB/s, overhead: 50us}}
-  - {name: c, kind: edge, memory: 8MB, compute: {peak_flops: 5TFLOPS, memory_bandwidth: 200GB/s, overhead: 50us}}
-links:
-  - {src: a, dst: b, latency: 5ms, bandwidth: 100Mbit/s}
-  - {src: b, dst: c, latency: 10ms, bandwidth: 50Mbit/s}
-  - {src: a, dst: c, latency: 12ms, bandwidth: 50Mbit/s}
-users:
-  - {name: u1, home: a, weight: 3, domain: domain0}
-  - {name: u2, home: b, weight: 1, domain: domain1}
-  - {name: u3, home: c, weight: 1, domain: domain2}
-"""
-
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
+def files(tmp_path_factory, three_edge_cluster_yaml):
     root = tmp_path_factory.mktemp("plan_cli")
     profile = synthetic_profile(num_layers=4, num_experts=8, top_k=2, num_tokens=400, expert_bytes=1_000_000, seed=0)
     profile.save(root / "profile")
-    (root / "cluster.yaml").write_text(CLUSTER_YAML)
+    (root / "cluster.yaml").write_text(three_edge_cluster_yaml)
     return root
 
 

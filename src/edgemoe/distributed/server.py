@@ -292,9 +292,9 @@ class HomeEngine:
         p.topk.append(topk)
         p.gates.append(gates)
         call = LayerCall(layer, hidden, None, topk_t, gates_t)
-        # Slots the policy zeroed keep the other gates as they are (a drop renormalises them), as locally.
-        zeroed = None if dec.zeroed is None else torch.from_numpy(np.asarray(dec.zeroed, bool) & (experts < 0))
-        _, new_gates = apply_intervention(self.adapter, call, Intervention(torch.from_numpy(experts), zeroed=zeroed))
+        # Zeroed slots keep the other gates as they are (a drop renormalises them), as in the local backend;
+        # repair never touches them (it only re-routes slots that ran), so the policy's mask still holds.
+        _, new_gates = apply_intervention(self.adapter, call, Intervention.from_numpy(experts, dec.zeroed))
         return (new_gates.to(out.dtype)[..., None] * out).sum(dim=1).to(hidden.dtype)
 
     def _dispatch(self, layer, hidden, experts, node, src, meet, st, p: _Pass, sent: float):

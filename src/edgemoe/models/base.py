@@ -49,6 +49,11 @@ class Intervention:
     gate_mode: str = "keep"
     zeroed: torch.Tensor | None = None  # [T, K] bool: slots zeroed rather than dropped (experts must be -1 there)
 
+    @classmethod
+    def from_numpy(cls, experts: np.ndarray, zeroed: np.ndarray | None = None) -> Intervention:
+        """A runtime decision's experts [T, K] (-1: not run) and zeroed mask [T, K] (or None) as an intervention."""
+        return cls(torch.from_numpy(experts), zeroed=None if zeroed is None else torch.from_numpy(zeroed))
+
 
 Policy = Callable[[LayerCall], "Intervention | None"]
 

@@ -109,22 +109,33 @@ def ensure_coverage(problem: PlanProblem, hosts: np.ndarray, fillable: np.ndarra
     removal makes room is evicted. Experts that still do not fit stay uncovered (memory too small).
     """
     capacity = np.maximum(np.asarray(problem.capacity_bytes, dtype=np.float64), 1.0)
+    return _cover(problem, hosts, fillable, value,
+                  pick=lambda layer, expert, free, fits: int(np.argmax(np.where(fits, free / capacity, -np.inf))),
+                  eviction_cost=lambda layer, expert: value[None])
+
+
+def _cover(problem: PlanProblem, hosts: np.ndarray, fillable: np.ndarray, order_value: np.ndarray, pick,
+           eviction_cost) -> np.ndarray:
+    """The coverage repair both planners share: each expert held on no fillable node, most valuable first
+    (order_value [L, E]), takes the node `pick(layer, expert, free [N], fits [N])` where it fits; with none
+    fitting, it replaces the duplicate copy (held on >= 2 fillable nodes, on a node where removing it makes
+    room) of least `eviction_cost(layer, expert)` (broadcast to [N, L, E]). hosts [N, L, E] in place."""
     sizes = problem.expert_bytes
     uncovered = np.argwhere(~hosts[fillable].any(axis=0))
-    order = np.argsort(-value[uncovered[:, 0], uncovered[:, 1]], kind="stable")
+    order = np.argsort(-order_value[uncovered[:, 0], uncovered[:, 1]], kind="stable")
     for layer, expert in uncovered[order]:
         need = sizes[layer, expert]
         free = free_bytes(problem, hosts)
         fits = fillable & (free >= need)
         if fits.any():
-            node = int(np.argmax(np.where(fits, free / capacity, -np.inf)))
+            node = pick(layer, expert, free, fits)
         else:
             duplicate = replica_counts(hosts, fillable) >= 2  # [L, E]
             room = (free[:, None, None] + sizes[None]) >= need  # [N, L, E]
             evictable = hosts & fillable[:, None, None] & duplicate[None] & room
             if not evictable.any():
                 continue
-            cost = np.where(evictable, value[None], np.inf)
+            cost = np.where(evictable, eviction_cost(layer, expert), np.inf)
             node, l2, e2 = np.unravel_index(int(np.argmin(cost)), cost.shape)
             hosts[node, l2, e2] = False
         hosts[node, layer, expert] = True
@@ -307,26 +318,9 @@ def cover_by_local_value(problem: PlanProblem, hosts: np.ndarray, fillable: np.n
     (most local demand for it first); else it replaces a duplicate copy (held on >= 2 nodes) on a node
     where that makes room, choosing the swap that loses the least local demand net of what it gains.
     """
-    sizes = problem.expert_bytes
-    uncovered = np.argwhere(~hosts[fillable].any(axis=0))
-    order = np.argsort(-overall[uncovered[:, 0], uncovered[:, 1]], kind="stable")
-    for layer, expert in uncovered[order]:
-        need = sizes[layer, expert]
-        free = free_bytes(problem, hosts)
-        fits = fillable & (free >= need)
-        if fits.any():
-            node = argmax_lex(local[:, layer, expert], free, fits)
-        else:
-            duplicate = replica_counts(hosts, fillable) >= 2  # [L, E]
-            room = (free[:, None, None] + sizes[None]) >= need
-            evictable = hosts & fillable[:, None, None] & duplicate[None] & room
-            if not evictable.any():
-                continue
-            loss = np.where(evictable, local - local[:, layer, expert][:, None, None], np.inf)
-            node, l2, e2 = np.unravel_index(int(np.argmin(loss)), loss.shape)
-            hosts[node, l2, e2] = False
-        hosts[node, layer, expert] = True
-    return hosts
+    return _cover(problem, hosts, fillable, overall,
+                  pick=lambda layer, expert, free, fits: argmax_lex(local[:, layer, expert], free, fits),
+                  eviction_cost=lambda layer, expert: local - local[:, layer, expert][:, None, None])
 
 
 @register("activation-aware")

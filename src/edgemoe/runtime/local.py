@@ -100,8 +100,7 @@ class _PolicyBridge:
             self.parts.append(_stack(self.users, self.topk, self.gates, self.decisions))
         if np.array_equal(dec.experts, topk):
             return None  # nothing changes: let the model run untouched
-        zeroed = None if dec.zeroed is None else torch.from_numpy(dec.zeroed)
-        return Intervention(torch.from_numpy(dec.experts), zeroed=zeroed)
+        return Intervention.from_numpy(dec.experts, dec.zeroed)
 
 
 @torch.no_grad()
