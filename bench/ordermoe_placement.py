@@ -21,12 +21,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def demo_inputs(cache_dir: Path):
-    """(profile, eval topk [T, L, K], eval gates [T, L, K], cfg) exactly as `edgemoe demo` builds them."""
+def demo_inputs(cache_dir: Path, model: str = "default"):
+    """(profile, eval topk [T, L, K], eval gates [T, L, K], cfg) exactly as `edgemoe demo` builds them for
+    `model`."""
     from edgemoe.eval.experiment import ExperimentConfig, cached_profile, default_specs
 
-    cfg = ExperimentConfig(cache_dir=str(cache_dir), shared_data=str(ROOT.parent / "shared" / "data"))
-    trace_path = cache_dir / "eval-trace.npz"
+    cfg = ExperimentConfig(model=model, cache_dir=str(cache_dir), shared_data=str(ROOT.parent / "shared" / "data"))
+    trace_path = cache_dir / ("eval-trace.npz" if model == "default" else f"eval-trace-{Path(model).name}.npz")
     from edgemoe.models import load_moe, load_tokenizer
 
     adapter, tokenizer = load_moe(cfg.model), load_tokenizer(cfg.model)
@@ -46,9 +47,9 @@ def demo_inputs(cache_dir: Path):
 
 
 CASES = (("edge8", "migrate"), ("device-edge-cloud", "home"))
-SLIM_PARAMS = {"refine_seconds": 600.0}
+SLIM_PARAMS: dict = {}  # the demo's: its deterministic refinement budget (kicks, work units)
 PARAMS_KEPT = ("mode", "budget", "evaluations", "moves", "rows", "expected_latency_ms", "greedy_latency_ms",
-               "objective_s", "traffic_with_substitute", "spearman_cosine_vs_error")  # the demo's: its kicks, not a wall-clock cap, end the refinement
+               "objective_s", "traffic_with_substitute", "spearman_cosine_vs_error")
 
 
 def placement_for(problem, method: str, params: dict, cache_dir: Path, cluster: str):

@@ -123,6 +123,21 @@ def test_operating_point_calibration_stays_within_target(setup):
     text = EvalText(ids=ids, nll=nll, top1=top1, topk=np.zeros((0,)), gates=np.zeros((0,)), calib_ids=ids, calib_nll=nll)
     trials: dict = {}
     b = calibrate_budget(adapter, ctx, "ordermoe", {"horizon": 0}, text, 0.02, trials, steps=4)
-    assert trials[b] <= 0.02 or b == 1e-3
+    assert trials[b][1] <= 0.02 or b == 1e-3  # the upper bound, not only the estimate, fits
+    assert all(u >= r for r, u in trials.values())
     assert len(trials) <= 2 + 4  # hi, lo and one run per halving
     assert calibrate_budget(adapter, ctx, "ordermoe", {"horizon": 0}, text, 1e9, {}, steps=1) == 2.0
+
+
+def test_rise_with_bound_known_answer():
+    from edgemoe.eval.experiment import rise_with_bound
+
+    exact = np.zeros((4, 3))
+    same = np.full((4, 3), 0.1)  # every block +0.1 nats: no spread, bound = estimate
+    r, u = rise_with_bound(same, exact)
+    assert r == pytest.approx(np.expm1(0.1)) and u == pytest.approx(r)
+    spread = np.array([[0.0] * 3, [0.2] * 3, [0.0] * 3, [0.2] * 3])  # block means 0, .2, 0, .2: sd .1155, se .0577
+    r, u = rise_with_bound(spread, exact)
+    assert r == pytest.approx(np.expm1(0.1))
+    assert u == pytest.approx(np.expm1(0.1 + 1.645 * np.std([0, .2, 0, .2], ddof=1) / 2))
+    assert rise_with_bound(spread[:1], exact[:1])[1] == pytest.approx(0.0)  # one block: no spread to measure

@@ -181,33 +181,47 @@ class EvalText:
     calib_nll: np.ndarray | None = None
 
 
+CALIB_CONFIDENCE_Z = 1.645  # one-sided 95%: the calibrated budget keeps the increase's upper bound in target
+
+
+def rise_with_bound(nll: np.ndarray, nll_exact: np.ndarray, z: float = CALIB_CONFIDENCE_Z) -> tuple[float, float]:
+    """Perplexity increase of `nll` over `nll_exact` (both [B, S-1]) and its one-sided upper confidence bound.
+
+    The bound treats the B blocks' paired mean NLL differences d_b as independent draws (text blocks, not
+    tokens, are the unit: tokens within a block are correlated): exp(mean d + z * sd(d) / sqrt(B)) - 1.
+    With one block the bound equals the estimate."""
+    d = (np.asarray(nll, dtype=np.float64) - np.asarray(nll_exact, dtype=np.float64)).reshape(len(nll), -1).mean(axis=1)
+    rise = float(np.exp(np.mean(nll) - np.mean(nll_exact)) - 1.0)
+    se = float(np.std(d, ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
+    return rise, float(np.expm1(np.log1p(rise) + z * se))
+
+
 def calibrate_budget(adapter, ctx, policy: str, params: dict, text: EvalText, target: float, trials: dict,
                      lo: float = 1e-3, hi: float = 2.0, steps: int = 6) -> float:
-    """The largest budget (per token-layer) whose perplexity increase on the calibration text stays <= target:
-    geometric bisection between lo and hi (`steps` halvings); `trials` caches budget -> increase."""
-    from edgemoe.eval.quality import perplexity
+    """The largest budget (per token-layer) whose perplexity increase on the calibration text stays <= target
+    with one-sided 95% confidence (`rise_with_bound`: the upper bound, not the estimate, must fit, so that
+    the point holds on text the calibration never saw): geometric bisection between lo and hi (`steps`
+    halvings). `trials` caches budget -> (increase, upper bound)."""
     from edgemoe.runtime import make_policy
     from edgemoe.runtime.local import score_local
 
-    base = perplexity(text.calib_nll)
+    if policy == "oracle":
+        raise EdgeMoEError("operating points are calibrated for the ordermoe policy, not the oracle")
     users = np.arange(len(text.calib_ids)) % ctx.num_users
 
-    def rise(b: float) -> float:
+    def fits(b: float) -> bool:
         if b not in trials:
-            kw = dict(params, budget=b)
-            if policy == "oracle":
-                raise EdgeMoEError("operating points are calibrated for the ordermoe policy, not the oracle")
-            nll, _, _ = score_local(adapter, make_policy(policy, ctx, **kw), text.calib_ids, users)
-            trials[b] = perplexity(nll) / base - 1.0
-        return trials[b]
+            nll, _, _ = score_local(adapter, make_policy(policy, ctx, **dict(params, budget=b)), text.calib_ids, users)
+            trials[b] = rise_with_bound(nll, text.calib_nll)
+        return trials[b][1] <= target
 
-    if rise(hi) <= target:
+    if fits(hi):
         return hi
-    if rise(lo) > target:
+    if not fits(lo):
         return lo
     for _ in range(steps):
         mid = float(np.sqrt(lo * hi))
-        lo, hi = (mid, hi) if rise(mid) <= target else (lo, mid)
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo
 
 
@@ -272,11 +286,15 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
         for name, target in comp.operating_points:
             t0 = time.perf_counter()
             b = calibrate_budget(adapter, ctx, base.policy, params, text, target, trials)
-            points[name] = {"budget": b, "target_ppl_rel_increase": target, "calib_ppl_rel_increase": trials.get(b)}
-            log(f"  operating point {name}: budget {b:.4g} (calibration ppl +{100 * (trials.get(b) or 0):.2f}%, "
+            rise, upper = trials[b]
+            points[name] = {"budget": b, "target_ppl_rel_increase": target, "calib_ppl_rel_increase": rise,
+                            "calib_ppl_rel_increase_upper95": upper}
+            log(f"  operating point {name}: budget {b:.4g} (calibration ppl +{100 * rise:.2f}%, "
+                f"95% upper bound +{100 * upper:.2f}%, "
                 f"target <= {100 * target:.1f}%; {time.perf_counter() - t0:.0f} s)")
         calibration = {"method": comp.calibrate_method, "points": points,
-                       "trials": [{"budget": b, "ppl_rel_increase": r} for b, r in sorted(trials.items())],
+                       "trials": [{"budget": b, "ppl_rel_increase": r, "upper95": u} for b, (r, u) in sorted(trials.items())],
+                       "confidence": "one-sided 95% upper bound over calibration blocks must fit the target",
                        "calib_tokens": int(text.calib_ids.size)}
     else:
         calibration = None
