@@ -141,3 +141,36 @@ def test_rise_with_bound_known_answer():
     assert r == pytest.approx(np.expm1(0.1))
     assert u == pytest.approx(np.expm1(0.1 + 1.645 * np.std([0, .2, 0, .2], ddof=1) / 2))
     assert rise_with_bound(spread[:1], exact[:1])[1] == pytest.approx(0.0)  # one block: no spread to measure
+
+
+def test_operating_points_plan_their_placement_and_resolve_in_results():
+    """A comparison with named operating points: budgets calibrated on calibration text (upper bound in
+    target), the named placement planned for the calibrated budget and recorded under the point's name."""
+    from edgemoe.eval.experiment import Comparison, EvalText, ExperimentConfig, MethodSpec, run_comparison
+    from edgemoe.eval.quality import token_scores
+
+    adapter = adapter_for(tiny_model("mixtral", seed=5), "mixtral")
+    rng = np.random.default_rng(0)
+    calib = TokenBlocks(rng.integers(1, TINY_VOCAB, (8, 32)), np.arange(8) % 2, ("a", "b"))
+    profile = collect_profile(adapter, calib, "tiny-mixtral", "random", batch_size=4, subst_tokens=64, progress=False)
+    ids, cal = rng.integers(1, TINY_VOCAB, (4, 24)), rng.integers(1, TINY_VOCAB, (4, 24))
+    nll, top1 = token_scores(adapter, ids)
+    topk, gates = routing_trace(adapter, ids)
+    text = EvalText(ids=ids, nll=nll, top1=top1, topk=topk, gates=gates, calib_ids=cal,
+                    calib_nll=token_scores(adapter, cal)[0])
+    comp = Comparison(
+        name="t", cluster="edge8", mode="migrate",
+        methods=(MethodSpec("exact@ordermoe", "ordermoe", "exact"),
+                 MethodSpec("tight", "ordermoe", "ordermoe", {"budget": "tight", "horizon": 1},
+                            placement_params={"budget": "tight"})),
+        operating_points=(("tight", 0.02),), calibrate_method="tight")
+    cfg = ExperimentConfig(model="tiny", num_requests=4, prompt_tokens=4, gen_tokens=4, block_len=24)
+    doc = run_comparison(adapter, profile, comp, text, cfg, log=lambda _: None)
+    point = doc["operating_points"]["points"]["tight"]
+    assert point["calib_ppl_rel_increase_upper95"] <= 0.02 or point["budget"] == 1e-3
+    methods = doc["methods"] if isinstance(doc["methods"], dict) else {m["name"]: m for m in doc["methods"]}
+    tight = methods["tight"]
+    assert tight["policy_params"]["budget"] == point["budget"]
+    assert tight["placement_params"] == {"budget": point["budget"]}
+    assert "ordermoe(tight)" in doc["placements"] and "ordermoe" in doc["placements"]
+    assert len(doc["placements"]) == 2  # calibration trials' placements are not listed

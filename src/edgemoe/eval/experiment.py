@@ -63,7 +63,10 @@ def ordermoe_comparison(cluster: str = "edge8", budget: float | str = "paper") -
     """OrderMoE's comparison: exact-execution baselines (SlimCaching refined and as published) vs drop vs
     OrderMoE's runtime at look-ahead H = 0..3 and the hindsight oracle (same budget), its two operating points
     (`paper`, `strict`), and the all-local floor."""
-    H = [MethodSpec(f"ordermoe-H{h}", "ordermoe", "ordermoe", {"budget": budget, "horizon": h}) for h in range(4)]
+    # OrderMoE's runtime rows run on an OrderMoE placement planned for their budget (exact@ordermoe: the default)
+    at = {"budget": budget}
+    H = [MethodSpec(f"ordermoe-H{h}", "ordermoe", "ordermoe", {"budget": budget, "horizon": h}, placement_params=at)
+         for h in range(4)]
     return Comparison(
         name=f"ordermoe-{cluster}", cluster=cluster, mode="migrate",
         methods=(
@@ -75,9 +78,11 @@ def ordermoe_comparison(cluster: str = "edge8", budget: float | str = "paper") -
             MethodSpec("exact@ordermoe", "ordermoe", "exact"),
             MethodSpec("drop@ordermoe", "ordermoe", "drop"),
             *H,
-            MethodSpec("oracle", "ordermoe", "oracle", {"budget": budget}),
-            MethodSpec("paper", "ordermoe", "ordermoe", {"budget": "paper", "horizon": 2}),
-            MethodSpec("strict", "ordermoe", "ordermoe", {"budget": "strict", "horizon": 2}),
+            MethodSpec("oracle", "ordermoe", "oracle", {"budget": budget}, placement_params=at),
+            MethodSpec("paper", "ordermoe", "ordermoe", {"budget": "paper", "horizon": 2},
+                       placement_params={"budget": "paper"}),
+            MethodSpec("strict", "ordermoe", "ordermoe", {"budget": "strict", "horizon": 2},
+                       placement_params={"budget": "strict"}),
             # OrderMoE's runtime on the strongest exact-execution placement: the policy's own contribution
             MethodSpec("paper@slimcaching", "slimcaching", "ordermoe", {"budget": "paper", "horizon": 2},
                        placement_params=SLIM_PARAMS),
@@ -201,17 +206,18 @@ def calibrate_budget(adapter, ctx, policy: str, params: dict, text: EvalText, ta
     """The largest budget (per token-layer) whose perplexity increase on the calibration text stays <= target
     with one-sided 95% confidence (`rise_with_bound`: the upper bound, not the estimate, must fit, so that
     the point holds on text the calibration never saw): geometric bisection between lo and hi (`steps`
-    halvings). `trials` caches budget -> (increase, upper bound)."""
+    halvings). `ctx` is a runtime context, or a function budget -> context when the placement is planned for
+    the budget. `trials` caches budget -> (increase, upper bound)."""
     from edgemoe.runtime import make_policy
     from edgemoe.runtime.local import score_local
 
     if policy == "oracle":
         raise EdgeMoEError("operating points are calibrated for the ordermoe policy, not the oracle")
-    users = np.arange(len(text.calib_ids)) % ctx.num_users
-
     def fits(b: float) -> bool:
         if b not in trials:
-            nll, _, _ = score_local(adapter, make_policy(policy, ctx, **dict(params, budget=b)), text.calib_ids, users)
+            c = ctx(b) if callable(ctx) else ctx
+            users = np.arange(len(text.calib_ids)) % c.num_users
+            nll, _, _ = score_local(adapter, make_policy(policy, c, **dict(params, budget=b)), text.calib_ids, users)
             trials[b] = rise_with_bound(nll, text.calib_nll)
         return trials[b][1] <= target
 
@@ -263,15 +269,21 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
     if backend not in ("simulate", "ray"):
         raise EdgeMoEError(f"backend={backend!r}; expected 'simulate' or 'ray'")
 
-    def context_for(placement_name: str, params: dict):
+    def context_for(placement_name: str, params: dict, label: str | None = None, record: bool = True):
+        """The context of a placement (planned once per params); `record` lists it in the results' placements
+        under `label` (default: name and params)."""
         key = (placement_name, json.dumps(params, sort_keys=True))
         if key not in contexts:
             t0 = time.perf_counter()
             pl = all_local_placement(problem) if placement_name == "all-local" else plan(problem, placement_name, **params)
-            label = placement_name if not params or params == SLIM_PARAMS else f"{placement_name}{_params_tag(params)}"
-            placements[label] = {"copies": pl.replicas().tolist(), "bytes_used": pl.bytes_used().tolist(),
-                                 "plan_seconds": round(time.perf_counter() - t0, 3), "params": params}
             contexts[key] = make_context(profile, cluster, pl, mode=comp.mode, groups=groups, domain_fallback=fallback)
+            contexts[key, "placement"] = (pl, round(time.perf_counter() - t0, 3))
+        if record:
+            pl, seconds = contexts[key, "placement"]
+            label = label or (placement_name if not params or params == SLIM_PARAMS
+                              else f"{placement_name}{_params_tag(params)}")
+            placements[label] = {"copies": pl.replicas().tolist(), "bytes_used": pl.bytes_used().tolist(),
+                                 "plan_seconds": seconds, "params": params}
         return contexts[key]
 
     # operating points: budget names -> calibrated budgets (on calibration text, never the evaluation text)
@@ -280,8 +292,13 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
         if text.calib_ids is None:
             raise EdgeMoEError("operating points need calibration text (EvalText.calib_ids)")
         base = next(m for m in comp.methods if m.name == comp.calibrate_method)
-        ctx = context_for(base.placement, base.placement_params)
         params = {k: v for k, v in base.policy_params.items() if k != "budget"}
+        if isinstance(base.placement_params.get("budget"), str):
+            # the placement is planned for the operating point's budget: every trial budget plans its own
+            def ctx(b: float):
+                return context_for(base.placement, {**base.placement_params, "budget": b}, record=False)
+        else:
+            ctx = context_for(base.placement, base.placement_params)
         trials: dict = {}
         for name, target in comp.operating_points:
             t0 = time.perf_counter()
@@ -300,13 +317,18 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
         calibration = None
 
     def resolved(spec: MethodSpec) -> MethodSpec:
-        b = spec.policy_params.get("budget")
-        if isinstance(b, str):
+        """`spec` with operating-point names in its policy's and its placement's `budget` replaced by budgets."""
+        def number(b):
+            if not isinstance(b, str):
+                return b
             if b not in points:
                 raise EdgeMoEError(f"method {spec.name}: budget {b!r} names no calibrated operating point "
                                    f"(have {sorted(points)})")
-            return replace(spec, policy_params={**spec.policy_params, "budget": points[b]["budget"]})
-        return spec
+            return points[b]["budget"]
+
+        pol, pla = spec.policy_params, spec.placement_params
+        return replace(spec, policy_params={**pol, "budget": number(pol["budget"])} if "budget" in pol else pol,
+                       placement_params={**pla, "budget": number(pla["budget"])} if "budget" in pla else pla)
 
     def make(spec: MethodSpec, ctx):
         extra = {"routing": (text.topk, text.gates)} if spec.policy == "oracle" else {}
@@ -314,12 +336,14 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
 
     def evaluate(spec: MethodSpec) -> dict:
         nonlocal trace
+        named = spec.placement_params.get("budget")
+        label = f"{spec.placement}({named})" if isinstance(named, str) else None
         spec = resolved(spec)
         key = (spec.placement, json.dumps(spec.placement_params, sort_keys=True), spec.policy,
                json.dumps(spec.policy_params, sort_keys=True))
         if key in memo:
             return dict(memo[key])
-        ctx = context_for(spec.placement, spec.placement_params)
+        ctx = context_for(spec.placement, spec.placement_params, label=label)
         row_users = np.arange(len(ids)) % ctx.num_users
         policy = make(spec, ctx)
         if spec.policy in EXACT_POLICIES:
@@ -361,7 +385,8 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
     if comp.budget_sweep_method:
         base = next(s for s in comp.methods if s.name == comp.budget_sweep_method)
         for b in comp.budgets:
-            m = evaluate(replace(base, policy_params={**base.policy_params, "budget": b}))
+            pla = {**base.placement_params, "budget": b} if "budget" in base.placement_params else base.placement_params
+            m = evaluate(replace(base, policy_params={**base.policy_params, "budget": b}, placement_params=pla))
             sweep.append({"budget": b, "latency_ms_mean": m["latency_ms"]["mean"], "latency_ms_p99": m["latency_ms"]["p99"],
                           "ppl": m["ppl"], "ppl_rel_increase": m["ppl_rel_increase"], "top1_agreement": m["top1_agreement"],
                           "quality_retention": m["quality_retention"], "substitution_ratio": m["substitution_ratio"],
