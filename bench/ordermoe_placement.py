@@ -72,9 +72,9 @@ def placement_for(problem, method: str, params: dict, cache_dir: Path, cluster: 
 def measure(profile, topk, gates, cfg, cluster_name: str, mode: str, cache_dir: Path, ordermoe_params: dict,
             policies=(("exact", {}), ("ordermoe", {"budget": 0.05, "horizon": 2}))) -> dict:
     """{placement: {policy: {mean, p99}}, plus plan seconds and the planner's own expected latency}."""
-    from edgemoe.cluster.cost import plan_problem
-    from edgemoe.cluster.schema import load_cluster
+    from edgemoe.cluster.load import load_cluster
     from edgemoe.eval.experiment import eval_trace
+    from edgemoe.plan import plan_problem
     from edgemoe.plan.groups import groups_for
     from edgemoe.runtime import make_context, make_policy
     from edgemoe.runtime.simulate import simulate

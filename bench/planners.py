@@ -197,8 +197,8 @@ def targets(quick: bool) -> dict:
 def preset(labels: dict) -> dict:
     """device-edge-cloud preset with a synthetic K = 2 profile (32 x 8 experts, 33.8 MB each: LLaMA-MoE 2/8)."""
     try:
-        from edgemoe.cluster.cost import plan_problem
         from edgemoe.cluster.presets import DEFAULT_DOMAINS
+        from edgemoe.plan import plan_problem
     except ImportError as exc:
         return {"error": f"cluster package not ready: {exc}"}
     profile = synthetic_profile(32, 8, 2, 3000, num_domains=len(DEFAULT_DOMAINS), expert_bytes=33_800_000,

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from edgemoe.cluster import generate, load_cluster, plan_problem
+from edgemoe.cluster import generate, load_cluster
 from edgemoe.eval.results import environment
 from edgemoe.io import atomic_write_json
+from edgemoe.plan import plan_problem
 from edgemoe.plan.base import plan
 from edgemoe.profile import synthetic_profile
 from edgemoe.runtime import make_context, make_policy

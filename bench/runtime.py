@@ -32,10 +32,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def setup(policy: str):
     """(ctx, model path) for edge8 with the default model, the ordermoe placement, home mode."""
-    from edgemoe.cluster import load_cluster, plan_problem
+    from edgemoe.cluster import load_cluster
     from edgemoe.eval.experiment import ExperimentConfig, cached_profile, default_specs
     from edgemoe.models import load_moe, load_tokenizer
     from edgemoe.models.loader import resolve_model_path
+    from edgemoe.plan import plan_problem
     from edgemoe.plan.base import plan
     from edgemoe.runtime import make_context
 

@@ -48,10 +48,9 @@ def operating_budgets(model: str) -> dict[str, float]:
 
 
 def run_size(profile, topk, gates, cfg, servers: int, budgets: dict[str, float], log) -> dict:
-    from edgemoe.cluster.cost import plan_problem
     from edgemoe.cluster.presets import generate
     from edgemoe.eval.experiment import eval_trace
-    from edgemoe.plan import plan
+    from edgemoe.plan import plan, plan_problem
     from edgemoe.plan.groups import groups_for
     from edgemoe.runtime import make_context, make_policy
     from edgemoe.runtime.simulate import simulate

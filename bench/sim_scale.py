@@ -15,9 +15,10 @@ import os
 import time
 from pathlib import Path
 
-from edgemoe.cluster import generate, plan_problem
+from edgemoe.cluster import generate
 from edgemoe.eval.results import environment
 from edgemoe.io import atomic_write_json
+from edgemoe.plan import plan_problem
 from edgemoe.plan.base import plan
 from edgemoe.profile import synthetic_profile
 from edgemoe.runtime import make_context, make_policy

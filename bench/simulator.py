@@ -17,9 +17,10 @@ import argparse
 import time
 from pathlib import Path
 
-from edgemoe.cluster import generate, load_cluster, plan_problem
+from edgemoe.cluster import generate, load_cluster
 from edgemoe.eval.results import environment
 from edgemoe.io import atomic_write_json
+from edgemoe.plan import plan_problem
 from edgemoe.plan.base import plan
 from edgemoe.profile import synthetic_profile
 from edgemoe.runtime import make_context, make_policy

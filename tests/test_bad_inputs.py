@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 
 from edgemoe.cli import app
 from edgemoe.cluster import load_cluster
-from edgemoe.cluster.cost import plan_problem
 from edgemoe.eval.results import write_results
 from edgemoe.models.tiny import save_tiny
+from edgemoe.plan import plan_problem
 from edgemoe.plan.base import plan
 from edgemoe.profile import synthetic_profile
 

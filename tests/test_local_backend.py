@@ -16,7 +16,7 @@ from edgemoe.runtime.local import replay_decisions, routing_trace, run_local
 
 @pytest.fixture(scope="module")
 def setup():
-    from edgemoe.cluster.cost import plan_problem
+    from edgemoe.plan import plan_problem
 
     adapter = adapter_for(tiny_model("mixtral", seed=5), "mixtral")
     rng = np.random.default_rng(0)

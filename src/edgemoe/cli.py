@@ -428,7 +428,8 @@ def _evaluate_profile(profile: Path, out: Path, cluster: str, mode: str, method:
 def _parse_method(text: str):
     """'name=placement:policy[:k=v,k=v]' -> MethodSpec (values read by edgemoe.params.parse_value)."""
     from edgemoe.eval.experiment import MethodSpec
-    from edgemoe.params import parse_params, policy_params
+    from edgemoe.params import parse_params
+    from edgemoe.runtime.registry import policy_params
 
     name, sep, rest = text.partition("=")
     parts = rest.split(":", 2)

@@ -150,13 +150,3 @@ def _describe_type(annotation) -> str:
     if origin is list:
         return f"a list of {_describe_type(args[0])}" if args else "a list"
     return getattr(annotation, "__name__", str(annotation))
-
-
-def policy_params(policy: str, params: dict, flag: str = "--param") -> dict:
-    """`params` typed and range-checked for runtime policy `policy` (unknown policy: names the valid ones)."""
-    from edgemoe.runtime.registry import _POLICIES, policy_names
-
-    names = policy_names()
-    if policy not in names:
-        raise EdgeMoEError(f"unknown policy {policy!r}; expected one of {', '.join(names)}")
-    return validate_params(_POLICIES[policy], params, f"policy {policy!r}", flag=flag)

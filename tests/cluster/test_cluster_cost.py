@@ -1,4 +1,4 @@
-"""Cost model: known answers by hand, the roofline against H200 measurements, and plan_problem."""
+"""Cost model: known answers by hand, the roofline against H200 measurements, and the cost tables."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from edgemoe.cluster import cost
 from edgemoe.cluster.hardware import CATALOGUE, Compute, lookup
 from edgemoe.cluster.schema import build_cluster
 from edgemoe.errors import EdgeMoEError
-from edgemoe.profile import synthetic_profile
 
 H200_FILE = Path("/work/shared/data/measured/h200_expert_latency.json")
 
@@ -99,81 +98,27 @@ def test_roofline_turns_compute_bound_where_the_measurements_do():
     assert small["flops"] / h200.peak_flops < small["weight_bytes"] / h200.mem_bw_Bps
 
 
-# -- plan_problem ------------------------------------------------------------------------------------------
+# -- cost_tables ------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def profile():
-    # 2 layers x 4 experts of 1 MB, FLOPs = bytes (2 x params at 2 bytes), hidden 128 -> 256 bytes on the wire
-    return synthetic_profile(num_layers=2, num_experts=4, top_k=2, num_tokens=400, num_domains=2,
-                             expert_bytes=1_000_000, hidden_size=128, seed=3)
-
-
-def test_plan_problem_shapes_and_hand_checked_entries(triangle, profile):
+def test_cost_tables_by_hand(triangle):
+    # 2 layers x 4 experts of 1 MB, 1 MFLOP each; 256 bytes of hidden state on the wire
     c = build_cluster(triangle)
-    p = cost.plan_problem(profile, c, domain_fallback=True)
-    N, U, L, E = 3, 2, 2, 4
-    assert p.capacity_bytes.shape == (N,) and p.comm_s.shape == (U, N) and p.compute_s.shape == (N, L, E)
-    assert p.node_names == ("a", "b", "cloud") and p.node_kind == ("edge", "edge", "cloud")
-    # a: 3 MB; b: half of 8 MB; cloud: all 8 MB
-    np.testing.assert_array_equal(p.capacity_bytes, [3_000_000, 4_000_000, 8_000_000])
-    # alice (home a) -> b and back: 2 x (10 ms + 256 B / 1 MB/s)
-    assert p.comm_s[0, 1] == pytest.approx(2 * (0.010 + 256 / 1e6))
-    assert p.comm_s[0, 0] == 0.0 and p.comm_s[1, 1] == 0.0
-    # bob (home b) -> cloud: 50 ms + 256 B / 10 MB/s each way
-    assert p.comm_s[1, 2] == pytest.approx(2 * (0.050 + 256 / 1e7))
-    # node a: 100 us + max(1 MFLOP / 1 TFLOP/s, 1 MB / 1 GB/s) = 1.1 ms; node b: 0.1 + 0.5 ms
-    np.testing.assert_allclose(p.compute_s[0], 1.1e-3)
-    np.testing.assert_allclose(p.compute_s[1], 0.6e-3)
-    np.testing.assert_allclose(p.user_weight, [0.75, 0.25])
-    np.testing.assert_array_equal(p.user_home, [0, 1])
-    # call_s = comm + compute is the remote-call formula
-    assert p.call_s()[0, 1, 0, 0] == pytest.approx(
-        float(cost.remote_call_s(256, 0.010, 1e6, 0.010, 1e6, 0.6e-3)))
-    assert p.params["cluster"] == "triangle" and p.params["hidden_bytes"] == 256
-
-
-def test_plan_problem_domains(triangle, profile):
-    c = build_cluster(triangle)
-    with pytest.raises(EdgeMoEError, match=r"users\[0\].domain is 'wiki'.*--domain-fallback"):
-        cost.plan_problem(profile, c)
-    # unknown domains in order of first appearance go round-robin over the profile's
-    p = cost.plan_problem(profile, c, domain_fallback=True)
-    np.testing.assert_array_equal(p.user_domain, [0, 1])
-    assert p.params["domain_map"] == {"wiki": "domain0", "code": "domain1"}
-    triangle["users"][0]["domain"] = "domain1"
-    np.testing.assert_array_equal(cost.plan_problem(profile, build_cluster(triangle), domain_fallback=True).user_domain, [1, 0])
-
-
-def test_plan_problem_queueing_only_on_remote_calls(triangle, profile):
+    nbytes, flops = np.full((2, 4), 1_000_000), np.full((2, 4), 1e6)
+    t = cost.cost_tables(c, nbytes, flops, 256)
+    np.testing.assert_array_equal(t.capacity_bytes, [3_000_000, 4_000_000, 8_000_000])
+    np.testing.assert_allclose(t.compute_s[0], 1.1e-3)
+    np.testing.assert_allclose(t.compute_s[1], 0.6e-3)
+    assert t.comm_s.shape == (2, 3) and t.comm_s[0, 0] == 0.0 and t.comm_s[1, 1] == 0.0
+    assert t.comm_s[0, 1] == pytest.approx(2 * (0.010 + 256 / 1e6))
+    assert t.xfer_s[0, 1] == pytest.approx(0.010 + 256 / 1e6) and (np.diag(t.xfer_s) == 0).all()
+    np.testing.assert_array_equal(t.queue_s, 0.0)
+    # b busy at rho = 0.5: the 0.6 ms wait is paid by alice's calls to b (remote), not bob's (local)
     triangle["nodes"][1]["utilisation"] = 0.5
-    c = build_cluster(triangle)
-    base = cost.plan_problem(profile, c, queueing=False, domain_fallback=True)
-    queued = cost.plan_problem(profile, c, domain_fallback=True)
-    # b's mean call takes 0.6 ms; at rho = 0.5 the wait is 0.6 ms, paid by alice (remote), not bob (local)
-    assert queued.comm_s[0, 1] - base.comm_s[0, 1] == pytest.approx(0.6e-3)
-    assert queued.comm_s[1, 1] == 0.0
-    np.testing.assert_allclose(queued.compute_s, base.compute_s)
-    triangle["nodes"][1]["service_rate"] = 500.0  # mu = 500 calls/s -> W = 0.5 / (500 * 0.5) = 2 ms
-    assert cost.plan_problem(profile, build_cluster(triangle), domain_fallback=True).params["queue_s"]["b"] == pytest.approx(2e-3)
-
-
-def test_plan_problem_batched_calls(triangle, profile):
-    c = build_cluster(triangle)
-    p = cost.plan_problem(profile, c, tokens_per_call=2000, domain_fallback=True)
-    # node a, 2000 tokens x 1 MFLOP = 2 GFLOP at 1 TFLOP/s = 2 ms (compute-bound now) + 0.1 ms
-    np.testing.assert_allclose(p.compute_s[0], 2.1e-3)
-    assert p.comm_s[0, 1] == pytest.approx(2 * (0.010 + 2000 * 256 / 1e6))
+    busy = cost.cost_tables(build_cluster(triangle), nbytes, flops, 256)
+    assert busy.comm_s[0, 1] - t.comm_s[0, 1] == pytest.approx(0.6e-3) and busy.comm_s[1, 1] == 0.0
     with pytest.raises(EdgeMoEError, match="tokens_per_call"):
-        cost.plan_problem(profile, c, tokens_per_call=0)
-
-
-def test_plan_problem_rejects_too_small_cluster_without_cloud(triangle, profile):
-    triangle["nodes"] = triangle["nodes"][:2]
-    triangle["links"] = triangle["links"][:1]
-    triangle["nodes"][0]["memory"] = 1_000_000
-    with pytest.raises(EdgeMoEError, match="no cloud"):
-        cost.plan_problem(profile, build_cluster(triangle), domain_fallback=True)
+        cost.cost_tables(c, nbytes, flops, 256, tokens_per_call=0)
 
 
 def test_migration_is_one_way_hidden_plus_kv(triangle):

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from edgemoe.cluster import cost
+from edgemoe.cluster.load import load_cluster
 from edgemoe.cluster.presets import DEFAULT_DOMAINS, PRESETS, generate, generate_dict
-from edgemoe.cluster.schema import load_cluster, validate_for_model
+from edgemoe.cluster.schema import validate_for_model
 from edgemoe.errors import EdgeMoEError
 from edgemoe.profile import synthetic_profile
 
@@ -51,8 +52,8 @@ def test_device_edge_cloud_matches_its_description():
         reach = {link.dst for link in c.links if link.src == dev and link.medium == "wireless"}
         assert 2 <= len(reach) <= 4, dev
     # an edge hit is a short round trip; the cloud costs the 40 ms backhaul round trip on top
-    p = cost.plan_problem(synthetic_profile(4, 16, 2, 400, num_domains=4, expert_bytes=200_000, hidden_size=128),
-                          c, domain_fallback=True)
+    prof = synthetic_profile(4, 16, 2, 400, num_domains=4, expert_bytes=200_000, hidden_size=128)
+    p = cost.cost_tables(c, prof.expert_bytes, prof.expert_flops, prof.meta.hidden_bytes, freq=prof.freq)
     cloud = c.node_index("cloud")
     assert (p.comm_s[:, cloud] > 0.040).all() and (p.comm_s[:, cloud] < 0.060).all()
     reachable_edge = p.comm_s[:, kinds == "edge"].min(axis=1)

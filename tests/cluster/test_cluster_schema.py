@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from edgemoe.cluster import radio, units
-from edgemoe.cluster.schema import build_cluster, load_cluster, shortest_paths, validate_for_model
+from edgemoe.cluster.load import load_cluster
+from edgemoe.cluster.schema import build_cluster, shortest_paths, validate_for_model
 from edgemoe.errors import EdgeMoEError
 
 

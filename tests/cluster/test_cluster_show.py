@@ -5,7 +5,8 @@ from __future__ import annotations
 from typer.testing import CliRunner
 
 from edgemoe.cluster.cli import app
-from edgemoe.cluster.schema import build_cluster, load_cluster
+from edgemoe.cluster.load import load_cluster
+from edgemoe.cluster.schema import build_cluster
 from edgemoe.cluster.show import cluster_table, draw_topology
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

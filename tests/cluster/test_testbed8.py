@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgemoe.cluster.schema import load_cluster, validate_for_model
+from edgemoe.cluster.load import load_cluster
+from edgemoe.cluster.schema import validate_for_model
 from edgemoe.profile.specs import model_spec
 
 REAL_COUNT_DOMAINS = {"arxiv", "book", "c4", "github", "wikipedia"}

@@ -23,7 +23,8 @@ def tiny_path(tmp_path_factory) -> Path:
 def lab3_context(mode: str = "home"):
     """lab3 with a placement where every expert sits on exactly two of the three servers
     (node n lacks the experts e with e % 3 == n), so any one server can fail without losing an expert."""
-    from edgemoe.cluster import load_cluster, plan_problem
+    from edgemoe.cluster import load_cluster
+    from edgemoe.plan import plan_problem
     from edgemoe.plan.base import empty_hosts, make_placement
     from edgemoe.profile.store import synthetic_profile
     from edgemoe.runtime import make_context

@@ -72,7 +72,7 @@ def test_plan_on_one_half_evaluate_on_the_other(tmp_path):
 
 
 def test_placement_file_gives_the_same_run_as_planning_by_name(tmp_path):
-    from edgemoe.cluster.cost import plan_problem
+    from edgemoe.plan import plan_problem
     from edgemoe.plan.base import plan
 
     prof = synthetic_profile(num_layers=4, num_experts=8, top_k=2, num_tokens=400, num_domains=1, seed=2)
@@ -100,7 +100,7 @@ def test_out_of_sample_uses_the_planning_profile_for_planning(tmp_path):
 
 
 def test_bad_placement_files_are_clear_errors(tmp_path):
-    from edgemoe.cluster.cost import plan_problem
+    from edgemoe.plan import plan_problem
     from edgemoe.plan.base import plan
 
     prof = synthetic_profile(num_layers=4, num_experts=8, top_k=2, num_tokens=200, num_domains=1, seed=2)

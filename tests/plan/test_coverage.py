@@ -9,9 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgemoe.cluster.cost import plan_problem
 from edgemoe.cluster.presets import generate
-from edgemoe.plan import plan, planners
+from edgemoe.plan import plan, plan_problem, planners
 from edgemoe.plan.synthetic import synthetic_problem
 from edgemoe.profile import synthetic_profile
 

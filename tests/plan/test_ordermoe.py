@@ -31,7 +31,7 @@ def _runtime_layer_latency(profile, cluster, placement, mode, users, topk, gates
 @pytest.mark.parametrize("cluster", ["edge8", "device-edge-cloud"])
 def test_replay_equals_the_runtime_exact_policy(mode, cluster):
     """Budget 0: every layer's latency and next location are the `exact` policy's, to the last bit."""
-    from edgemoe.cluster.cost import plan_problem
+    from edgemoe.plan import plan_problem
     from edgemoe.profile import synthetic_profile
 
     profile = synthetic_profile(num_layers=3, num_experts=8, top_k=2, num_tokens=400, seed=4)

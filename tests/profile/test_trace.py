@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgemoe.cluster.cost import plan_problem
 from edgemoe.errors import EdgeMoEError
+from edgemoe.plan import plan_problem
 from edgemoe.plan.base import plan
 from edgemoe.profile import load_profile, synthetic_profile
 from edgemoe.profile.specs import BUILTIN, model_spec

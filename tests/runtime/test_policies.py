@@ -7,8 +7,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edgemoe.cluster import generate, plan_problem
+from edgemoe.cluster import generate
 from edgemoe.errors import EdgeMoEError
+from edgemoe.plan import plan_problem
 from edgemoe.plan.base import plan
 from edgemoe.profile import synthetic_profile
 from edgemoe.runtime import make_context, make_policy, policy_names

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edgemoe.cluster import generate, load_cluster, plan_problem
+from edgemoe.cluster import generate, load_cluster
+from edgemoe.plan import plan_problem
 from edgemoe.plan.base import plan
 from edgemoe.profile import synthetic_profile
 from edgemoe.runtime import make_context, make_policy

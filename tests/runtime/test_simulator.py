@@ -7,8 +7,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from edgemoe.cluster import load_cluster, plan_problem
+from edgemoe.cluster import load_cluster
 from edgemoe.errors import EdgeMoEError
+from edgemoe.plan import plan_problem
 from edgemoe.plan.base import plan
 from edgemoe.profile import synthetic_profile
 from edgemoe.runtime import make_context, make_policy

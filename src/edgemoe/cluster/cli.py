@@ -20,7 +20,8 @@ def show(
     profile: Annotated[Path | None, typer.Option("--profile", help="profile folder: show memory fractions in bytes")] = None,
 ) -> None:
     """Print a table of the cluster's nodes and links, and optionally draw its topology."""
-    from .schema import load_cluster, validate_for_model
+    from .load import load_cluster
+    from .schema import validate_for_model
     from .show import draw_topology, link_summary, node_table
 
     console = Console()

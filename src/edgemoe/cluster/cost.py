@@ -1,4 +1,4 @@
-"""The cost model: seconds of expert calls, transfers and layers, and the PlanProblem a cluster gives.
+"""The cost model: seconds of expert calls, transfers and layers, and the cost tables of a model on a cluster.
 
 Formulas (docs/cluster.md, "Cost model"; ALGORITHMS.md §2.3 and §3.3):
 - compute of one expert call with `tokens` tokens batched (roofline; weights streamed once per call):
@@ -7,16 +7,20 @@ Formulas (docs/cluster.md, "Cost model"; ALGORITHMS.md §2.3 and §3.3):
 - M/M/1 waiting time at a node: W = rho / (mu (1 - rho))
 - remote call: transfer there + queueing + compute + transfer back; local call: compute only
 - a layer: the slowest of its K parallel branches; traffic: 2 x hidden_bytes per remote branch.
-Every function is vectorised: arguments broadcast like numpy arrays.
+Every function is vectorised: arguments broadcast like numpy arrays. `cost_tables` gathers the tables a
+planning problem is made of as plain arrays; `edgemoe.plan.problem.plan_problem` builds the problem from them
+(data flows profile -> cluster -> plan; nothing here knows a profile or a planner).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from edgemoe.errors import EdgeMoEError
 
-from .schema import Cluster, load_cluster, validate_for_model
+from .schema import Cluster, validate_for_model
 
 
 def roofline_s(flops_per_token, weight_bytes, peak_flops, mem_bw_Bps, overhead_s, tokens=1) -> np.ndarray:
@@ -137,46 +141,42 @@ def user_domain_index(cluster: Cluster, domains: list[str] | tuple[str, ...], fa
     return index, {u: mapping[u] for u in dict.fromkeys(u.domain for u in cluster.users)}
 
 
-def plan_problem(profile, cluster: Cluster | str, tokens_per_call: int = 1, queueing: bool = True,
-                 domain_fallback: bool = False):
-    """The PlanProblem a planner sees for `profile` (edgemoe.profile.Profile) on `cluster`.
+@dataclass(frozen=True)
+class CostTables:
+    """The cost tables of one model on one cluster, as plain arrays (what a planning problem is made of).
 
-    `cluster` is a Cluster, or a file path / preset name for `load_cluster`.
+    N nodes, U users, L layers, E experts per layer.
+    """
 
-    - capacity_bytes [N]: memory / memory_fraction resolved against the profile's expert bytes (cloud:
-      all of them); checked by `validate_for_model`.
+    capacity_bytes: np.ndarray  # [N] int64 bytes for experts (memory / memory_fraction resolved; cloud: all)
+    compute_s: np.ndarray  # [N, L, E] roofline seconds of one call of `tokens_per_call` tokens
+    comm_s: np.ndarray  # [U, N] round trip home -> n of the call's hidden states (+ n's queue when n != home)
+    xfer_s: np.ndarray  # [N, N] one-way seconds of the same hidden states, no queue, 0 on the diagonal
+    queue_s: np.ndarray  # [N] M/M/1 waiting seconds at each node (0 without queueing)
+
+
+def cost_tables(cluster: Cluster, expert_bytes, expert_flops, hidden_bytes: int, freq=None,
+                tokens_per_call: int = 1, queueing: bool = True) -> CostTables:
+    """Cost tables for a model with experts of `expert_bytes` / `expert_flops` [L, E] on `cluster`.
+
+    - capacity_bytes [N]: checked by `validate_for_model` (raises when the model cannot be served).
     - compute_s [N, L, E]: roofline time of one call carrying `tokens_per_call` tokens (the latency each
       of those tokens sees).
-    - comm_s [U, N]: round trip of `tokens_per_call` hidden states (profile.meta.hidden_bytes each) from
-      the user's home to node n over the shortest-latency path; 0 at home. With `queueing` and any
-      node utilisation > 0, the node's M/M/1 wait is added for n != home, so comm_s + compute_s is
-      exactly the remote-call latency and a local call stays compute only.
-    - xfer_s [N, N]: one-way seconds of the same hidden states between any two nodes (no queue; the
-      `migrate` mode's hops).
-    - user_weight [U] normalised; user_domain [U] index into profile.meta.domains.
+    - comm_s [U, N]: round trip of `tokens_per_call` hidden states (`hidden_bytes` each) from the user's
+      home to node n over the shortest-latency path; 0 at home. With `queueing` and any node utilisation
+      > 0, the node's M/M/1 wait (mean service weighted by `freq` [L, E], default uniform) is added for
+      n != home, so comm_s + compute_s is exactly the remote-call latency and a local call stays compute only.
+    - xfer_s [N, N]: one-way seconds of the same hidden states between any two nodes (the `migrate` mode's hops).
     """
-    from edgemoe.plan.base import PlanProblem
-
-    if not isinstance(cluster, Cluster):
-        cluster = load_cluster(cluster)
     if tokens_per_call < 1:
         raise EdgeMoEError(f"tokens_per_call must be >= 1, got {tokens_per_call}")
-    capacity = validate_for_model(cluster, profile.expert_bytes)
-    compute = node_compute_s(cluster, profile.expert_flops, profile.expert_bytes, tokens_per_call)
+    capacity = validate_for_model(cluster, expert_bytes)
+    compute = node_compute_s(cluster, expert_flops, expert_bytes, tokens_per_call)
     home = cluster.user_home
-    one_way = one_way_s(cluster, tokens_per_call * profile.meta.hidden_bytes)
+    one_way = one_way_s(cluster, tokens_per_call * hidden_bytes)
     np.fill_diagonal(one_way, 0.0)
-    comm = round_trip_s(cluster, tokens_per_call * profile.meta.hidden_bytes)[home]
-    queue = node_queue_s(cluster, compute, profile.freq) if queueing else np.zeros(cluster.num_nodes)
+    comm = round_trip_s(cluster, tokens_per_call * hidden_bytes)[home]
+    queue = node_queue_s(cluster, compute, freq) if queueing else np.zeros(cluster.num_nodes)
     away = np.arange(cluster.num_nodes)[None, :] != home[:, None]
     comm = comm + np.where(away, queue[None, :], 0.0)
-    domain_index, domain_map = user_domain_index(cluster, profile.meta.domains, domain_fallback)
-    return PlanProblem(
-        profile=profile, node_names=cluster.node_names, node_kind=cluster.node_kind, capacity_bytes=capacity,
-        user_names=cluster.user_names, user_home=home, user_weight=cluster.user_weight, user_domain=domain_index,
-        comm_s=comm, compute_s=compute, expert_bytes=np.asarray(profile.expert_bytes, dtype=np.int64),
-        xfer_s=one_way,
-        params={"cluster": cluster.name, "cluster_source": cluster.source, "tokens_per_call": tokens_per_call,
-                "hidden_bytes": int(profile.meta.hidden_bytes), "queue_s": dict(zip(cluster.node_names, queue.tolist(), strict=True)),
-                "domain_map": domain_map},
-    )
+    return CostTables(capacity_bytes=capacity, compute_s=compute, comm_s=comm, xfer_s=one_way, queue_s=queue)

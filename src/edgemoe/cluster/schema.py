@@ -1,21 +1,19 @@
 """Cluster files: pydantic at the file boundary, frozen dataclasses inside.
 
 A cluster is nodes (user devices, edge servers, clouds), directed links between them, and users homed on
-nodes. `load_cluster` reads a YAML/TOML file or a preset name; `build_cluster` turns a plain dict into a
-`Cluster`, whose `lat_s [N, N]` and `bw_Bps [N, N]` are the shortest-latency-path closure of the links
-(Floyd-Warshall; bandwidth is the bottleneck along the chosen path). See docs/cluster.md.
+nodes. `build_cluster` turns a plain dict into a `Cluster`, whose `lat_s [N, N]` and `bw_Bps [N, N]` are
+the shortest-latency-path closure of the links (Floyd-Warshall; bandwidth is the bottleneck along the chosen
+path). Reading files and preset names is `edgemoe.cluster.load`'s job, above this module and the presets,
+so neither imports the other's importer. See docs/cluster.md.
 """
 
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from edgemoe.errors import EdgeMoEError
@@ -540,41 +538,8 @@ def _check_connected(lat: np.ndarray, nodes: tuple[Node, ...], source: str) -> N
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Loading and model checks
+# Model checks
 # ----------------------------------------------------------------------------------------------------------
-
-
-def read_cluster_file(path: str | Path) -> dict:
-    """Parse a .yaml/.yml/.toml cluster file into a dict (no validation)."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise EdgeMoEError(f"{path}: cluster file not found") from None
-    except IsADirectoryError:
-        raise EdgeMoEError(f"{path}: is a folder, expected a cluster file (.yaml/.toml)") from None
-    except UnicodeDecodeError:
-        raise EdgeMoEError(f"{path}: cluster file is not UTF-8 text") from None
-    try:
-        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
-    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
-        raise EdgeMoEError(f"{path}: cannot parse ({exc})") from None
-    if not isinstance(data, dict):
-        raise EdgeMoEError(f"{path}: a cluster file is a mapping with nodes, links and users")
-    return data
-
-
-def load_cluster(path_or_preset: str | Path) -> Cluster:
-    """A Cluster from a file path (.yaml/.yml/.toml) or a preset name (see `edgemoe.cluster.presets`)."""
-    from .presets import PRESETS, preset_path
-
-    name = str(path_or_preset)
-    if name in PRESETS:
-        return build_cluster(read_cluster_file(preset_path(name)), source=name)
-    path = Path(path_or_preset)
-    if not path.exists():
-        raise EdgeMoEError(f"{name}: no such cluster file or preset; presets: {sorted(PRESETS)}")
-    return build_cluster(read_cluster_file(path), source=str(path))
 
 
 def validate_for_model(cluster: Cluster, expert_bytes: np.ndarray) -> np.ndarray:

@@ -87,12 +87,12 @@ def _checked_inputs(cluster: str, placement: Path, profile: Path, model: str, po
     the profile's model and the cluster's memory, the model's checkpoint must match the profile's (L, E),
     the policy parameters must be valid. Returns (RuntimeContext, ServerConfig)."""
     from edgemoe.cluster import load_cluster
-    from edgemoe.cluster.cost import plan_problem
     from edgemoe.models.loader import resolve_model_path
-    from edgemoe.params import policy_params
     from edgemoe.plan.base import check_placement_fits, load_placement
+    from edgemoe.plan.problem import plan_problem
     from edgemoe.profile import load_profile
     from edgemoe.runtime import make_context
+    from edgemoe.runtime.registry import policy_params
 
     from .server import ServerConfig
     from .wire import WIRE_DTYPES

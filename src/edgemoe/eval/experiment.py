@@ -240,13 +240,13 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
     `local` backend. Budgets named after an operating point are calibrated first, on calibration text.
     backend="ray": latency, traffic and ratios are measured on Ray actors (edgemoe.distributed), one process
     per node with emulated links; the simulator's numbers for the same requests stay beside them."""
-    from edgemoe.cluster.cost import plan_problem
-    from edgemoe.cluster.schema import load_cluster
+    from edgemoe.cluster.load import load_cluster
     from edgemoe.eval.metrics import method_entry
     from edgemoe.eval.quality import perplexity, quality_metrics
     from edgemoe.eval.results import results_dict
     from edgemoe.plan import plan
     from edgemoe.plan.groups import groups_for
+    from edgemoe.plan.problem import plan_problem
     from edgemoe.runtime import make_context, make_policy
     from edgemoe.runtime.local import replay_decisions, score_local
     from edgemoe.runtime.simulate import simulate

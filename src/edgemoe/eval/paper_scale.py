@@ -104,7 +104,7 @@ def scenario_profiles(spec_name: str, counted: str, cfg: PaperScaleConfig, log: 
 
 def run_paper_scale(cfg: PaperScaleConfig, out_dir: str | Path, log: Callable[[str], None] = print) -> list[Path]:
     """Run every model of `cfg`; write one results file per model and a summary (JSON + Markdown)."""
-    from edgemoe.cluster.schema import load_cluster
+    from edgemoe.cluster.load import load_cluster
     from edgemoe.eval.replay import replay_profile
     from edgemoe.eval.results import write_document
     from edgemoe.io import atomic_write_json, atomic_write_text

@@ -80,11 +80,13 @@ def replay_profile(profile, cluster, methods: Sequence, mode: str = "migrate", w
     skip_failed_plans: a planner that raises EdgeMoEError (e.g. the ILP without a feasible point within its
     time limit) drops its methods, listed under doc["skipped"], instead of failing the run.
     """
-    from edgemoe.cluster.cost import plan_problem, user_domain_index
-    from edgemoe.cluster.schema import Cluster, load_cluster
+    from edgemoe.cluster.cost import user_domain_index
+    from edgemoe.cluster.load import load_cluster
+    from edgemoe.cluster.schema import Cluster
     from edgemoe.eval.metrics import method_entry
     from edgemoe.eval.results import results_dict
     from edgemoe.plan.groups import groups_for
+    from edgemoe.plan.problem import plan_problem
     from edgemoe.runtime import make_context, make_policy
     from edgemoe.runtime.simulate import simulate
     from edgemoe.runtime.workload import Trace, Workload

@@ -1,8 +1,9 @@
 """The planner interface: a planning problem of arrays in, a placement out (pure numpy).
 
 `PlanProblem` is what every planner sees: the routing profile plus the cost tables that the cluster's
-cost model derived (see `edgemoe.cluster.cost.plan_problem`). `Placement` is what every planner returns.
-Planners register by name with `@register("name")` and are called through `plan(...)`.
+cost model derived (`edgemoe.cluster.cost.cost_tables`, joined with the profile by
+`edgemoe.plan.problem.plan_problem`). `Placement` is what every planner returns. Planners register by
+name with `@register("name")` and are called through `plan(...)`.
 """
 
 from __future__ import annotations

@@ -102,10 +102,10 @@ def plan_command(
     """Decide which node holds which experts, print a summary, and write the placement."""
     from rich.console import Console
 
-    from edgemoe.cluster.cost import plan_problem
-    from edgemoe.cluster.schema import load_cluster
+    from edgemoe.cluster.load import load_cluster
     from edgemoe.io import check_distinct_outputs, file_target
     from edgemoe.plan.base import plan
+    from edgemoe.plan.problem import plan_problem
     from edgemoe.profile import load_profile
     from edgemoe.progress import ticker
 

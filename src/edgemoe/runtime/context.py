@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgemoe.cluster.cost import node_compute_s, roofline_s, transfer_s, user_domain_index
-from edgemoe.cluster.schema import Cluster, load_cluster
+from edgemoe.cluster.load import load_cluster
+from edgemoe.cluster.schema import Cluster
 from edgemoe.errors import EdgeMoEError
 
 MODES = ("migrate", "home")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from edgemoe.errors import EdgeMoEError
+from edgemoe.params import validate_params
 
 from .baselines import DropPolicy, ExactPolicy, SlimCachingPolicy
 from .context import RuntimeContext
@@ -45,3 +46,14 @@ def make_policy(name: str, ctx: RuntimeContext, **params) -> Policy:
         return _POLICIES[name](ctx, **params)
     except TypeError as exc:
         raise EdgeMoEError(f"policy {name!r}: bad parameters {sorted(params)} ({exc})") from None
+
+
+def policy_params(policy: str, params: dict, flag: str = "--param") -> dict:
+    """`params` typed and range-checked for runtime policy `policy` (unknown policy: names the valid ones).
+
+    Lives beside the registry (not in edgemoe.params) so the parameter helpers import nothing above them.
+    """
+    names = policy_names()
+    if policy not in names:
+        raise EdgeMoEError(f"unknown policy {policy!r}; expected one of {', '.join(names)}")
+    return validate_params(_POLICIES[policy], params, f"policy {policy!r}", flag=flag)

@@ -1,0 +1,49 @@
+"""Reading a cluster: a YAML/TOML file or a preset name -> `Cluster`.
+
+This module sits above `schema` (validation) and `presets` (preset files, the generator) so that the
+imports inside cluster/ run one way: load -> presets -> schema -> hardware/radio/units. `presets` builds
+its clusters through `schema.build_cluster`; only this module resolves a name to a preset.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import yaml
+
+from edgemoe.errors import EdgeMoEError
+
+from .presets import PRESETS, preset_path
+from .schema import Cluster, build_cluster
+
+
+def read_cluster_file(path: str | Path) -> dict:
+    """Parse a .yaml/.yml/.toml cluster file into a dict (no validation)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise EdgeMoEError(f"{path}: cluster file not found") from None
+    except IsADirectoryError:
+        raise EdgeMoEError(f"{path}: is a folder, expected a cluster file (.yaml/.toml)") from None
+    except UnicodeDecodeError:
+        raise EdgeMoEError(f"{path}: cluster file is not UTF-8 text") from None
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
+    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
+        raise EdgeMoEError(f"{path}: cannot parse ({exc})") from None
+    if not isinstance(data, dict):
+        raise EdgeMoEError(f"{path}: a cluster file is a mapping with nodes, links and users")
+    return data
+
+
+def load_cluster(path_or_preset: str | Path) -> Cluster:
+    """A Cluster from a file path (.yaml/.yml/.toml) or a preset name (see `edgemoe.cluster.presets`)."""
+    name = str(path_or_preset)
+    if name in PRESETS:
+        return build_cluster(read_cluster_file(preset_path(name)), source=name)
+    path = Path(path_or_preset)
+    if not path.exists():
+        raise EdgeMoEError(f"{name}: no such cluster file or preset; presets: {sorted(PRESETS)}")
+    return build_cluster(read_cluster_file(path), source=str(path))
