@@ -103,13 +103,18 @@ def test_virtual_clock_times_equal_the_simulators_event_times(tiny_path, lab3, m
     requests = [(0, PROMPT, 3, 0.0), (1, PROMPT[:4], 3, 5.0), (2, PROMPT[2:], 2, 10.0), (0, PROMPT[1:6], 2, 15.0)]
     records = _virtual_run(ctx, tiny_path, policy, params, requests)
     assert all(r.finished_s < n[3] for r, n in zip(records, requests[1:], strict=False))  # no overlap
-    sim_begin, sim_end, sim_jobs = reference_events(ctx, policy, dict(params), records, wire_bytes=128)  # fp32, H=32
-    begin, end, jobs = emulated_events(records)
+    sim_begin, sim_end, sim_jobs, sim_dense = reference_events(ctx, policy, dict(params), records, wire_bytes=128)  # fp32, H=32
+    begin, end, jobs, dense = emulated_events(records)
     assert np.array_equal(begin, sim_begin) and np.array_equal(end, sim_end)
     assert jobs.shape == sim_jobs.shape and len(jobs) > 0
     assert np.array_equal(sorted_jobs(jobs), sorted_jobs(sim_jobs))
     # some row waited for the accelerator behind another row of its pass (the FIFO was exercised)
     assert (sim_jobs[:, 4] > sim_jobs[:, 3]).any()
+    # the dense part (issue 12, item 5): every pass's every layer ran its dense work on its home's backbone
+    # queue at the same nominal times in both backends, before that layer's expert calls left
+    assert ctx.dense_on and dense.shape == sim_dense.shape == (len(sim_begin) * ctx.num_layers, 6)
+    assert np.array_equal(sorted_jobs(dense), sorted_jobs(sim_dense))
+    assert (dense[:, 5] > dense[:, 4]).all()
 
 
 def test_a_server_lost_mid_run_is_excluded_and_its_slots_rerouted(tiny_path, lab3):

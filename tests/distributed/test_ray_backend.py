@@ -89,10 +89,12 @@ def test_virtual_clock_on_actors_equals_the_simulators_event_times(lab3_deployme
             t = float(res.pass_end_s[-1]) + 1.0
     finally:
         dep.configure(original)
-    sim_begin, sim_end, sim_jobs = reference_events(dep.cfg.ctx, "exact", {}, records, wire_bytes=128)
-    begin, end, jobs = emulated_events(records)
+    sim_begin, sim_end, sim_jobs, sim_dense = reference_events(dep.cfg.ctx, "exact", {}, records, wire_bytes=128)
+    begin, end, jobs, dense = emulated_events(records)
     assert np.array_equal(begin, sim_begin) and np.array_equal(end, sim_end)
     assert len(jobs) > 0 and np.array_equal(sorted_jobs(jobs), sorted_jobs(sim_jobs))
+    # every layer's dense work on each home's backbone queue, too (issue 12, item 5)
+    assert len(dense) == len(begin) * dep.cfg.ctx.num_layers and np.array_equal(sorted_jobs(dense), sorted_jobs(sim_dense))
 
 
 def test_killed_server_mid_run_every_request_answered_once(lab3_deployment):

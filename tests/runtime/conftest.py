@@ -60,8 +60,9 @@ def pair_groups(profile):
                             np.full(L, 0.5))
 
 
-def tiny_context(profile, cluster, held: dict, mode="home", groups=None):
-    """Context with `held` = {node name: [(layer, expert), ...]}."""
+def tiny_context(profile, cluster, held: dict, mode="home", groups=None, dense=False):
+    """Context with `held` = {node name: [(layer, expert), ...]}; the dense part off unless asked (the
+    hand-computed times here are the experts' and links')."""
     N, L, E = cluster.num_nodes, profile.L, profile.E
     hosts = np.zeros((N, L, E), bool)
     for name, pairs in held.items():
@@ -70,4 +71,4 @@ def tiny_context(profile, cluster, held: dict, mode="home", groups=None):
     placement = Placement(method="hand", params={}, node_names=cluster.node_names,
                           capacity_bytes=np.full(N, 10**9, np.int64), hosts=hosts,
                           expert_bytes=np.asarray(profile.expert_bytes), node_kind=cluster.node_kind)
-    return make_context(profile, cluster, placement, mode=mode, groups=groups)
+    return make_context(profile, cluster, placement, mode=mode, groups=groups, dense=dense)

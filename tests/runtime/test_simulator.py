@@ -79,6 +79,30 @@ def test_two_requests_queue_fifo_at_the_remote_node(engine, window):
 
 
 @pytest.mark.parametrize("engine,window", ENGINES)
+def test_dense_part_runs_before_the_experts_one_pass_at_a_time_per_home(engine, window):
+    # Issue 12, item 5. The tiny cluster's roofline is all overhead, so one layer's dense work is one call: 2 ms.
+    # One user: dense 0-2 ms, then the round trip to b (24 ms): 26 ms per token. Two users on home a at t=0:
+    # the second's dense work waits for the first's on a's backbone (2-4 ms), its expert call leaves at 4 ms,
+    # reaches b at 15 ms (b is free again then: the first was served 13-15), and is home at 28 ms.
+    profile = tiny_profile([[1]])
+    ctx = tiny_context(profile, tiny_cluster(), {"a": [(0, 0)], "b": [(0, 1)]}, mode="home", dense=True)
+    assert ctx.dense_s(0, 1) == pytest.approx(CALL) and ctx.dense_source == "estimate"
+    trace, sc = one_user(ctx, profile, prompt=1, gen=3)
+    m = simulate_scenario(ctx, make_policy("exact", ctx), trace, sc, engine, window)
+    assert m.ttft_ms["mean"] == pytest.approx((CALL + 2 * XFER + CALL) * 1e3)
+    assert m.latency_ms["mean"] == pytest.approx(26.0) and m.latency_ms["p99"] == pytest.approx(26.0)
+    ctx = tiny_context(profile, tiny_cluster(homes=("a", "a")), {"a": [(0, 0)], "b": [(0, 1)]}, mode="home", dense=True)
+    sc = build_scenario(ctx.user_weight, ctx.user_domain, trace, Workload(num_requests=2, prompt_tokens=1,
+                                                                          gen_tokens=1, arrival="closed"))
+    sc = replace(sc, request_user=np.array([0, 1]), request_arrival=np.array([0.0, 0.0]), request_next=np.array([-1, -1]),
+                 row_user=np.array([0, 1]))
+    m = simulate_scenario(ctx, make_policy("exact", ctx), trace, sc, engine, window)
+    assert m.ttft_ms["mean"] == pytest.approx(27.0)
+    assert m.makespan_s == pytest.approx(0.028)
+    assert m.utilisation["b"] == pytest.approx(2 * CALL / 0.028)  # the backbone is not an expert accelerator
+
+
+@pytest.mark.parametrize("engine,window", ENGINES)
 def test_prefill_rows_share_one_batched_call(engine, window):
     # Two prompt tokens for the same expert on b ride one call: 11 + 2 + 11 = 24 ms, not 26.
     profile = tiny_profile([[1]])

@@ -137,8 +137,9 @@ def compare(measured: dict, predicted: dict) -> dict:
 def reference_events(ctx, policy: str, params: dict, records, wire_bytes: int | None = None):
     """The reference simulator's replay of `records` with every job's event times.
 
-    Returns (pass_begin [P], pass_end [P], jobs [J, 7]: pass, layer, node, arrival, start, finish, done), passes
-    numbered as `replay_scenario` orders them (requests by submit time, then prefill, decode passes)."""
+    Returns (pass_begin [P], pass_end [P], jobs [J, 7]: pass, layer, node, arrival, start, finish, done,
+    dense [P*L, 6]: pass, layer, home, arrival, start, end of each layer's dense work), passes numbered as
+    `replay_scenario` orders them (requests by submit time, then prefill, decode passes)."""
     from edgemoe.runtime import make_policy
     from edgemoe.runtime.des import run_reference
 
@@ -146,18 +147,22 @@ def reference_events(ctx, policy: str, params: dict, records, wire_bytes: int | 
         ctx = with_wire_bytes(ctx, wire_bytes)
     trace, scenario = replay_scenario(records, ctx.num_layers)
     jobs: list = []
-    run = run_reference(ctx, make_policy(policy, ctx, **params), trace, scenario, record=jobs)
-    return run.pass_begin, run.pass_end, np.array(jobs, float).reshape(-1, 7)
+    dense: list = []
+    run = run_reference(ctx, make_policy(policy, ctx, **params), trace, scenario, record=jobs, record_dense=dense)
+    return run.pass_begin, run.pass_end, np.array(jobs, float).reshape(-1, 7), np.array(dense, float).reshape(-1, 6)
 
 
 def emulated_events(records):
-    """The same as `reference_events` from what the homes recorded: (pass_begin, pass_end, jobs [J, 7])."""
+    """The same as `reference_events` from what the homes recorded: (pass_begin, pass_end, jobs [J, 7],
+    dense [P*L, 6])."""
     records = sorted(records, key=lambda r: r.submitted_s)
     res = [r.result for r in records]
     first = np.cumsum([0] + [len(r.tokens) for r in res[:-1]])
     jobs = [np.column_stack([r.events[:, 0] + f, r.events[:, [1, 2, 6, 7, 8, 9]]]) for r, f in zip(res, first, strict=True)]
+    dense = [np.column_stack([r.dense_events[:, 0] + f, r.dense_events[:, 1:]]) for r, f in zip(res, first, strict=True)
+             if r.dense_events is not None and len(r.dense_events)]
     return (np.concatenate([r.pass_begin_s for r in res]), np.concatenate([r.pass_end_s for r in res]),
-            np.concatenate(jobs) if jobs else np.zeros((0, 7)))
+            np.concatenate(jobs) if jobs else np.zeros((0, 7)), np.concatenate(dense) if dense else np.zeros((0, 6)))
 
 
 def sorted_jobs(jobs: np.ndarray) -> np.ndarray:

@@ -160,6 +160,7 @@ class ServerActor:
         if self.home is not None:
             self.home.cfg, self.home.clock = cfg, cfg.make_clock()
             self.home.free_seen[:] = -np.inf
+            self.home.backbone.reset()
         return cfg.version
 
     def cpu(self) -> dict:

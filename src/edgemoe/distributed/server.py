@@ -184,6 +184,7 @@ class _Pass:
     t: float  # nominal time the next MoE layer may start (the last layer's end so far)
     index: int = 0  # pass number within its request (0 = prefill)
     events: list = field(default_factory=list)  # [J, 10] arrays, see GenerateResult.events
+    dense_events: list = field(default_factory=list)  # (pass, layer, node, arrival, start, end) per layer
     busy: np.ndarray = None  # [N] emulated accelerator seconds used per node
     estimate_s: float = 0.0  # the policy's own estimate of the pass (per layer its slowest row's latency_s)
     spent: float = 0.0  # quality budget the pass's rows spent
@@ -224,6 +225,10 @@ class HomeEngine:
         self.backbone_bytes = sum(p.numel() * p.element_size() for p in self.adapter.model.parameters())
         self.hidden_size = self.adapter.hidden_size
         self.links = cfg.links(self.hidden_size)
+        # The dense part's nominal hardware (docs/runtime.md, "Dense part"): this home's backbone runs one layer
+        # of one pass at a time (FIFO), each for ctx.dense_s(home, rows) seconds, before the layer's expert calls.
+        self.backbone = VirtualAccelerator()
+        self.emulate_dense = bool(self.links.enabled and self.ctx.dense_on)
         self._lock = threading.Lock()  # policies, the finished cache, the load estimate
         self._local = threading.local()  # the pass this thread is running
         self._policies: dict[int, object] = {}
@@ -268,13 +273,14 @@ class HomeEngine:
         st = p.state
         stranded = ~alive[st.location]  # the token's (emulated) node left: its state is at home anyway
         st.location[stranded] = st.home[stranded]
-        dec = policy.decide(layer, topk, gates, st, self.load_s(p.t))
+        ready = self._dense(layer, len(topk), p)  # the layer's dense work, then the router's slots may leave
+        dec = policy.decide(layer, topk, gates, st, self.load_s(ready))
         p.estimate_s += float(dec.latency_s.max(initial=0.0))
         p.spent += float(dec.quality_cost.sum())
         experts, node, fixed = repair_slots(self.ctx, layer, dec.experts, dec.node, dec.location, st.user, alive)
         meet = np.where(alive[dec.next_location], dec.next_location, dec.location)
-        sent = self.clock.stamp(p.t)  # the layer starts now: its deadline, or later if the host ran late
-        p.late_s += sent - p.t
+        sent = self.clock.stamp(ready)  # the calls leave now: their deadline, or later if the host ran late
+        p.late_s += sent - ready
         out, experts, node, meet, done = self._dispatch(layer, hidden, experts, node, dec.location, meet, st, p, sent)
         st.location[:] = meet
         # The layer ends when its slowest output has reached the meeting node (and, after the last layer, the
@@ -296,6 +302,21 @@ class HomeEngine:
         # repair never touches them (it only re-routes slots that ran), so the policy's mask still holds.
         _, new_gates = apply_intervention(self.adapter, call, Intervention.from_numpy(experts, dec.zeroed))
         return (new_gates.to(out.dtype)[..., None] * out).sum(dim=1).to(hidden.dtype)
+
+    def _dense(self, layer: int, rows: int, p: _Pass) -> float:
+        """Queue this layer's dense work (attention, norms, router: `ctx.dense_s` of `rows` rows on this home's
+        hardware) on the home's backbone FIFO from the layer's start; returns when it ends, the earliest the
+        layer's expert calls may leave (the layer's start when the dense part is not emulated). The host's real
+        attention and router ran before this call; they set no clock."""
+        arrival = self.clock.stamp(p.t)  # the layer starts: its deadline, or later if the host ran late
+        p.late_s += arrival - p.t
+        if not self.emulate_dense:
+            return arrival
+        service = float(self.ctx.dense_s(self.node, rows))
+        start, end, _ = self.backbone.serve(np.array([arrival]), np.array([service]))
+        p.dense_events.append((p.index, layer, self.node, arrival, float(start[0]), float(end[0])))
+        p.estimate_s += service  # the policy prices experts only; the feedback's estimate includes the dense part
+        return float(end[0])
 
     def _dispatch(self, layer, hidden, experts, node, src, meet, st, p: _Pass, sent: float):
         """Run every slot where node [T, K] says; failed calls are re-routed (repair) and retried up to
@@ -370,7 +391,7 @@ class HomeEngine:
 
     # ---- requests -----------------------------------------------------------------------------
     def _forward(self, ids: torch.Tensor, cache, user: int, index: int, t: float, counts: dict, tally, rec,
-                 busy: np.ndarray, events: list) -> tuple[int, float, float, float]:
+                 busy: np.ndarray, events: list, dense_events: list) -> tuple[int, float, float, float]:
         """One pass over ids [1, S] due at nominal time t -> (greedy next token, begin, end, end - host lateness).
 
         Host lateness: the time by which the layers' starts and the pass's end missed their deadlines (the
@@ -381,7 +402,7 @@ class HomeEngine:
         state.home[:] = self.node  # the row lives here, even when this home stands in for another
         state.location[:] = self.node
         begin = self.clock.stamp(t)
-        p = _Pass(state, index == 0, counts, [], [], tally, begin, index, events, busy)
+        p = _Pass(state, index == 0, counts, [], [], tally, begin, index, events, dense_events, busy)
         self._local.current = p
         try:
             logits = self.adapter.model(input_ids=ids, cache=cache, use_cache=True).logits
@@ -429,13 +450,13 @@ class HomeEngine:
         counts = dict.fromkeys(COUNT_KEYS, 0)
         tally = DecisionTally(self.ctx.num_layers, row_bytes(self.hidden_size, self.cfg.wire))
         rec: tuple[list, list] = ([], [])
-        busy, events = np.zeros(self.ctx.num_nodes), []
+        busy, events, dense_events = np.zeros(self.ctx.num_nodes), [], []
         cache = DynamicCache(config=self.adapter.model.config)
         ids = torch.as_tensor(np.asarray(req.prompt, np.int64))[None]
         tokens, begin, end, emulated = [], [], [], []
         t = arrival
         for i in range(req.gen_tokens):
-            token, b, e, d = self._forward(ids, cache, req.user, i, t, counts, tally, rec, busy, events)
+            token, b, e, d = self._forward(ids, cache, req.user, i, t, counts, tally, rec, busy, events, dense_events)
             tokens.append(token)
             begin.append(b)
             end.append(e)
@@ -448,7 +469,8 @@ class HomeEngine:
             req.request_id, req.user, np.asarray(tokens, np.int64), self.node, float(begin_a[0] - arrival),
             float(end_a[0] - begin_a[0]), end_a[1:] - begin_a[1:], counts, np.concatenate(rec[0]), np.concatenate(rec[1]),
             arrival_s=arrival, pass_begin_s=begin_a, pass_end_s=end_a, pass_deadline_s=np.asarray(emulated),
-            events=np.concatenate(events) if events else np.zeros((0, 10)), node_busy_s=busy)
+            events=np.concatenate(events) if events else np.zeros((0, 10)), node_busy_s=busy,
+            dense_events=np.array(dense_events, float).reshape(-1, 6))
         with self._lock:
             self.finished[req.request_id] = result
             while len(self.finished) > self.finished_cache:

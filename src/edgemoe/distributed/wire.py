@@ -98,3 +98,5 @@ class GenerateResult:
     pass_deadline_s: np.ndarray = None  # [G] pass end less the host's lateness within the pass (= end when on time)
     events: np.ndarray = None  # [J, 10] per expert job: pass, layer, node, row, slot, sent, arrival, start, end, done
     node_busy_s: np.ndarray = None  # [N] emulated accelerator seconds this request's jobs used per node
+    dense_events: np.ndarray = None  # [P*L, 6] per pass and layer, the dense work on the home's backbone queue:
+    #                                  pass, layer, node, arrival, start, end (none when the dense part is off)

@@ -54,6 +54,11 @@ class RuntimeContext:
     profile_gates: np.ndarray  # [T, L, K]
     placement_method: str = ""
     cluster_name: str = ""
+    # The dense part (docs/runtime.md, "Dense part"): per MoE layer, the backbone's FLOPs per token and weight
+    # bytes (the whole backbone spread evenly over the L MoE layers). "off": the dense part takes no time.
+    dense_flops: float = 0.0
+    dense_bytes: float = 0.0
+    dense_source: str = "off"  # "model" | "estimate" | "off"
 
     @property
     def num_nodes(self) -> int:
@@ -86,6 +91,20 @@ class RuntimeContext:
         return roofline_s(self.expert_flops[layer, expert], self.expert_bytes[layer, expert],
                           self.peak_flops[node], self.mem_bw_Bps[node], self.overhead_s[node], tokens)
 
+    @property
+    def dense_on(self) -> bool:
+        return self.dense_source != "off"
+
+    def dense_s(self, node, rows=1) -> np.ndarray:
+        """[...] nominal seconds of one MoE layer's dense work (attention, norms, router, its share of the
+        embeddings and LM head) for a pass of `rows` rows on `node`'s hardware: one call overhead plus the
+        roofline of the backbone's per-layer share (its weights read once for all rows); 0 when off."""
+        node = np.asarray(node)
+        if not self.dense_on:
+            return np.zeros(np.broadcast_shapes(node.shape, np.shape(rows)))
+        return roofline_s(self.dense_flops, self.dense_bytes, self.peak_flops[node], self.mem_bw_Bps[node],
+                          self.overhead_s[node], rows)
+
     def median_round_trip_s(self) -> float:
         """Median round trip between distinct non-device nodes (the scale of one remote call)."""
         keep = np.array([k != "device" for k in self.node_kind])
@@ -105,6 +124,7 @@ def make_context(
     groups=None,
     wire_bytes: int | None = None,
     domain_fallback: bool = False,
+    dense=True,
 ) -> RuntimeContext:
     """Build the RuntimeContext of `placement` (edgemoe.plan.base.Placement) on `cluster` for `profile`.
 
@@ -112,7 +132,11 @@ def make_context(
     groups: SimilarityGroups (default `groups_for(profile)`, OrderMoE's layer-aware grouping).
     wire_bytes: bytes of one hidden-state transfer (default profile.meta.hidden_bytes).
     domain_fallback: map cluster domains the profile lacks round-robin (synthetic profiles).
+    dense: the backbone's cost (edgemoe.cluster.cost.DenseCost, e.g. `dense_cost_of_model(adapter)`); True
+    (default): estimated from the profile's shapes (`dense_cost_estimate`); False: the dense part takes no
+    time (the model before issue 12, item 5).
     """
+    from edgemoe.cluster.cost import DenseCost, dense_cost_estimate
     from edgemoe.plan.groups import groups_for
 
     if mode not in MODES:
@@ -125,6 +149,10 @@ def make_context(
     L, E = profile.L, profile.E
     if placement.hosts.shape != (cluster.num_nodes, L, E):
         raise EdgeMoEError(f"placement.hosts has shape {placement.hosts.shape}, expected {(cluster.num_nodes, L, E)}")
+    if dense is True:
+        dense = dense_cost_estimate(profile)
+    elif dense is not False and not isinstance(dense, DenseCost):
+        raise EdgeMoEError(f"dense={dense!r}; expected True, False or a DenseCost")
     wire = int(profile.meta.hidden_bytes if wire_bytes is None else wire_bytes)
     if wire <= 0:
         raise EdgeMoEError(f"wire_bytes must be > 0, got {wire}")
@@ -156,7 +184,9 @@ def make_context(
     return RuntimeContext(
         node_names=cluster.node_names, node_kind=cluster.node_kind, hidden_bytes=int(profile.meta.hidden_bytes),
         wire_bytes=wire, mode=mode, groups=groups, user_names=cluster.user_names,
-        placement_method=placement.method, cluster_name=cluster.name, **arrays,
+        placement_method=placement.method, cluster_name=cluster.name,
+        dense_flops=float(dense.flops_per_token) / L if dense else 0.0, dense_bytes=float(dense.bytes) / L if dense else 0.0,
+        dense_source=dense.source or "given" if dense else "off", **arrays,
     )
 
 

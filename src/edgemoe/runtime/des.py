@@ -1,9 +1,11 @@
 """Reference engine of the simulator: an exact heapq discrete-event loop (small scenarios, tests).
 
-Same model as the fast engine (edgemoe.runtime.simulate): events are DECIDE (a pass starts a layer),
-DONE (a job's output reached the meeting node) and ARRIVE (a job reaches its node and joins the FIFO).
-At equal times DECIDE and DONE come before ARRIVE, then creation order; a job's service starts at
-max(arrival, the node's previous finish) in arrival order, which is a FIFO queue.
+Same model as the fast engine (edgemoe.runtime.simulate): events are START (a pass starts a layer: its
+dense work joins its home's backbone FIFO), DECIDE (the dense work is done: the policy decides), DONE (a
+job's output reached the meeting node) and ARRIVE (a job reaches its node and joins the FIFO). At equal
+times START, DECIDE and DONE come before ARRIVE, then creation order; a job's service starts at
+max(arrival, the node's previous finish) in arrival order, which is a FIFO queue; so does a layer's dense
+work on its home's backbone. With the dense part off, START is DECIDE.
 """
 
 from __future__ import annotations
@@ -12,19 +14,23 @@ import heapq
 
 import numpy as np
 
-from .simulate import Feedback, Run, make_jobs
+from .simulate import Feedback, Run, make_jobs, pass_dense_s
 
 DECIDE, DONE, ARRIVE = 0, 0, 1  # priorities at equal times
 
 
-def run_reference(ctx, policy, trace, sc, record: list | None = None) -> Run:
+def run_reference(ctx, policy, trace, sc, record: list | None = None, record_dense: list | None = None) -> Run:
     """record: if a list, each job's (pass, layer, node, arrival, start, finish, done) is appended to it (the
-    Ray backend's virtual clock is checked against these event times)."""
+    Ray backend's virtual clock is checked against these event times); record_dense: each layer's dense work
+    (pass, layer, home, arrival, start, end)."""
     P, L, N = sc.num_passes, ctx.num_layers, ctx.num_nodes
     run = Run(ctx, sc)
     state = policy.start(sc.row_user, tokens=sc.row_trace)
     run.budget_total = float(state.budget_total.sum())
-    feedback = Feedback(policy, sc, state, run)
+    dense = pass_dense_s(ctx, sc)  # [P] seconds of one layer's dense work (0: off)
+    feedback = Feedback(policy, sc, state, run, dense_s=dense)
+    pass_home = ctx.user_home[sc.request_user[sc.pass_request]]
+    backbone_free = np.full(N, -np.inf)  # each home's backbone queue (dense work, one layer of one pass at a time)
     layer = np.zeros(P, np.int64)
     done_t = np.zeros(P)
     outstanding = np.zeros(P, np.int64)
@@ -37,27 +43,38 @@ def run_reference(ctx, policy, trace, sc, record: list | None = None) -> Run:
         heapq.heappush(heap, (float(t), prio, seq, kind, data))
         seq += 1
 
+    start_kind = "start" if ctx.dense_on else "decide"
     for r in np.flatnonzero(np.isfinite(sc.request_arrival)):
-        push(sc.request_arrival[r], DECIDE, "decide", int(sc.request_first_pass[r]))
+        push(sc.request_arrival[r], DECIDE, start_kind, int(sc.request_first_pass[r]))
 
     def layer_done(p: int, t: float) -> None:
         layer[p] += 1
         if layer[p] < L:
-            push(t, DECIDE, "decide", p)
+            push(t, DECIDE, start_kind, p)
             return
         run.pass_end[p] = t
         nxt = sc.pass_next[p]
         if nxt >= 0:
-            push(t, DECIDE, "decide", int(nxt))
+            push(t, DECIDE, start_kind, int(nxt))
         elif sc.closed:
             r = sc.request_next[sc.pass_request[p]]
             if r >= 0:
                 run.request_arrival[r] = t + sc.think_s
-                push(t + sc.think_s, DECIDE, "decide", int(sc.request_first_pass[r]))
+                push(t + sc.think_s, DECIDE, start_kind, int(sc.request_first_pass[r]))
 
     while heap:
         t, _, _, kind, data = heapq.heappop(heap)
-        if kind == "decide":
+        if kind == "start":  # the layer's dense work queues on the home's backbone; the policy decides after it
+            p = data
+            if layer[p] == 0:
+                run.pass_begin[p] = t
+            h = int(pass_home[p])
+            begin = max(t, backbone_free[h])
+            backbone_free[h] = end = begin + dense[p]
+            if record_dense is not None:
+                record_dense.append((p, int(layer[p]), h, t, begin, end))
+            push(end, DECIDE, "decide", p)
+        elif kind == "decide":
             p = data
             lv = int(layer[p])
             rows = sc.rows_of(np.array([p]))
@@ -69,7 +86,7 @@ def run_reference(ctx, policy, trace, sc, record: list | None = None) -> Run:
             run.tally.add(dec, topk, lv, part.home, sc.pass_prefill[p])
             feedback.add(np.full(len(rows), p), dec)
             feedback.flush()
-            if lv == 0:
+            if lv == 0 and not ctx.dense_on:
                 run.pass_begin[p] = t
             row_pass = np.full(len(rows), p)
             jpass, node, arrival, service, back, floor = make_jobs(ctx, lv, dec, row_pass, np.full(len(rows), t), part.home)

@@ -109,12 +109,14 @@ class Feedback:
     and the budget the pass's rows spent and were granted. Checked every `every` policy calls (a check scans
     all passes)."""
 
-    def __init__(self, policy: Policy, sc: Scenario, state, run: Run, every: int = 8):
+    def __init__(self, policy: Policy, sc: Scenario, state, run: Run, every: int = 8, dense_s: np.ndarray | None = None):
         self.on = bool(getattr(policy, "wants_feedback", False))
         if not self.on:
             return
         P = sc.num_passes
         self.policy, self.run, self.every, self.calls = policy, run, int(every), 0
+        # the estimate includes each layer's dense work (known, no queueing): the policy prices only experts
+        self.dense = np.zeros(P) if dense_s is None else np.asarray(dense_s, float)
         self.estimate = np.zeros(P)
         self.spent = np.zeros(P)
         self.granted = np.bincount(sc.row_pass, state.budget_total, minlength=P)
@@ -128,7 +130,7 @@ class Feedback:
         passes, inverse = np.unique(row_pass, return_inverse=True)
         slowest = np.zeros(len(passes))
         np.maximum.at(slowest, inverse, dec.latency_s)
-        self.estimate[passes] += slowest
+        self.estimate[passes] += slowest + self.dense[passes]
         self.spent[passes] += np.bincount(inverse, dec.quality_cost, minlength=len(passes))
 
     def flush(self, force: bool = False) -> None:
@@ -147,6 +149,13 @@ class Feedback:
             self.run.user_budget = {
                 "budget_spent_by_user": np.bincount(self.pass_user, self.spent, minlength=U).tolist(),
                 "budget_granted_by_user": np.bincount(self.pass_user, self.granted, minlength=U).tolist()}
+
+
+def pass_dense_s(ctx: RuntimeContext, sc: Scenario) -> np.ndarray:
+    """[P] nominal seconds of one MoE layer's dense work of each pass on its home's hardware (rows batched;
+    docs/runtime.md, "Dense part"); zeros when the context's dense part is off."""
+    home = ctx.user_home[sc.request_user[sc.pass_request]]
+    return np.asarray(ctx.dense_s(home, sc.pass_row_count), float)
 
 
 def make_jobs(ctx: RuntimeContext, layer, dec, row_pass: np.ndarray, row_start: np.ndarray, home: np.ndarray):
@@ -184,8 +193,8 @@ def run_fast(ctx: RuntimeContext, policy: Policy, trace: Trace, sc: Scenario, wi
     run = Run(ctx, sc)
     state = policy.start(sc.row_user, tokens=sc.row_trace)
     run.budget_total = float(state.budget_total.sum())
-    feedback = Feedback(policy, sc, state, run)
     engine = WaveEngine(ctx, sc, run, window_s)
+    feedback = Feedback(policy, sc, state, run, dense_s=engine.pass_dense)
     tally = _TallyBuffer(run.tally, sc.pass_prefill)
     wave = engine.first()
     while wave is not None:

@@ -42,7 +42,7 @@ def _push_jobs(dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc, de
     E = flops.shape[1]
     for i in range(wave_ids.shape[0]):
         p = wave_ids[i]
-        if layer[p] == 0:
+        if layer[p] == 0 and not (pass_begin[p] == pass_begin[p]):  # nan: not begun at a dense stage
             pass_begin[p] = start_t[p]
         done_t[p] = start_t[p]
         outstanding[p] = 0
@@ -212,12 +212,14 @@ def _serve(t0, horizon, windowed, jobs_f, jobs_i, counters, node_free, node_busy
 @njit(cache=True)
 def _advance(touched, n_touched, n_decided, mark, stamp, outstanding, layer, done_t, pass_end, pass_next, pass_request,
              request_next, request_first_pass, request_arrival, closed, think_s, num_layers, ready_ids, ready_t,
-             counters):
+             ready_stage, first_stage, counters):
     """Passes among `touched` (the n_decided passes of the wave's decision, then the passes of the jobs
     served) with no job left finished their layer: next layer, next pass or next request.
 
     Appended to the ready list in the numpy formulation's order: passes going on (by id), then the next
-    passes of the ended ones (by id), then the first passes of closed-loop follow-up requests (by id).
+    passes of the ended ones (by id), then the first passes of closed-loop follow-up requests (by id). Each
+    enters at `first_stage`: 0 (its layer's dense work is still to run on the home's backbone) or 1 (ready to
+    decide; the dense part is off).
     """
     if n_touched == n_decided:  # no job served: the decided passes in ready-list order (as numpy did)
         fin = touched[:n_touched].copy()
@@ -245,6 +247,7 @@ def _advance(touched, n_touched, n_decided, mark, stamp, outstanding, layer, don
         if layer[p] < num_layers:
             ready_ids[nr] = p
             ready_t[nr] = done_t[p]
+            ready_stage[nr] = first_stage
             nr += 1
     for i in range(k):
         p = fin[i]
@@ -253,6 +256,7 @@ def _advance(touched, n_touched, n_decided, mark, stamp, outstanding, layer, don
             if pass_next[p] >= 0:
                 ready_ids[nr] = pass_next[p]
                 ready_t[nr] = done_t[p]
+                ready_stage[nr] = first_stage
                 nr += 1
     if closed:
         for i in range(k):
@@ -264,13 +268,49 @@ def _advance(touched, n_touched, n_decided, mark, stamp, outstanding, layer, don
                     request_arrival[r] = arrive
                     ready_ids[nr] = request_first_pass[r]
                     ready_t[nr] = arrive
+                    ready_stage[nr] = first_stage
                     nr += 1
     counters[0] = nr
 
 
 @njit(cache=True)
-def _pick(window, jobs_f, counters, ready_ids, ready_t, start_t, node_free, load, times):
-    """Next wave: t0 = earliest pending time; take the ready passes before t0 + window (at t0 for window 0).
+def _dense_stage(t0, horizon, windowed, ready_ids, ready_t, ready_stage, nr, layer, pass_begin, pass_home, pass_dense,
+                 backbone_free):
+    """Serve the ready entries at stage 0 before the horizon (at t0 for window 0) on their homes' backbone
+    queues, FIFO in (time, ready-list) order: end = max(backbone free, ready) + the layer's dense seconds. Each
+    becomes a stage-1 entry (ready to decide) at its end; a pass's first layer begins at its stage-0 time."""
+    m = 0
+    for i in range(nr):
+        if ready_stage[i] == 0 and ((ready_t[i] < horizon) if windowed else (ready_t[i] <= t0)):
+            m += 1
+    if m == 0:
+        return
+    idx = np.empty(m, _I)
+    when = np.empty(m)
+    q = 0
+    for i in range(nr):
+        if ready_stage[i] == 0 and ((ready_t[i] < horizon) if windowed else (ready_t[i] <= t0)):
+            idx[q] = i
+            when[q] = ready_t[i]
+            q += 1
+    order = np.argsort(when, kind="mergesort")  # stable: equal times in ready-list order
+    for j in range(m):
+        i = idx[order[j]]
+        p = ready_ids[i]
+        if layer[p] == 0:
+            pass_begin[p] = ready_t[i]
+        h = pass_home[p]
+        begin = backbone_free[h] if backbone_free[h] > ready_t[i] else ready_t[i]
+        backbone_free[h] = begin + pass_dense[p]
+        ready_t[i] = backbone_free[h]
+        ready_stage[i] = 1
+
+
+@njit(cache=True)
+def _pick(window, jobs_f, counters, ready_ids, ready_t, ready_stage, start_t, node_free, load, times, layer, pass_begin,
+          pass_home, pass_dense, backbone_free):
+    """Next wave: t0 = earliest pending time; serve the dense work due before t0 + window (`_dense_stage`),
+    then take the passes ready to decide before t0 + window (at t0 for window 0).
 
     Returns the picked pass ids (ready-list order) or None when nothing is pending; times <- (t0, horizon).
     """
@@ -285,22 +325,25 @@ def _pick(window, jobs_f, counters, ready_ids, ready_t, start_t, node_free, load
         t0 = jobs_f[counters[5], 0]
     horizon = t0 + window
     windowed = window > 0
+    _dense_stage(t0, horizon, windowed, ready_ids, ready_t, ready_stage, nr, layer, pass_begin, pass_home, pass_dense,
+                 backbone_free)
     m = 0
     for i in range(nr):
-        if (ready_t[i] < horizon) if windowed else (ready_t[i] <= t0):
+        if ready_stage[i] == 1 and ((ready_t[i] < horizon) if windowed else (ready_t[i] <= t0)):
             m += 1
     ids = np.empty(m, _I)
     q = 0
     w = 0
     for i in range(nr):
         t = ready_t[i]
-        if (t < horizon) if windowed else (t <= t0):
+        if ready_stage[i] == 1 and ((t < horizon) if windowed else (t <= t0)):
             ids[q] = ready_ids[i]
             start_t[ready_ids[i]] = t
             q += 1
         else:
             ready_ids[w] = ready_ids[i]
             ready_t[w] = t
+            ready_stage[w] = ready_stage[i]
             w += 1
     counters[0] = w
     times[0] = t0
@@ -339,7 +382,8 @@ def _wave_step(has_wave, window, times, wave_ids, dec_pass, dec_layer, dec_home,
                dec_next, layer, start_t, done_t, outstanding, pass_begin, pass_end, mark, stamp, pass_next,
                pass_request, pass_row_start, pass_row_count, request_next, request_first_pass, request_arrival,
                closed, think_s, row_trace, xfer, call1, flops, nbytes, peak, mem_bw, overhead, num_layers, node_free,
-               node_busy, ready_ids, ready_t, jobs_f, jobs_i, counters, load):
+               node_busy, ready_ids, ready_t, ready_stage, first_stage, pass_home, pass_dense, backbone_free, jobs_f,
+               jobs_i, counters, load):
     """Finish the current wave (jobs of its decision, FIFO service, advance) and pick the next wave with
     decisions; waves without decisions are run through here. Returns (ids, rows, pass, layer, token, more)."""
     windowed = window > 0
@@ -357,8 +401,9 @@ def _wave_step(has_wave, window, times, wave_ids, dec_pass, dec_layer, dec_home,
             stamp += 1
             _advance(touched, n_touched, ids.shape[0], mark, stamp, outstanding, layer, done_t, pass_end, pass_next,
                      pass_request, request_next, request_first_pass, request_arrival, closed, think_s, num_layers,
-                     ready_ids, ready_t, counters)
-        ids, more = _pick(window, jobs_f, counters, ready_ids, ready_t, start_t, node_free, load, times)
+                     ready_ids, ready_t, ready_stage, first_stage, counters)
+        ids, more = _pick(window, jobs_f, counters, ready_ids, ready_t, ready_stage, start_t, node_free, load, times,
+                          layer, pass_begin, pass_home, pass_dense, backbone_free)
         if not more:
             e = np.empty(0, _I)
             return ids, e, e, e, e, stamp, False
@@ -401,6 +446,15 @@ class WaveEngine:
         live = np.isfinite(sc.request_arrival)
         self.ready_ids = np.zeros(max(P, 1), _I)
         self.ready_t = np.zeros(max(P, 1))
+        # Dense part (docs/runtime.md): a ready pass first runs its layer's dense work on its home's backbone
+        # queue (stage 0), then is ready to decide (stage 1); with the dense part off it enters at stage 1.
+        from .simulate import pass_dense_s
+
+        self.first_stage = 0 if ctx.dense_on else 1
+        self.ready_stage = np.full(max(P, 1), self.first_stage, _I)
+        self.pass_home = np.asarray(ctx.user_home[sc.request_user[sc.pass_request]], _I)
+        self.pass_dense = pass_dense_s(ctx, sc)
+        self.backbone_free = np.full(N, -np.inf)
         first = sc.request_first_pass[live].astype(_I)
         self.ready_ids[:first.size] = first
         self.ready_t[:first.size] = sc.request_arrival[live]
@@ -433,7 +487,8 @@ class WaveEngine:
             has_wave, self.window, self.times, self.ids, row_pass, row_layer, home, node, experts, loc, nxt,
             self.layer, self.start_t, self.done_t, self.outstanding, run.pass_begin, run.pass_end, self.mark,
             self.stamp, *self.scenario_args, *self.cost_args, self.node_free, run.node_busy, self.ready_ids,
-            self.ready_t, self.jobs_f, self.jobs_i, self.counters, self.load)
+            self.ready_t, self.ready_stage, self.first_stage, self.pass_home, self.pass_dense, self.backbone_free,
+            self.jobs_f, self.jobs_i, self.counters, self.load)
         if not more:
             return None
         self.ids = ids
