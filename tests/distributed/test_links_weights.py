@@ -79,6 +79,21 @@ def test_fused_layout_is_sliced_per_expert(tiny_path, tmp_path):
     torch.testing.assert_close(weights.forward(1, 3, x), adapter.expert_output(1, 3, x), atol=1e-6, rtol=0)
 
 
+def test_dense_cost_counted_on_headers_equals_the_loaded_backbone(tiny_path, tmp_path):
+    """The dense part's FLOPs and bytes (issue 12, item 5): `edgemoe serve` counts them on the checkpoint's headers,
+    the demo on the loaded model; both rules give the same numbers, per-expert and fused layouts alike."""
+    from safetensors.torch import save_file
+
+    from edgemoe.cluster.cost import dense_cost_of_model
+    from edgemoe.distributed.weights import dense_cost_of_checkpoint
+
+    adapter = _adapter(tiny_path)
+    loaded = dense_cost_of_model(adapter)
+    assert dense_cost_of_checkpoint(tiny_path) == loaded and loaded.flops_per_token > 0
+    save_file({k: v.contiguous() for k, v in adapter.model.state_dict().items()}, str(tmp_path / "model.safetensors"))
+    assert dense_cost_of_checkpoint(tmp_path).flops_per_token == loaded.flops_per_token
+
+
 def test_checkpoint_without_experts_is_refused(tmp_path):
     from safetensors.torch import save_file
 

@@ -111,7 +111,11 @@ def _checked_inputs(cluster: str, placement: Path, profile: Path, model: str, po
     check_placement_fits(plan, plan_problem(prof, cl, domain_fallback=domain_fallback), str(placement))
     model_path = resolve_model_path(model)
     _check_checkpoint_matches(model_path, prof)
-    ctx = make_context(prof, cl, plan, mode=mode, domain_fallback=domain_fallback)
+    from .weights import dense_cost_of_checkpoint
+
+    # the dense part's nominal cost, counted on the checkpoint served (docs/runtime.md, "Dense part")
+    ctx = make_context(prof, cl, plan, mode=mode, domain_fallback=domain_fallback,
+                       dense=dense_cost_of_checkpoint(model_path))
     cfg = ServerConfig(ctx, model_path, policy=policy, policy_params=tuple(params.items()), links_enabled=links, wire=wire)
     return ctx, cfg
 

@@ -63,6 +63,34 @@ def checkpoint_hidden_size(path: str | Path) -> int:
     return int(size)
 
 
+def dense_cost_of_checkpoint(path: str | Path):
+    """The backbone's DenseCost (edgemoe.cluster.cost) counted on the checkpoint's tensor headers, without
+    loading it: every tensor that is not a routed expert's, less the input embedding when an LM head of its
+    own exists (the embedding is then a lookup); the same rule as `dense_cost_of_model`."""
+    from safetensors import safe_open
+
+    from edgemoe.cluster.cost import DenseCost
+
+    files = checkpoint_files(path)
+    keys = [k for k in files if not (_PER_EXPERT.match(k) or _FUSED.match(k))]
+    if any(k.endswith("lm_head.weight") for k in keys):
+        keys = [k for k in keys if "embed_tokens" not in k]
+    params = nbytes = 0
+    for file in sorted(set(files[k] for k in keys)):
+        with safe_open(str(file), "pt") as f:
+            for k in (k for k in keys if files[k] == file):
+                t = f.get_slice(k)
+                n = 1
+                for d in t.get_shape():
+                    n *= int(d)
+                params += n
+                nbytes += n * _DTYPE_BYTES.get(t.get_dtype(), 4)
+    return DenseCost(flops_per_token=2.0 * params, bytes=float(nbytes), source="model")
+
+
+_DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1}
+
+
 @dataclass(frozen=True)
 class ExpertKey:
     """Where one expert's three matrices live in the checkpoint."""

@@ -122,6 +122,7 @@ class ExperimentConfig:
     rate_per_s: float = 20.0  # Poisson request rate over all users
     seed: int = 0
     cache_dir: str = "runs/cache"
+    dense: bool = True  # charge the dense part (backbone roofline per layer on the home; False: the old model, 0 s)
 
 
 def default_specs(cfg: ExperimentConfig) -> tuple[str, str]:
@@ -240,6 +241,7 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
     `local` backend. Budgets named after an operating point are calibrated first, on calibration text.
     backend="ray": latency, traffic and ratios are measured on Ray actors (edgemoe.distributed), one process
     per node with emulated links; the simulator's numbers for the same requests stay beside them."""
+    from edgemoe.cluster.cost import dense_cost_of_model
     from edgemoe.cluster.load import load_cluster
     from edgemoe.eval.metrics import method_entry
     from edgemoe.eval.quality import perplexity, quality_metrics
@@ -258,6 +260,8 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
     ids = text.ids
     ppl_exact = perplexity(text.nll)
     groups = groups_for(profile)
+    # The dense part (docs/runtime.md, "Dense part"), counted on the loaded model; both backends charge it.
+    dense = dense_cost_of_model(adapter) if cfg.dense else False
     workload = Workload(num_requests=cfg.num_requests, prompt_tokens=cfg.prompt_tokens, gen_tokens=cfg.gen_tokens,
                         rate_per_s=cfg.rate_per_s, seed=cfg.seed)
     trace = None
@@ -276,7 +280,8 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
         if key not in contexts:
             t0 = time.perf_counter()
             pl = all_local_placement(problem) if placement_name == "all-local" else plan(problem, placement_name, **params)
-            contexts[key] = make_context(profile, cluster, pl, mode=comp.mode, groups=groups, domain_fallback=fallback)
+            contexts[key] = make_context(profile, cluster, pl, mode=comp.mode, groups=groups, domain_fallback=fallback,
+                                         dense=dense)
             contexts[key, "placement"] = (pl, round(time.perf_counter() - t0, 3))
         if record:
             pl, seconds = contexts[key, "placement"]
@@ -400,6 +405,7 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
         # comparison (another cluster) starts one with the resources its actors need.
         stop_ray()
     config = {"name": comp.name, "cluster": comp.cluster, "mode": comp.mode, "backend": backend, **asdict(cfg),
+              "dense_cost": asdict(dense) if dense else None,
               "methods": [asdict(s) for s in comp.methods], "profile": {"model": profile.meta.model, "data": profile.meta.data,
               "tokens": profile.num_tokens, "weights_hash": profile.meta.weights_hash}}
     doc = results_dict(config, methods)
