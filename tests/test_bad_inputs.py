@@ -237,6 +237,9 @@ CASES = [
     ("train-out-foreign-model", ["train", "--data", "{d}/user_dir", "--out", "{d}/model"], "refusing to replace"),
     ("demo-backend", ["demo", "--backend", "quantum", "--out", "{d}/demo"], "--backend"),
     ("demo-out-user-folder", ["demo", "--out", "{d}/user_dir"], "refusing to write into"),
+    ("demo-dilation-below-1", ["demo", "--backend", "ray", "--dilation", "0.5", "--out", "{d}/demo"], "--dilation"),
+    ("demo-dilation-word", ["demo", "--backend", "ray", "--dilation", "fast", "--out", "{d}/demo"], "'auto' or a finite"),
+    ("demo-dilation-simulate", ["demo", "--dilation", "10", "--out", "{d}/demo"], "--backend ray only"),
     ("cluster-show-missing", ["cluster", "show", "{d}/nope.yaml"], "no such cluster file"),
     ("cluster-show-out-fifo", ["cluster", "show", "{d}/cluster.yaml", "--out", "{d}/fifo"], "FIFO"),
     ("unknown-command", ["bogus"], "No such command"),
@@ -311,3 +314,23 @@ def test_ray_that_does_not_start_is_one_line(d, monkeypatch):
     assert result.exit_code == 2, (result.stderr, result.exception)
     assert result.stderr.count("\n") == 1 and "Ray did not start" in result.stderr and "--ray-address" in result.stderr
     assert snapshot(d) == before
+
+
+def test_demo_dilation_reaches_the_experiment(tmp_path, monkeypatch):
+    """`edgemoe demo --backend ray --dilation K` forces k for every method (ExperimentConfig.ray_dilation, read by
+    the experiment's Ray measurement); 'auto' (the default) leaves it to the calibration (None)."""
+    import edgemoe.eval.experiment as experiment
+    from edgemoe.errors import EdgeMoEError
+
+    seen = []
+
+    def fake_run_demo(cfg, out, backend="simulate", **_kw):
+        seen.append((cfg.ray_dilation, backend))
+        raise EdgeMoEError("stop here")
+
+    monkeypatch.setattr(experiment, "run_demo", fake_run_demo)
+    for argv, want in ((["--dilation", "12.5"], 12.5), ([], None)):
+        result = CliRunner().invoke(app, ["demo", "--backend", "ray", "--quick", "--out", str(tmp_path / f"d{len(seen)}"),
+                                          *argv])
+        assert result.exit_code == 2 and "stop here" in result.stderr, result.output
+        assert seen[-1] == (want, "ray")

@@ -282,6 +282,8 @@ def demo(
     scenario: Annotated[str, typer.Option(help="'default' (the default model) or 'paper-scale' (Mixtral-8x7B and "
                                                "Qwen1.5-MoE-A2.7B on testbed8, routing calibrated on real counts)")] = "default",
     shared_data: Annotated[Path, typer.Option(help="with --scenario paper-scale: the shared data folder")] = SHARED_DATA,
+    dilation: Annotated[str, typer.Option(help="with --backend ray: time dilation k of the emulated cluster, a number "
+                                               ">= 1 for every method, or 'auto' (calibrated per method)")] = "auto",
 ):
     """The main job: the default model on edge8 (OrderMoE's comparison) and device-edge-cloud (SlimCaching's),
     every method side by side; writes results JSON, plots and a Markdown/HTML report."""
@@ -298,11 +300,12 @@ def demo(
     from edgemoe.report.render import render_report
 
     _choice(backend, ("simulate", "ray"), "--backend")
+    k = _demo_dilation(dilation, backend)
     claim_output_dir(out, "report", REPORT_FILES, recognise=_is_report_folder)
-    cfg = ExperimentConfig(eval_data=eval_data)
+    cfg = ExperimentConfig(eval_data=eval_data, ray_dilation=k)
     if quick:
         cfg = ExperimentConfig(eval_data=eval_data, calib_tokens=4096, eval_tokens=2048, num_requests=16,
-                               prompt_tokens=8, gen_tokens=8, calib_quality_tokens=1024)
+                               prompt_tokens=8, gen_tokens=8, calib_quality_tokens=1024, ray_dilation=k)
     try:
         from edgemoe.eval.experiment import ordermoe_comparison, slimcaching_comparison
 
@@ -323,6 +326,16 @@ def demo(
         for line in res.get("summary", []):
             typer.echo(f"- {line}")
     typer.echo(f"\nwrote {', '.join(str(p) for p in paths)}, {report} and {report.with_suffix('.html')}")
+
+
+def _demo_dilation(text: str, backend: str) -> float | None:
+    """--dilation of `demo`: None for 'auto' (the experiment calibrates k per method), else k >= 1 (ray only)."""
+    from edgemoe.distributed.cli import _dilation
+
+    k = _dilation(text)
+    if k != "auto" and backend != "ray":
+        raise EdgeMoEError(f"--dilation {text}: time dilation applies to --backend ray only")
+    return None if k == "auto" else float(k)
 
 
 def _demo_paper_scale(out: Path, quick: bool, shared_data: Path) -> None:

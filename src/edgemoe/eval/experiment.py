@@ -122,6 +122,7 @@ class ExperimentConfig:
     rate_per_s: float = 20.0  # Poisson request rate over all users
     seed: int = 0
     cache_dir: str = "runs/cache"
+    ray_dilation: float | None = None  # backend ray: time dilation k for every method (None: calibrated per method)
     dense: bool = True  # charge the dense part (backbone roofline per layer on the home; False: the old model, 0 s)
 
 
@@ -447,7 +448,8 @@ def _ray_measured(state: dict, ctx, spec: MethodSpec, ids: np.ndarray, cfg: Expe
     users = list(range(ctx.num_users))
     per_user = max(1, -(-cfg.num_requests // len(users)))
     prompts = [row[: cfg.prompt_tokens] for row in ids]
-    out = measure_load(dep, users, prompts, cfg.gen_tokens, requests_per_user=per_user, dilation="auto",
+    dilation = "auto" if cfg.ray_dilation is None else float(cfg.ray_dilation)
+    out = measure_load(dep, users, prompts, cfg.gen_tokens, requests_per_user=per_user, dilation=dilation,
                        sim_latency_s=simulated.latency_ms["mean"] / 1e3, calibration=state.get("calibration"))
     state["calibration"] = out["calibration"]
     out.pop("records")
