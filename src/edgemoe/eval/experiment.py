@@ -57,6 +57,8 @@ OPERATING_POINTS = (("paper", 0.078), ("strict", 0.01))
 SLIM_PARAMS: dict = {}  # slimcaching defaults: a deterministic refinement budget (kicks, work units)
 SLIM_ONE_PASS = {"refine": False, "passes": 1}  # the published algorithm: one successive pass, no refinement
 EXACT_POLICIES = ("exact", "slimcaching")  # never change which expert runs: their quality is exact execution's
+# Policies the Ray backend cannot run (with the reason): with backend="ray" their rows stay simulated.
+RAY_SIMULATED_ONLY = {"oracle": "the oracle needs every token's future routing, which a serving home does not have"}
 
 
 def ordermoe_comparison(cluster: str = "edge8", budget: float | str = "paper") -> Comparison:
@@ -123,6 +125,12 @@ class ExperimentConfig:
     seed: int = 0
     cache_dir: str = "runs/cache"
     ray_dilation: float | None = None  # backend ray: time dilation k for every method (None: calibrated per method)
+    # backend ray: the measured workload per method (every user at once, closed loop; its wall time is about
+    # k x its nominal makespan, see docs/distributed.md "The demo on Ray"): requests per user, prompt and
+    # generated tokens. The budget sweep and RAY_SIMULATED_ONLY policies are simulated only.
+    ray_requests_per_user: int = 1
+    ray_prompt_tokens: int = 8
+    ray_gen_tokens: int = 8
     dense: bool = True  # charge the dense part (backbone roofline per layer on the home; False: the old model, 0 s)
 
 
@@ -340,13 +348,14 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
         extra = {"routing": (text.topk, text.gates)} if spec.policy == "oracle" else {}
         return make_policy(spec.policy, ctx, **spec.policy_params, **extra)
 
-    def evaluate(spec: MethodSpec) -> dict:
+    def evaluate(spec: MethodSpec, on_ray: bool = True) -> dict:
         nonlocal trace
         named = spec.placement_params.get("budget")
         label = f"{spec.placement}({named})" if isinstance(named, str) else None
         spec = resolved(spec)
+        on_ray = on_ray and backend == "ray" and spec.policy not in RAY_SIMULATED_ONLY
         key = (spec.placement, json.dumps(spec.placement_params, sort_keys=True), spec.policy,
-               json.dumps(spec.policy_params, sort_keys=True))
+               json.dumps(spec.policy_params, sort_keys=True), on_ray)
         if key in memo:
             return dict(memo[key])
         ctx = context_for(spec.placement, spec.placement_params, label=label)
@@ -363,8 +372,11 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
         sim_policy = make(spec, ctx)
         metrics = simulate(ctx, sim_policy, trace, workload)
         local_ms = dec.token_latency_s * 1e3
-        if backend == "ray":
+        if on_ray:
             metrics = _ray_measured(ray_state, ctx, spec, ids, cfg, log, metrics)
+        elif backend == "ray":
+            metrics = replace(metrics, extra={**metrics.extra, "backend": "simulate", "ray_skipped":
+                                              RAY_SIMULATED_ONLY.get(spec.policy, "budget sweep: simulated only")})
         entry = method_entry(
             metrics, spec.placement, spec.policy, ppl=quality["ppl"], quality_retention=quality["quality_retention"],
             ppl_rel_increase=quality["ppl_rel_increase"], extra_nats_per_token=quality["extra_nats_per_token"],
@@ -392,7 +404,8 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
         base = next(s for s in comp.methods if s.name == comp.budget_sweep_method)
         for b in comp.budgets:
             pla = {**base.placement_params, "budget": b} if "budget" in base.placement_params else base.placement_params
-            m = evaluate(replace(base, policy_params={**base.policy_params, "budget": b}, placement_params=pla))
+            m = evaluate(replace(base, policy_params={**base.policy_params, "budget": b}, placement_params=pla),
+                         on_ray=False)
             sweep.append({"budget": b, "latency_ms_mean": m["latency_ms"]["mean"], "latency_ms_p99": m["latency_ms"]["p99"],
                           "ppl": m["ppl"], "ppl_rel_increase": m["ppl_rel_increase"], "top1_agreement": m["top1_agreement"],
                           "quality_retention": m["quality_retention"], "substitution_ratio": m["substitution_ratio"],
@@ -426,9 +439,9 @@ def _params_tag(params: dict) -> str:
 
 def _ray_measured(state: dict, ctx, spec: MethodSpec, ids: np.ndarray, cfg: ExperimentConfig, log, simulated):
     """Measure one method on Ray actors (edgemoe.distributed.loadrun): the deployment is launched once per
-    comparison and reconfigured per method; one warm-up request per home, then every user runs closed-loop
-    requests (prompts cut from the evaluation text) until cfg.num_requests are done, at a time dilation sized
-    from one CPU calibration per comparison and this method's simulated latency. Returns RunMetrics with the
+    comparison and reconfigured per method; one warm-up request per home, then every user runs
+    cfg.ray_requests_per_user closed-loop requests (prompts cut from the evaluation text), at cfg.ray_dilation or
+    a time dilation sized from one CPU calibration per comparison and this method's simulated latency. Returns RunMetrics with the
     measured numbers (their own quantiles and utilisation); extra["simulated"] is the simulator's replay of the
     very requests Ray ran, extra["ray"] the dilation, CPU use and validity."""
     from edgemoe.distributed.loadrun import measure_load
@@ -438,30 +451,37 @@ def _ray_measured(state: dict, ctx, spec: MethodSpec, ids: np.ndarray, cfg: Expe
 
     server_cfg = ServerConfig(ctx, resolve_model_path(cfg.model), policy=spec.policy,
                               policy_params=tuple(spec.policy_params.items()))
+    t_setup = time.perf_counter()
     if not state:
         start_ray(ctx.node_names)
         state["deployment"] = Deployment.launch(server_cfg)
-        log(f"  ray: {ctx.num_nodes} server actors up")
+        log(f"  ray: {ctx.num_nodes} server actors up ({time.perf_counter() - t_setup:.0f} s)")
     else:
         state["deployment"].configure(server_cfg)
+    setup_s = time.perf_counter() - t_setup
     dep = state["deployment"]
     users = list(range(ctx.num_users))
-    per_user = max(1, -(-cfg.num_requests // len(users)))
-    prompts = [row[: cfg.prompt_tokens] for row in ids]
+    prompts = [row[: cfg.ray_prompt_tokens] for row in ids]
     dilation = "auto" if cfg.ray_dilation is None else float(cfg.ray_dilation)
-    out = measure_load(dep, users, prompts, cfg.gen_tokens, requests_per_user=per_user, dilation=dilation,
+    t0 = time.perf_counter()
+    out = measure_load(dep, users, prompts, cfg.ray_gen_tokens, requests_per_user=cfg.ray_requests_per_user, dilation=dilation,
                        sim_latency_s=simulated.latency_ms["mean"] / 1e3, calibration=state.get("calibration"))
     state["calibration"] = out["calibration"]
     out.pop("records")
     if out["errors"]:
         raise EdgeMoEError(f"ray backend, method {spec.name}: {len(out['errors'])} requests failed: {out['errors'][:3]}")
     m, sim = out["measured"], out["predicted"]
+    log(f"    ray: configure {setup_s:.1f} s, warm-up + calibration + run + replay {time.perf_counter() - t0:.1f} s "
+        f"(dilated run {out['cpu']['wall_s']:.1f} s)")
     log(f"    ray k={out['dilation']:g} host CPU {100 * out['cpu']['host_util']:.0f}% ray {out['cpu']['ray_cores_busy']:.2f} cores"
         f"{'' if out['valid'] else ' INVALID: ' + '; '.join(out['invalid_because'])}; measured {m['latency_ms']['mean']:.2f} ms"
         f" vs replayed simulation {sim['latency_ms']['mean']:.2f} ms")
     ray_info = {k: out[k] for k in ("dilation", "calibration", "sim_latency_ms_for_dilation", "cpu", "valid",
                                     "invalid_because", "error_vs_simulator", "duplicates", "failovers")}
-    ray_info.update(lateness_ms=m["lateness_ms"], late_share=m["late_share"], calls=m["calls"], failed_calls=m["failed_calls"])
+    ray_info.update(lateness_ms=m["lateness_ms"], late_share=m["late_share"], calls=m["calls"], failed_calls=m["failed_calls"],
+                    wall_s=round(time.perf_counter() - t0, 1), run_wall_s=round(out["cpu"]["wall_s"], 1),
+                    workload={"users": len(users), "requests_per_user": cfg.ray_requests_per_user,
+                              "prompt_tokens": cfg.ray_prompt_tokens, "gen_tokens": cfg.ray_gen_tokens})
     poisson = {k: getattr(simulated, k) for k in ("latency_ms", "ttft_ms", "throughput_tokens_per_s",
                                                    "traffic_bytes_per_1k_tokens", "remote_ratio")}
     return replace(simulated, latency_ms=m["latency_ms"], ttft_ms=m["ttft_ms"],
@@ -587,6 +607,11 @@ def run_demo(cfg: ExperimentConfig, out_dir: str | Path, log: Callable[[str], No
     paths = []
     for i, model in enumerate(models):
         comps = [ordermoe, slimcaching] if i == 0 else [ordermoe]
-        paths += run_experiment(replace(cfg, model=model), comps, out_dir, log, backend,
+        # Ray measures the first model's comparisons; the others are simulated (the Ray demo's wall time is
+        # about k x each run's nominal makespan, docs/distributed.md "The demo on Ray").
+        model_backend = backend if i == 0 else "simulate"
+        if model_backend != backend:
+            log(f"model {model!r}: simulated only (the Ray backend measures the first model, {models[0]!r})")
+        paths += run_experiment(replace(cfg, model=model), comps, out_dir, log, model_backend,
                                 suffix="" if i == 0 else f"-{Path(model).name}")
     return paths
