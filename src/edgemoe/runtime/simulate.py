@@ -1,7 +1,9 @@
 """The `simulate` backend: trace-driven discrete-event simulation over the cost model (pure numpy).
 
 Event model (docs/runtime.md, "Simulator"): a pass (a request's prompt rows, or one decode row) goes through
-the L MoE layers in order. At each layer the policy decides for the pass's rows; every slot that runs
+the L MoE layers in order. At each layer the pass first runs the layer's dense work (`ctx.dense_s`) on its
+home's backbone queue (FIFO, one layer of one pass at a time; "Dense part"), then the policy decides for the
+pass's rows; every slot that runs
 becomes a job: its hidden state travels from the token's node to the slot's node (`xfer_s`), waits in that
 node's FIFO queue, is served (roofline time; a prefill pass's slots for the same expert on the same node
 share one batched call), and its output travels to the meeting node. The layer ends when its slowest job's
