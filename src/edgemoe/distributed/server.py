@@ -307,14 +307,14 @@ class HomeEngine:
         """Queue this layer's dense work (attention, norms, router: `ctx.dense_s` of `rows` rows on this home's
         hardware) on the home's backbone FIFO from the layer's start; returns when it ends, the earliest the
         layer's expert calls may leave (the layer's start when the dense part is not emulated). The host's real
-        attention and router ran before this call; they set no clock."""
-        arrival = self.clock.stamp(p.t)  # the layer starts: its deadline, or later if the host ran late
-        p.late_s += arrival - p.t
+        attention and router ran just before this call, inside the dense work's nominal time: they set no clock
+        (the work is queued from the layer's deadline, not from when the host got here); only what the host
+        still has to do after the dense work's end counts as lateness (at the calls' send, `moe_layer`)."""
         if not self.emulate_dense:
-            return arrival
+            return p.t
         service = float(self.ctx.dense_s(self.node, rows))
-        start, end, _ = self.backbone.serve(np.array([arrival]), np.array([service]))
-        p.dense_events.append((p.index, layer, self.node, arrival, float(start[0]), float(end[0])))
+        start, end, _ = self.backbone.serve(np.array([p.t]), np.array([service]))
+        p.dense_events.append((p.index, layer, self.node, p.t, float(start[0]), float(end[0])))
         p.estimate_s += service  # the policy prices experts only; the feedback's estimate includes the dense part
         return float(end[0])
 
