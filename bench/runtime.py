@@ -47,7 +47,7 @@ def setup(policy: str):
     fallback = any(u.domain not in profile.meta.domains for u in cluster.users)
     problem = plan_problem(profile, cluster, domain_fallback=fallback)
     placement = plan(problem, "ordermoe")
-    from edgemoe.cluster.cost import dense_cost_of_model
+    from edgemoe.runtime.dense import dense_cost_of_model
 
     ctx = make_context(profile, cluster, placement, mode="home", domain_fallback=fallback,
                        dense=dense_cost_of_model(adapter))  # the dense part as the demo counts it

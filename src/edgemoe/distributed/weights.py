@@ -64,12 +64,12 @@ def checkpoint_hidden_size(path: str | Path) -> int:
 
 
 def dense_cost_of_checkpoint(path: str | Path):
-    """The backbone's DenseCost (edgemoe.cluster.cost) counted on the checkpoint's tensor headers, without
+    """The backbone's DenseCost (edgemoe.runtime.dense) counted on the checkpoint's tensor headers, without
     loading it: every tensor that is not a routed expert's, less the input embedding when an LM head of its
     own exists (the embedding is then a lookup); the same rule as `dense_cost_of_model`."""
     from safetensors import safe_open
 
-    from edgemoe.cluster.cost import DenseCost
+    from edgemoe.runtime.dense import DenseCost
 
     files = checkpoint_files(path)
     keys = [k for k in files if not (_PER_EXPERT.match(k) or _FUSED.match(k))]

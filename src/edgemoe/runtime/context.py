@@ -132,11 +132,11 @@ def make_context(
     groups: SimilarityGroups (default `groups_for(profile)`, OrderMoE's layer-aware grouping).
     wire_bytes: bytes of one hidden-state transfer (default profile.meta.hidden_bytes).
     domain_fallback: map cluster domains the profile lacks round-robin (synthetic profiles).
-    dense: the backbone's cost (edgemoe.cluster.cost.DenseCost, e.g. `dense_cost_of_model(adapter)`); True
+    dense: the backbone's cost (edgemoe.runtime.dense.DenseCost, e.g. `dense_cost_of_model(adapter)`); True
     (default): estimated from the profile's shapes (`dense_cost_estimate`); False: the dense part takes no
     time (the model before issue 12, item 5).
     """
-    from edgemoe.cluster.cost import DenseCost, dense_cost_estimate
+    from .dense import DenseCost, dense_cost_estimate
     from edgemoe.plan.groups import groups_for
 
     if mode not in MODES:
