@@ -13,7 +13,9 @@ k times longer in wall time and every measured time is divided by k, so the host
 nominal second. `auto` picks k so that the CPU the run needs fits in about half of the cores that other
 processes leave free (k >= margin x CPU seconds per token x users / (simulated seconds per token x free cores))
 and so that a pass's own host work, which runs between its layers, is a small share of its latency
-(k >= CPU seconds per token / (1.5% x simulated seconds per token)); `choose_dilation`.
+(k >= CPU seconds per token / (3% x simulated seconds per token)); `choose_dilation`. The 3% is an estimate's
+target, not the lateness measured: a pass's attention and router run inside its dense work's nominal time, so
+the measured lateness stays far below it (0.1-0.3% in docs/distributed.md, "The demo on Ray").
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ def warm_up(client, dep, prompts, gen_tokens: int) -> None:
 
 
 def choose_dilation(cpu_s_per_token: float, users: int, sim_latency_s: float, free_cores: float,
-                    margin: float = 2.0, late_target: float = 0.015, max_k: float = 20000.0) -> float:
+                    margin: float = 2.0, late_target: float = 0.03, max_k: float = 20000.0) -> float:
     """The larger of two k (rounded up, at least 1):
     - throughput: the run needs about 1/margin of the free cores (users tokens in flight, each taking
       sim_latency_s x k of wall time and cpu_s_per_token of CPU);
