@@ -84,8 +84,8 @@ def test_dense_cost_counted_on_headers_equals_the_loaded_backbone(tiny_path, tmp
     the demo on the loaded model; both rules give the same numbers, per-expert and fused layouts alike."""
     from safetensors.torch import save_file
 
-    from edgemoe.runtime.dense import dense_cost_of_model
     from edgemoe.distributed.weights import dense_cost_of_checkpoint
+    from edgemoe.runtime.dense import dense_cost_of_model
 
     adapter = _adapter(tiny_path)
     loaded = dense_cost_of_model(adapter)

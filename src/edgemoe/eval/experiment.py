@@ -250,7 +250,6 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
     `local` backend. Budgets named after an operating point are calibrated first, on calibration text.
     backend="ray": latency, traffic and ratios are measured on Ray actors (edgemoe.distributed), one process
     per node with emulated links; the simulator's numbers for the same requests stay beside them."""
-    from edgemoe.runtime.dense import dense_cost_of_model
     from edgemoe.cluster.load import load_cluster
     from edgemoe.eval.metrics import method_entry
     from edgemoe.eval.quality import perplexity, quality_metrics
@@ -259,6 +258,7 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
     from edgemoe.plan.groups import groups_for
     from edgemoe.plan.problem import plan_problem
     from edgemoe.runtime import make_context, make_policy
+    from edgemoe.runtime.dense import dense_cost_of_model
     from edgemoe.runtime.local import replay_decisions, score_local
     from edgemoe.runtime.simulate import simulate
     from edgemoe.runtime.workload import Workload

@@ -136,8 +136,9 @@ def make_context(
     (default): estimated from the profile's shapes (`dense_cost_estimate`); False: the dense part takes no
     time (the model before issue 12, item 5).
     """
-    from .dense import DenseCost, dense_cost_estimate
     from edgemoe.plan.groups import groups_for
+
+    from .dense import DenseCost, dense_cost_estimate
 
     if mode not in MODES:
         raise EdgeMoEError(f"mode={mode!r}; expected one of {list(MODES)}")
