@@ -174,3 +174,18 @@ def test_operating_points_plan_their_placement_and_resolve_in_results():
     assert tight["placement_params"] == {"budget": point["budget"]}
     assert "ordermoe(tight)" in doc["placements"] and "ordermoe" in doc["placements"]
     assert len(doc["placements"]) == 2  # calibration trials' placements are not listed
+
+
+def test_latency_at_quality_interpolates_the_lower_envelope():
+    from edgemoe.eval.experiment import equal_quality_ratios, latency_at_quality
+
+    sweep = [{"ppl_rel_increase": 0.0, "latency_ms_mean": 30.0}, {"ppl_rel_increase": 0.02, "latency_ms_mean": 20.0},
+             {"ppl_rel_increase": 0.03, "latency_ms_mean": 25.0},  # dominated: not on the envelope
+             {"ppl_rel_increase": 0.06, "latency_ms_mean": 10.0}]
+    assert latency_at_quality(sweep, 0.01) == pytest.approx(25.0)
+    assert latency_at_quality(sweep, 0.04) == pytest.approx(20.0 - 10.0 * 0.5)
+    assert latency_at_quality(sweep, 0.5) == 10.0  # past the last point: nothing more to buy
+    assert latency_at_quality(sweep[1:], 0.01) is None  # below the swept range
+    h2 = [{"budget": 0.1, "ppl_rel_increase": 0.01, "latency_ms_mean": 20.0}]
+    r = equal_quality_ratios({"H0": sweep, "H2": h2}, "H0")["H2"][0]
+    assert r["H0_latency_ms_at_same_ppl"] == pytest.approx(25.0) and r["ratio"] == pytest.approx(0.8)

@@ -405,7 +405,8 @@ def _experiment_log(comparisons):
     """A log for run_experiment whose per-method (and per-budget) result lines advance a progress bar."""
     from edgemoe.progress import StepLog
 
-    total = sum(len(c.methods) + (len(c.budgets) if c.budget_sweep_method else 0) for c in comparisons)
+    total = sum(len(c.methods) + (len(c.budgets) + len(c.operating_points)) * len(c.budget_sweep_methods)
+                for c in comparisons)
     return StepLog(total, "methods evaluated", lambda line: line.startswith("  ") and " ms" in line)
 
 

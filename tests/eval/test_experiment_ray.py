@@ -25,7 +25,7 @@ def test_ray_measures_methods_but_not_the_oracle_nor_the_sweep(tmp_path, monkeyp
                            cache_dir=str(tmp_path / "cache"), ray_dilation=7.0)
     comp = Comparison(name="c", cluster="edge8", mode="migrate", methods=(
         MethodSpec("exact", "uniform", "exact"), MethodSpec("om", "ordermoe", "ordermoe", {"budget": 0.05, "horizon": 1}),
-        MethodSpec("oracle", "ordermoe", "oracle", {"budget": 0.05})), budget_sweep_method="om", budgets=(0.02,))
+        MethodSpec("oracle", "ordermoe", "oracle", {"budget": 0.05})), budget_sweep_methods=("om",), budgets=(0.02,))
     (path,) = experiment.run_experiment(cfg, [comp], tmp_path / "out", log=lambda _m: None, backend="ray")
     assert calls == [("exact", 7.0, "model"), ("om", 7.0, "model")]  # the forced k; the dense part counted on the model
     import json

@@ -16,6 +16,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -42,8 +43,8 @@ class Comparison:
     cluster: str
     mode: str  # "migrate" | "home"
     methods: tuple[MethodSpec, ...]
-    budget_sweep_method: str | None = None  # a method whose `budget` is swept for the latency-quality curve
-    budgets: tuple[float, ...] = ()
+    budget_sweep_methods: tuple[str, ...] = ()  # methods whose `budget` is swept for latency-quality curves
+    budgets: tuple[float, ...] = ()  # the sweep's budgets; the calibrated operating points' budgets join them
     operating_points: tuple[tuple[str, float], ...] = ()  # (name, max ppl_rel_increase) budgets to calibrate
     calibrate_method: str | None = None  # the method (placement + policy) whose budget is calibrated
 
@@ -90,7 +91,8 @@ def ordermoe_comparison(cluster: str = "edge8", budget: float | str = "paper") -
                        placement_params=SLIM_PARAMS),
             MethodSpec("all-local", "all-local", "exact"),
         ),
-        budget_sweep_method="paper", budgets=(0.005, 0.02, 0.05, 0.2),
+        # H = 0 and H = 2 (= `paper`) swept: look-ahead compared at equal perplexity (`lookahead_equal_quality`)
+        budget_sweep_methods=("ordermoe-H0", "paper"), budgets=(0.005, 0.02, 0.05, 0.2),
         operating_points=OPERATING_POINTS, calibrate_method="paper",
     )
 
@@ -399,18 +401,22 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
             m["operating_point"] = b
         log(f"  {spec.name:<24} mean {m['latency_ms']['mean']:8.2f} ms  p99 {m['latency_ms']['p99']:8.2f} ms  "
             f"ppl {m['ppl']:.3f} (+{100 * m['ppl_rel_increase']:.2f}%)  ({time.perf_counter() - t0:.1f} s)")
-    sweep = []
-    if comp.budget_sweep_method:
-        base = next(s for s in comp.methods if s.name == comp.budget_sweep_method)
-        for b in comp.budgets:
+    sweeps: dict = {}
+    budgets = sorted(set(comp.budgets) | {pt["budget"] for pt in points.values()})
+    for name in comp.budget_sweep_methods:
+        base = next(s for s in comp.methods if s.name == name)
+        sweeps[name] = []
+        for b in budgets:
             pla = {**base.placement_params, "budget": b} if "budget" in base.placement_params else base.placement_params
             m = evaluate(replace(base, policy_params={**base.policy_params, "budget": b}, placement_params=pla),
                          on_ray=False)
-            sweep.append({"budget": b, "latency_ms_mean": m["latency_ms"]["mean"], "latency_ms_p99": m["latency_ms"]["p99"],
-                          "ppl": m["ppl"], "ppl_rel_increase": m["ppl_rel_increase"], "top1_agreement": m["top1_agreement"],
-                          "quality_retention": m["quality_retention"], "substitution_ratio": m["substitution_ratio"],
-                          "drop_ratio": m["drop_ratio"], "traffic_bytes_per_1k_tokens": m["traffic_bytes_per_1k_tokens"]})
-            log(f"  sweep budget {b:<6g} mean {m['latency_ms']['mean']:8.2f} ms  ppl {m['ppl']:.3f}")
+            sweeps[name].append({
+                "budget": b, "latency_ms_mean": m["latency_ms"]["mean"], "latency_ms_p99": m["latency_ms"]["p99"],
+                "ppl": m["ppl"], "ppl_rel_increase": m["ppl_rel_increase"], "top1_agreement": m["top1_agreement"],
+                "quality_retention": m["quality_retention"], "substitution_ratio": m["substitution_ratio"],
+                "drop_ratio": m["drop_ratio"], "traffic_bytes_per_1k_tokens": m["traffic_bytes_per_1k_tokens"]})
+            log(f"  sweep {name} budget {b:<8.4g} mean {m['latency_ms']['mean']:8.2f} ms  ppl {m['ppl']:.3f} "
+                f"(+{100 * m['ppl_rel_increase']:.2f}%)")
     if ray_state:
         from edgemoe.distributed.serve import stop_ray
 
@@ -424,7 +430,9 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
               "tokens": profile.num_tokens, "weights_hash": profile.meta.weights_hash}}
     doc = results_dict(config, methods)
     doc["ppl_exact"] = ppl_exact
-    doc["budget_sweep"] = {comp.budget_sweep_method: sweep} if sweep else {}
+    doc["budget_sweep"] = sweeps
+    if "ordermoe-H0" in sweeps and len(sweeps) > 1:
+        doc["lookahead_equal_quality"] = equal_quality_ratios(sweeps, "ordermoe-H0")
     if calibration:
         doc["operating_points"] = calibration
     doc["groups"] = {"layer-aware": groups.mean_group_size().tolist()}
@@ -492,6 +500,39 @@ def _ray_measured(state: dict, ctx, spec: MethodSpec, ids: np.ndarray, cfg: Expe
                    extra={**simulated.extra, "backend": "ray", "latency_quantiles_ms": m["latency_quantiles_ms"],
                           "simulated": sim, "simulated_poisson_workload": poisson, "ray": ray_info,
                           "ray_calls": m["calls"], "ray_failed_calls": m["failed_calls"]})
+
+
+def latency_at_quality(sweep: list[dict], rise: float) -> float | None:
+    """Mean latency of a budget sweep interpolated (linearly in perplexity increase, between the neighbouring
+    points of the curve's lower envelope) at perplexity increase `rise`; None outside the swept range."""
+    pts = sorted((p["ppl_rel_increase"], p["latency_ms_mean"]) for p in sweep if p.get("ppl_rel_increase") is not None)
+    env: list[tuple[float, float]] = []
+    for x, y in pts:  # the best latency reachable at <= each quality cost (more budget never has to be slower)
+        if not env or y < env[-1][1]:
+            env.append((x, y))
+    if not env or rise < env[0][0]:
+        return None
+    for (x0, y0), (x1, y1) in pairwise(env):
+        if x0 <= rise <= x1:
+            return y0 + (y1 - y0) * (rise - x0) / (x1 - x0) if x1 > x0 else min(y0, y1)
+    return env[-1][1]  # beyond the last envelope point: no more latency to buy
+
+
+def equal_quality_ratios(sweeps: dict, reference: str) -> dict:
+    """For every point of every other sweep: its mean latency over the reference sweep's latency at the same
+    perplexity increase (look-ahead against H = 0 at equal quality, not at equal budget). {name: [...]}."""
+    out = {}
+    for name, pts in sweeps.items():
+        if name == reference:
+            continue
+        rows = []
+        for p in pts:
+            ref = latency_at_quality(sweeps[reference], p["ppl_rel_increase"])
+            rows.append({"budget": p["budget"], "ppl_rel_increase": p["ppl_rel_increase"],
+                         "latency_ms_mean": p["latency_ms_mean"], f"{reference}_latency_ms_at_same_ppl": ref,
+                         "ratio": p["latency_ms_mean"] / ref if ref else None})
+        out[name] = rows
+    return out
 
 
 def summarise(doc: dict) -> list[str]:

@@ -19,14 +19,16 @@ def plot_latency_vs_ppl_increase(results: dict, path: Path) -> Path | None:
     if not methods:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.6))
-    for name, pts in (results.get("budget_sweep") or {}).items():
+    colours = ("tab:blue", "tab:orange", "tab:green", "tab:purple")
+    for i, (name, pts) in enumerate((results.get("budget_sweep") or {}).items()):
         pts = sorted((p for p in pts if p.get("ppl_rel_increase") is not None), key=lambda p: p["budget"])
         if pts:
-            ax.plot([100 * p["ppl_rel_increase"] for p in pts], [p["latency_ms_mean"] for p in pts], "-", color="tab:blue",
+            c = colours[i % len(colours)]
+            ax.plot([100 * p["ppl_rel_increase"] for p in pts], [p["latency_ms_mean"] for p in pts], "-", color=c,
                     alpha=0.6, label=f"{name}: budget sweep")
             for p in pts:
-                ax.annotate(f"b={p['budget']:g}", (100 * p["ppl_rel_increase"], p["latency_ms_mean"]), fontsize=6,
-                            color="tab:blue")
+                ax.annotate(f"b={p['budget']:.3g}", (100 * p["ppl_rel_increase"], p["latency_ms_mean"]), fontsize=6,
+                            color=c)
     for name, m in methods.items():
         x, y = 100 * m["ppl_rel_increase"], m["latency_ms"]["mean"]
         stands_in = m["policy"] in ("ordermoe", "oracle")  # clustered near each other: named in the legend
