@@ -48,13 +48,24 @@ def demo_tables(folder: str = "demo") -> list[str]:
                          _num(m.get('top1_agreement'), 3), f"{m['throughput_tokens_per_s']:.0f}"])
         out.append(_table(["method", "mean ms", "p99 ms", "TTFT ms", "MB/1k tok", "remote", "stand-in", "ppl", "ppl +%",
                            "top-1 agr.", "tok/s"], rows))
+        # the headline statements (the H rows and the all-local multiples are in the table already)
         for line in res.get("summary", []):
-            out.append(f"- {line}")
-        for name, pts in (res.get("budget_sweep") or {}).items():
-            out.append(f"\nBudget sweep of {name}:\n")
-            out.append(_table(["budget", "mean ms", "p99 ms", "ppl", "retention", "subst."],
-                              [[f"{p['budget']:g}", f"{p['latency_ms_mean']:.1f}", f"{p['latency_ms_p99']:.1f}", f"{p['ppl']:.3f}",
-                                f"{p['quality_retention']:.4f}", f"{p['substitution_ratio']:.3f}"] for p in pts]))
+            if line.startswith(("paper ", "strict ", "oracle ", "slimcaching placement")):
+                out.append(f"- {line}")
+        sweeps = res.get("budget_sweep") or {}
+        if sweeps:
+            names = list(sweeps)
+            out.append(f"\nBudget sweeps ({', '.join(names)}; the calibrated operating points' budgets included):\n")
+            rows = [[f"{p['budget']:.4g}"] + [f"{q['latency_ms_mean']:.1f} ms / {_pct(q.get('ppl_rel_increase'))}"
+                                              for q in (next(x for x in sweeps[n] if x["budget"] == p["budget"]) for n in names)]
+                    for p in sweeps[names[0]]]
+            out.append(_table(["budget"] + [f"{n}: mean / ppl +%" for n in names], rows))
+        for name, pts in (res.get("lookahead_equal_quality") or {}).items():
+            out.append(f"\nLook-ahead at equal quality: {name} against ordermoe-H0's latency at the same perplexity "
+                       "increase (interpolated on H0's sweep):\n")
+            out.append(_table(["budget", "ppl +%", f"{name} mean ms", "H0 mean ms at same ppl", "ratio"],
+                              [[f"{p['budget']:.4g}", _pct(p["ppl_rel_increase"]), f"{p['latency_ms_mean']:.1f}",
+                                _num(p.get("ordermoe-H0_latency_ms_at_same_ppl"), 1), _num(p.get("ratio"), 3)] for p in pts]))
         out.append("")
     return out
 
