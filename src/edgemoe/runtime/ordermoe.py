@@ -210,7 +210,9 @@ def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, 
     R, K = topk.shape
     node_x = choose_replicas(ctx, layer, location, usable, topk, load, "fallback")
     local = node_x == location[:, None]
-    ready_x = branch_ready_s(ctx, layer, location, topk, node_x, load)  # [R, K] exact branches as exact runs them
+    unsteered = not steer or ctx.mode == "home"
+    # [R, K] when each exact branch is ready where exact runs it (the prefixes' order, the unsteered layer time)
+    ready_x = branch_ready_s(ctx, layer, location, topk, node_x, load) if unsteered or K > max_enum_k else None
     if K <= max_enum_k:
         order = None
         mask = np.broadcast_to(subset_bits(K)[None], (R, 2 ** K, K))
@@ -231,7 +233,7 @@ def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, 
     # branch_ready_s adds it); a slot's exact branch is the same in every action, so both are [R, K]
     sub_ok = sub >= 0
     ready_sub = 0.0 + load[location][:, None] + ctx.compute_s[location[:, None], layer[:, None], np.where(sub_ok, sub, 0)]
-    if not steer or ctx.mode == "home":
+    if unsteered:
         node = np.where(mask, stand_node, node_x[:, None, :])
         nxt, lat = unsteered_meeting(ctx, layer, location, home, node_x, ready_x, ready_sub, mask, is_sub, order)
         return Options(mask=mask, valid_m=valid, experts=experts, node_m=node, zeroed=zeroed, quality_m=quality,
