@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgemoe.cluster.cost import plan_problem
+from edgemoe.plan import plan_problem
 from edgemoe.cluster.schema import load_cluster
 from edgemoe.eval.paper_scale import PaperScaleConfig, scenario_profiles
 from edgemoe.eval.results import environment

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgemoe.cluster import generate, plan_problem
+from edgemoe.cluster import generate
+from edgemoe.plan import plan_problem
 from edgemoe.plan.base import plan
 from edgemoe.profile import synthetic_profile
 from edgemoe.runtime import make_context, make_policy
