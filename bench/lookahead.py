@@ -15,18 +15,16 @@ stand-ins are almost all dropped or zeroed branches). Writes bench/results/looka
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict
 import os
 import time
+from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
-
-from edgemoe.plan import plan_problem
 from edgemoe.cluster.schema import load_cluster
 from edgemoe.eval.paper_scale import PaperScaleConfig, scenario_profiles
 from edgemoe.eval.results import environment
 from edgemoe.io import atomic_write_json
+from edgemoe.plan import plan_problem
 from edgemoe.plan.base import plan
 from edgemoe.plan.groups import groups_for
 from edgemoe.runtime import make_context, make_policy
@@ -37,7 +35,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 HORIZONS = (0, 1, 2, 3)
 
 
-def run(cluster_name: str, budgets, plan_prof, eval_prof, workload: Workload, shared: str, log=print) -> list[dict]:
+def run(cluster_name: str, budgets, plan_prof, eval_prof, workload: Workload, log=print) -> list[dict]:
+    """Rows of ordermoe H = 0..3 and the oracle at each budget on one cluster (ordermoe placement, migrate)."""
     cluster = load_cluster(cluster_name)
     fallback = any(u.domain not in plan_prof.meta.domains for u in cluster.users)
     t0 = time.process_time()
@@ -86,7 +85,7 @@ def main() -> None:
     budgets = [float(b) for b in args.budgets.split(",")]
     rows = []
     for cluster in args.clusters.split(","):
-        rows += run(cluster, budgets, plan_prof, eval_prof, workload, args.shared_data)
+        rows += run(cluster, budgets, plan_prof, eval_prof, workload)
     print(f"\n{'cluster':9s} {'budget':>6s} {'method':12s} {'mean ms':>8s} {'p99 ms':>8s} {'xH0':>6s} {'p99 xH0':>7s} "
           f"{'xoracle':>7s} {'stand-ins':>9s}")
     for r in rows:

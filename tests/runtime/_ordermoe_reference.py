@@ -11,7 +11,15 @@ import numpy as np
 from edgemoe.runtime.baselines import exact_decision
 from edgemoe.runtime.context import RuntimeContext
 from edgemoe.runtime.oracle import OraclePolicy
-from edgemoe.runtime.ordermoe import EPS_S_PER_Q, KINDS, MAX_ENUM_K, QUALITY_POWER, STEER_ALL_NODES, STEER_REPLICAS, OrderMoEPolicy
+from edgemoe.runtime.ordermoe import (
+    EPS_S_PER_Q,
+    KINDS,
+    MAX_ENUM_K,
+    QUALITY_POWER,
+    STEER_ALL_NODES,
+    STEER_REPLICAS,
+    OrderMoEPolicy,
+)
 from edgemoe.runtime.policy import Decision, branch_ready_s, choose_replicas, meeting_node, replica_shortlist
 
 

@@ -34,7 +34,6 @@ from .policy import (
     TokenState,
     branch_ready_s,
     choose_replicas,
-    meeting_node,
     replica_shortlist,
     top1,
 )
