@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from edgemoe.cluster.schema import load_cluster
+from edgemoe.cluster import load_cluster
 from edgemoe.eval.paper_scale import PaperScaleConfig, scenario_profiles
 from edgemoe.eval.results import environment
 from edgemoe.io import atomic_write_json
