@@ -34,7 +34,6 @@ from .policy import (
     TokenState,
     branch_ready_s,
     choose_replicas,
-    meeting_node,
     replica_shortlist,
     top1,
 )
@@ -52,7 +51,9 @@ STEER_ALL_NODES = 16  # up to this many nodes, a steered decision may meet at an
 class Options:
     """The actions of R rows at one layer: M stand-in subsets, each with G meeting choices (G = 1 unsteered),
     A = M x G actions; action a is subset a // G with meeting choice a % G. Per-subset arrays are kept once
-    (not repeated G times): only the chosen action's are gathered (`pick_decision`)."""
+    (not repeated G times), and so are the meeting choices (not repeated M times): the [R, A] views below are
+    built only on request (look-ahead tables, oracle); `ordermoe`'s decision reads the [R, M, G] forms. A
+    steered action's replicas are found for the chosen action only (`exact_node`)."""
 
     mask: np.ndarray  # [R, M, K] bool: slot not run exactly (substituted, dropped or zeroed)
     valid_m: np.ndarray  # [R, M] bool: only replaceable slots replaced, each by an allowed stand-in
@@ -60,17 +61,30 @@ class Options:
     node_m: np.ndarray  # [R, M, K] node running it (unsteered), or where a replaced slot runs (-1: not run)
     zeroed: np.ndarray  # [R, M, K] bool: not run and zeroed (else, when not run, dropped and renormalised)
     quality_m: np.ndarray  # [R, M]
-    next_location: np.ndarray  # [R, A]
-    latency_s: np.ndarray  # [R, A]
-    exact_node: np.ndarray | None = None  # [R, G, K] steered: replica of each exact slot for meeting choice g
+    next_mg: np.ndarray  # [R, M, G] where the token continues from (steered: a broadcast view of `meet`)
+    latency_mg: np.ndarray  # [R, M, G] layer seconds
+    meet: np.ndarray | None = None  # [R, G] steered: meeting node of each choice
+    cand: np.ndarray | None = None  # [R, K, J] steered: candidate replicas of each slot (exact's choice first)
+    cand_ready: np.ndarray | None = None  # [R, K, J] steered: when each candidate's output exists (inf: unusable)
+    xfer_s: np.ndarray | None = None  # [N, N] steered: the context's transfer times
 
     @property
     def G(self) -> int:
-        return 1 if self.exact_node is None else int(self.exact_node.shape[1])
+        return int(self.next_mg.shape[2])
 
     def per_action(self, x: np.ndarray) -> np.ndarray:
         """[R, M] -> [R, A]."""
         return x if self.G == 1 else np.repeat(x, self.G, axis=1)
+
+    @property
+    def next_location(self) -> np.ndarray:
+        """[R, A]."""
+        return self.next_mg.reshape(self.next_mg.shape[0], -1)
+
+    @property
+    def latency_s(self) -> np.ndarray:
+        """[R, A]."""
+        return self.latency_mg.reshape(self.latency_mg.shape[0], -1)
 
     @property
     def quality(self) -> np.ndarray:
@@ -83,6 +97,47 @@ class Options:
     @property
     def any_replaced(self) -> np.ndarray:
         return self.per_action(self.mask.any(axis=2))
+
+    def exact_node(self, rows: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """[T, K] steered: for rows `rows` [T] meeting at choice g [T], the candidate replica of each slot whose
+        output reaches the meeting node first (ties: the first candidate, exact's own choice)."""
+        N = self.xfer_s.shape[0]
+        cand = self.cand[rows]
+        arrive = self.cand_ready[rows] + self.xfer_s.reshape(-1).take(cand * N + self.meet[rows, g][:, None, None])
+        return np.take_along_axis(cand, arrive.argmin(axis=2)[:, :, None], 2)[:, :, 0]
+
+
+_BITS: dict[int, np.ndarray] = {}
+
+
+def subset_bits(K: int) -> np.ndarray:
+    """[2^K, K] bool: bit k of subset index m (action m replaces the slots whose bit is set)."""
+    if K not in _BITS:
+        _BITS[K] = ((np.arange(2 ** K)[:, None] >> np.arange(K)[None, :]) & 1).astype(bool)
+        _BITS[K].setflags(write=False)
+    return _BITS[K]
+
+
+def max_over_kept(x: np.ndarray, mask: np.ndarray, order: np.ndarray | None) -> np.ndarray:
+    """[R, M, G] max over the slots k that action m keeps (mask[r, m, k] false) of x[r, k, g] (-inf: none kept).
+
+    x: [R, K, G]. Enumerated subsets (order None, mask = `subset_bits` for every row): the max over every
+    subset of slots is built once by adding one slot at a time (2^K - 1 maxima of [R, G]), and action m keeps
+    the complement of m, i.e. subset 2^K - 1 - m. Prefixes (order [R, K]: slot replaced i-th): action j keeps
+    the slots ranked j and later, a running max from the end. Max is exact, so this equals the direct max."""
+    R, K, G = x.shape
+    if order is None:
+        M = 2 ** K
+        sub = np.empty((R, M, G))
+        sub[:, 0] = -np.inf
+        for m in range(1, M):
+            low = (m & -m).bit_length() - 1
+            np.maximum(sub[:, m & (m - 1)], x[:, low], out=sub[:, m])
+        return sub[:, ::-1]
+    ranked = np.take_along_axis(x, order[:, :, None], 1)  # [R, K, G] by replacement rank
+    out = np.full((R, K + 1, G), -np.inf)
+    out[:, :K] = np.maximum.accumulate(ranked[:, ::-1], axis=1)[:, ::-1]
+    return out
 
 
 def check_kinds(kinds) -> tuple[str, ...]:
@@ -125,12 +180,16 @@ def stand_in_costs(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray,
         q_drop = np.where(wsum > 0, g[:, None, :] * mix / np.where(wsum > 0, wsum, 1.0), np.inf)
     else:
         q_drop = np.full((R, M, K), np.inf)
-    costs = np.stack([np.broadcast_to(q_sub[:, None, :], (R, M, K)), q_drop,
-                      np.broadcast_to(q_zero[:, None, :], (R, M, K))], axis=-1)  # [R, M, K, 3] in KINDS order
     if power != 1.0:
-        costs = costs ** power
-    kind = costs.argmin(axis=-1)
-    return kind, np.take_along_axis(costs, kind[..., None], -1)[..., 0], sub
+        q_sub, q_zero, q_drop = q_sub ** power, q_zero ** power, q_drop ** power
+    # the least of (sub, drop, zero), first on ties, as an argmin over the three would give; sub and zero do not
+    # depend on the action, so they are compared once per slot [R, K]
+    sub_first = q_sub <= q_zero
+    kind_sz = np.where(sub_first, 0, 2)
+    q_sz = np.where(sub_first, q_sub, q_zero)[:, None, :]
+    take_drop = (q_drop < q_sz) | ((q_drop == q_sz) & ~sub_first[:, None, :])  # [R, M, K]
+    kind = np.where(take_drop, 1, kind_sz[:, None, :])
+    return kind, np.where(take_drop, q_drop, q_sz), sub
 
 
 def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, home: np.ndarray, usable: np.ndarray,
@@ -150,11 +209,13 @@ def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, 
     R, K = topk.shape
     node_x = choose_replicas(ctx, layer, location, usable, topk, load, "fallback")
     local = node_x == location[:, None]
+    unsteered = not steer or ctx.mode == "home"
+    # [R, K] when each exact branch is ready where exact runs it (the prefixes' order, the unsteered layer time)
+    ready_x = branch_ready_s(ctx, layer, location, topk, node_x, load) if unsteered or K > max_enum_k else None
     if K <= max_enum_k:
-        bits = ((np.arange(2 ** K)[:, None] >> np.arange(K)[None, :]) & 1).astype(bool)  # [M, K]
-        mask = np.broadcast_to(bits[None], (R, 2 ** K, K))
+        order = None
+        mask = np.broadcast_to(subset_bits(K)[None], (R, 2 ** K, K))
     else:
-        ready_x = branch_ready_s(ctx, layer, location, topk, node_x, load)
         order = np.argsort(-np.where(~local, ready_x, -np.inf), axis=1, kind="stable")  # non-local, slowest first
         rank = np.empty_like(order)
         np.put_along_axis(rank, order, np.arange(K)[None, :].repeat(R, 0), axis=1)
@@ -167,14 +228,15 @@ def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, 
     zeroed = mask & (kind == 2)
     quality = np.where(mask, np.where(np.isfinite(q_alt), q_alt, 0.0), 0.0).sum(axis=2)
     stand_node = np.where(is_sub, location[:, None, None], -1)  # [R, M, K] where a replaced slot runs
-    if not steer or ctx.mode == "home":
+    # a substitute runs at the token's node: ready after its load and compute (+ the zero transfer, as
+    # branch_ready_s adds it); a slot's exact branch is the same in every action, so both are [R, K]
+    sub_ok = sub >= 0
+    ready_sub = 0.0 + load[location][:, None] + ctx.compute_s[location[:, None], layer[:, None], np.where(sub_ok, sub, 0)]
+    if unsteered:
         node = np.where(mask, stand_node, node_x[:, None, :])
-        loc_m = np.broadcast_to(location[:, None], (R, M))
-        layer_m = np.broadcast_to(layer[:, None], (R, M))
-        ready = branch_ready_s(ctx, layer_m, loc_m, experts, node, load)
-        nxt, lat = meeting_node(ctx, layer_m, loc_m, np.broadcast_to(home[:, None], (R, M)), node, ready)
+        nxt, lat = unsteered_meeting(ctx, layer, location, home, node_x, ready_x, ready_sub, mask, is_sub, order)
         return Options(mask=mask, valid_m=valid, experts=experts, node_m=node, zeroed=zeroed, quality_m=quality,
-                       next_location=nxt, latency_s=lat)
+                       next_mg=nxt[:, :, None], latency_mg=lat[:, :, None])
     # -- steered: candidate runners per slot [R, K, J] and meeting nodes [R, G]
     xfer, comp = ctx.xfer_s, ctx.compute_s
     short, real = replica_shortlist(ctx, "fallback").candidates(layer, location, topk, steer_replicas)
@@ -186,31 +248,60 @@ def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, 
     lk = layer[:, None, None]
     base = xfer[location[:, None, None], cand] + load[cand] + comp[cand, lk, topk[:, :, None]]  # [R, K, J]
     base = np.where(ok, base, np.inf)
-    if ctx.num_nodes <= STEER_ALL_NODES:  # every node it may use (location first)
-        meet = np.concatenate([location[:, None], np.broadcast_to(np.arange(ctx.num_nodes), (R, ctx.num_nodes))], 1)
+    N = ctx.num_nodes
+    if N <= STEER_ALL_NODES:  # every node it may use (location first)
+        meet = np.concatenate([location[:, None], np.broadcast_to(np.arange(N), (R, N))], 1)
         meet = np.where(np.take_along_axis(usable, meet, 1), meet, location[:, None])
     else:
         meet = np.concatenate([location[:, None], cand.reshape(R, K * J)], axis=1)  # [R, G]
     G = meet.shape[1]
-    N = ctx.num_nodes
-    arrive = base[..., None] + xfer.reshape(-1).take(cand[..., None] * N + meet[:, None, None, :])  # [R, K, J, G]
-    best_j = arrive.argmin(axis=2)  # [R, K, G]
-    exact_node = np.take_along_axis(cand, best_j, 2)  # [R, K, G] replica that serves meeting node g
-    exact_arr = np.take_along_axis(arrive, best_j[:, :, None, :], 2)[:, :, 0, :]  # [R, K, G]
-    sub_ok = sub >= 0
-    sub_arr = (load[location][:, None] + comp[location[:, None], layer[:, None], np.where(sub_ok, sub, 0)])[:, :, None] \
-        + xfer[location[:, None, None], meet[:, None, :]]  # [R, K, G]
-    ex = np.moveaxis(exact_arr, 1, 2)[:, None]  # [R, 1, G, K]
-    sa = np.moveaxis(sub_arr, 1, 2)[:, None]
-    m4, s4 = mask[:, :, None, :], is_sub[:, :, None, :]
-    arr = np.where(m4, np.where(s4, sa, -np.inf), ex)  # [R, M, G, K]
-    lat = np.max(arr, axis=-1, initial=0.0)  # [R, M, G]
+    # each exact slot on the candidate whose output reaches g first: [R, K, G]
+    exact_arr = (base[..., None] + xfer.reshape(-1).take(cand[..., None] * N + meet[:, None, None, :])).min(axis=2)
+    # the layer ends when the last kept output reaches g: max over exact slots, and over substitutes, whose
+    # arrival is (load + compute at the token's node) + xfer[c, g]: the max of the first term plus the second
+    # (rounding is monotone, so this is the max of the sums)
+    lat = max_over_kept(exact_arr, mask, order)  # [R, M, G]
+    sub_first = np.where(is_sub, ready_sub[:, None, :], -np.inf).max(axis=2)  # [R, M]
+    np.maximum(lat, sub_first[:, :, None] + xfer[location[:, None], meet][:, None, :], out=lat)
+    np.maximum(lat, 0.0, out=lat)
     last = layer == ctx.num_layers - 1
     if last.any():
         lat = lat + np.where(last[:, None], xfer[meet, home[:, None]], 0.0)[:, None, :]
     return Options(mask=mask, valid_m=valid, experts=experts, node_m=stand_node, zeroed=zeroed, quality_m=quality,
-                   next_location=np.broadcast_to(meet[:, None, :], (R, M, G)).reshape(R, M * G),
-                   latency_s=lat.reshape(R, M * G), exact_node=np.moveaxis(exact_node, 1, 2))
+                   next_mg=np.broadcast_to(meet[:, None, :], (R, M, G)), latency_mg=lat, meet=meet, cand=cand,
+                   cand_ready=base, xfer_s=xfer)
+
+
+def unsteered_meeting(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, home: np.ndarray, node_x: np.ndarray,
+                      ready_x: np.ndarray, ready_sub: np.ndarray, mask: np.ndarray, is_sub: np.ndarray,
+                      order: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """([R, M] next location, [R, M] layer seconds): `meeting_node`'s rule for every action at once.
+
+    Slot k runs exactly on node_x [R, K] (ready at ready_x), or as a substitute at the token's node (ready_sub),
+    or not at all (mask, is_sub [R, M, K]). Only the token's node and the exact slots' nodes are candidates: a
+    substitute's node is the token's node, candidate 0, which wins that tie. Per candidate, the max over kept
+    exact slots comes from `max_over_kept` on [R, K, K+1] and the max over substitutes is max(ready) + the
+    one transfer (monotone rounding): the same sums and maxima as `meeting_node`, so the same bits."""
+    xfer = ctx.xfer_s
+    N = ctx.num_nodes
+    sub_ready = np.where(is_sub, ready_sub[:, None, :], -np.inf).max(axis=2)  # [R, M]
+    if ctx.mode == "home" or node_x.shape[1] == 0:
+        back = max_over_kept((ready_x + xfer[node_x, location[:, None]])[:, :, None], mask, order)[:, :, 0]
+        lat = np.maximum(np.maximum(back, sub_ready + 0.0), 0.0)
+        return np.broadcast_to(location[:, None], lat.shape).copy(), lat
+    cand = np.concatenate([location[:, None], node_x], axis=1)  # [R, K+1]
+    to = xfer.reshape(-1).take(node_x[:, :, None] * N + cand[:, None, :])  # [R, K, K+1]
+    done = max_over_kept(ready_x[:, :, None] + to, mask, order)  # [R, M, K+1]
+    np.maximum(done, sub_ready[:, :, None] + xfer[location[:, None], cand][:, None, :], out=done)
+    np.maximum(done, 0.0, out=done)
+    last = layer == ctx.num_layers - 1
+    if last.any():
+        done = done + np.where(last[:, None], xfer[cand, home[:, None]], 0.0)[:, None, :]
+    else:
+        done = done + 0.0  # (as meeting_node adds the zero trip home)
+    done[:, :, 1:][mask] = np.inf  # a slot not run exactly is no candidate (a substitute's node is candidate 0)
+    pick = done.argmin(axis=2)  # [R, M]
+    return np.take_along_axis(cand, pick, 1), np.take_along_axis(done, pick[:, :, None], 2)[:, :, 0]
 
 
 class BudgetGrid:
@@ -486,16 +577,23 @@ class OrderMoEPolicy(Policy):
         loc = state.location
         opt = layer_options(ctx, layer, loc, state.home, ctx.usable[state.user], topk, gates, load, self.max_enum_k,
                             self.kinds, self.steer, self.steer_replicas, self.power)
-        quality = opt.quality
-        left = state.budget_left[:, None] - quality  # [T, A]
-        feasible = opt.valid & (left >= -1e-12) & (~opt.any_replaced | has_budget[:, None])
-        key = self.lookahead.keys.keys(layer, topk, gates)
-        _, N, C, m = self.lookahead.stacked.shape
-        flat = (((layer[:, None] + 1) * N + opt.next_location) * C + key[:, None]) * m + self.grid.index(np.maximum(left, 0.0))
-        future = self.lookahead.stacked.reshape(-1).take(flat)  # [T, A]: one flat gather
-        beta = self.beta(layer, state)[:, None]
-        cost = self.alpha[state.user][:, None] * (opt.latency_s + future) + (beta + EPS_S_PER_Q) * quality
-        pick = np.where(feasible, cost, np.inf).argmin(axis=1)  # action 0 (no substitution) is always feasible
+        # per subset [T, M]: quality, what is left, feasibility, budget level; per action [T, M, G]: the rest
+        quality = opt.quality_m
+        left = state.budget_left[:, None] - quality  # [T, M]
+        feasible = opt.valid_m & (left >= -1e-12) & (~opt.mask.any(axis=2) | has_budget[:, None])
+        T, M, G = opt.latency_mg.shape
+        seconds = opt.latency_mg
+        if self.horizon > 0:  # (with H = 0 the tables are zeros: adding them changes no bit)
+            key = self.lookahead.keys.keys(layer, topk, gates)
+            _, N, C, m = self.lookahead.stacked.shape
+            # flat index (((l + 1) N + next) C + key) m + level, split into its per-subset and per-node terms
+            part = ((layer + 1) * (N * C * m) + key * m)[:, None] + self.grid.index(np.maximum(left, 0.0))  # [T, M]
+            flat = part[:, :, None] + opt.next_mg * (C * m)
+            seconds = seconds + self.lookahead.stacked.reshape(-1).take(flat)  # [T, M, G]
+        beta = self.beta(layer, state)
+        cost = self.alpha[state.user][:, None, None] * seconds + ((beta + EPS_S_PER_Q)[:, None] * quality)[:, :, None]
+        cost[~feasible] = np.inf
+        pick = cost.reshape(T, M * G).argmin(axis=1)  # action 0 (no substitution) is always feasible
         self._track(load)
         return pick_decision(opt, pick, loc)
 
@@ -509,8 +607,8 @@ def pick_decision(opt: Options, pick: np.ndarray, location: np.ndarray) -> Decis
     rows = np.arange(len(pick))
     m, g = np.divmod(pick, opt.G)
     mask = opt.mask[rows, m]
-    node = opt.node_m[rows, m] if opt.exact_node is None else np.where(mask, opt.node_m[rows, m], opt.exact_node[rows, g])
+    node = opt.node_m[rows, m] if opt.meet is None else np.where(mask, opt.node_m[rows, m], opt.exact_node(rows, g))
     zeroed = opt.zeroed[rows, m]
     return Decision(experts=opt.experts[rows, m], node=node, location=location.copy(),
-                    next_location=opt.next_location[rows, pick], quality_cost=opt.quality_m[rows, m],
-                    latency_s=opt.latency_s[rows, pick], zeroed=zeroed if zeroed.any() else None)
+                    next_location=opt.next_mg[rows, m, g], quality_cost=opt.quality_m[rows, m],
+                    latency_s=opt.latency_mg[rows, m, g], zeroed=zeroed if zeroed.any() else None)
