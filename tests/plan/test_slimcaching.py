@@ -134,6 +134,29 @@ def test_beam_tables_are_monotone_and_never_beat_enumeration():
         assert [subset_value(g, p) for p in picks] == pytest.approx(beam.tolist())
 
 
+@pytest.mark.parametrize("seed,experts,top_k", [(1, 20, 2), (2, 40, 3), (3, 70, 4)])  # 70: two subset words
+def test_compiled_beam_equals_numpy_beam(seed, experts, top_k):
+    """The numba beam loop and the numpy one give the same tables and subsets bit for bit (same ties)."""
+    from edgemoe.plan.slim_values import HAVE_NUMBA, _beam
+
+    if not HAVE_NUMBA:
+        pytest.skip("numba not installed: only the numpy beam runs")
+    problem = synthetic_problem(seed=seed, num_experts=experts, top_k=top_k, num_layers=2, num_tokens=600)
+    model = slim_model(problem)
+    tau = expert_latency(model, empty_hosts(problem))
+    rng = np.random.default_rng(seed)
+    for node in model.edge_nodes[:2]:
+        users = model.node_users(int(node))
+        g = set_gains(tau[users, 0], model.node_call(int(node))[users, 0], model.user_set_prob(0)[users],
+                      model.weight[users], model.layers[0].sets)
+        units = rng.integers(1, 4, g.candidates.size)
+        for capacity, width in ((7, 4), (3 * g.candidates.size, 8)):
+            fast, slow = (_beam(g, units, capacity, width, compiled=c) for c in (True, False))
+            assert np.array_equal(fast[0], slow[0]) and np.array_equal(fast[1], slow[1])
+            assert [subset_value(g, p) for p in fast[1]] == pytest.approx(fast[0].tolist())
+            assert all(units[p].sum() <= c for c, p in enumerate(fast[1]))
+
+
 def knapsack_k1_problem(seed: int, servers: int):
     """K = 1, unequal expert sizes (100-900 kB), 0.8-2 MB per edge server, a cloud, no devices."""
     problem = synthetic_problem(seed=seed, top_k=1, num_servers=servers, num_users=3, num_layers=2, num_experts=4,

@@ -17,6 +17,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+try:
+    from numba import njit
+
+    HAVE_NUMBA = True
+except ImportError:  # pragma: no cover - numba is a dependency; without it the beam runs its numpy loop
+    HAVE_NUMBA = False
+
+    def njit(*args, **kwargs):
+        return (lambda f: f) if not (args and callable(args[0])) else args[0]
+
 
 def capacity_grid(expert_bytes: np.ndarray, capacity_bytes: int, max_units: int) -> tuple[int, int, np.ndarray]:
     """(unit bytes, C, units [L, E]): the node's capacity and each expert's size in one discrete unit.
@@ -214,20 +224,6 @@ def _enumerate(g: SetGains, units: np.ndarray, capacity: int, chunk: int = 4096)
     return _best_by_size(values, sizes, member, capacity)
 
 
-def _by_candidate(cand: np.ndarray, items: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """CSR grouping: (ptr [n+1], items sorted by cand) so that group x is items[ptr[x]:ptr[x+1]]."""
-    order = np.argsort(cand, kind="stable")
-    return np.concatenate([[0], np.cumsum(np.bincount(cand, minlength=n))]), items[order]
-
-
-def _gather(ptr: np.ndarray, items: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(owner [T], item [T]): the items of each of `groups` [G] concatenated, owner = index into groups."""
-    lengths = ptr[groups + 1] - ptr[groups]
-    owner = np.repeat(np.arange(groups.size), lengths)
-    offset = np.arange(owner.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return owner, items[ptr[groups][owner] + offset]
-
-
 def _first_distinct(words: np.ndarray, limit: int) -> np.ndarray:
     """Indices of the first `limit` rows of words [R, W] whose row has not occurred earlier."""
     if words.shape[1] == 1:
@@ -237,67 +233,115 @@ def _first_distinct(words: np.ndarray, limit: int) -> np.ndarray:
     return np.sort(first)[:limit]
 
 
-def _beam(g: SetGains, units: np.ndarray, capacity: int, width: int):
-    """Beam search: grow subsets one candidate at a time, keep the `width` best distinct subsets.
+@dataclass(frozen=True)
+class _BeamIndex:
+    """Where each candidate x sits in the sets (CSR by x), for the beam's incremental deltas.
 
-    Each beam member carries its membership mask per set and its delta (gain of adding each candidate).
-    Adding x only changes the masks of the sets containing x, so a child's deltas are its parent's plus
-    a correction over the positions of those sets: one step costs O(width * sets-per-candidate * K^2)
-    rather than O(width * M * K). Subsets are compared as bit words (64 candidates per word).
+    n candidates, M useful sets, K positions; gains are read flat at set << K | mask.
     """
+
+    gain: np.ndarray  # [M * 2^K] g.gain flattened
+    nb_ptr: np.ndarray  # [n + 1] rows of x in `nb`
+    nb: np.ndarray  # [4, T] every other position q of each set holding x: q's set << K, q's bit, q's candidate, x's bit
+    own_ptr: np.ndarray  # [n + 1] rows of x in `own`
+    own: np.ndarray  # [2, P] x's own positions: set index, x's bit there
+    delta: np.ndarray  # [n] gain of adding each candidate to the empty set
+    mask_dtype: np.dtype  # smallest unsigned type holding a K-bit membership mask
+
+
+def _beam_index(g: SetGains) -> _BeamIndex:
     n = g.candidates.size
     M, K = g.cand_pos.shape
     flat_set, flat_k = np.nonzero(g.cand_pos >= 0)  # [P] positions, sorted by set
     flat_cand = g.cand_pos[flat_set, flat_k]
     flat_bit = (1 << flat_k).astype(np.int64)
-    own_ptr, own_pos = _by_candidate(flat_cand, np.arange(flat_set.size), n)
-    # Neighbours of x: every position q of every set containing x, with x's bit in that set.
-    first = np.searchsorted(flat_set, np.arange(M))
+    # x's positions grouped by x (CSR), each group by set; keys fit 16 bits, so the stable sort is a radix sort.
+    own_order = np.argsort(flat_cand.astype(np.int16 if n < 2**15 else np.int64), kind="stable")
+    own_ptr = np.concatenate([[0], np.cumsum(np.bincount(flat_cand, minlength=n))]).astype(np.int64)
+    # Neighbours of x: for each of x's positions, every other position q of that set (in position order),
+    # with x's bit, so that a step gathers each child's rows with one slice. x's own positions are left
+    # out: once x is chosen its delta is never read again.
+    first = np.searchsorted(flat_set, np.arange(M))  # first position of each set
     count = np.bincount(flat_set, minlength=M)
-    pairs = [(p, first[flat_set] + j) for j in range(K) for p in [np.flatnonzero(count[flat_set] > j)]]
-    nb_owner = np.concatenate([p for p, _ in pairs])  # position of x
-    nb_q = np.concatenate([q[p] for p, q in pairs])  # a position in the same set
-    nb_ptr, nb_order = _by_candidate(flat_cand[nb_owner], np.arange(nb_owner.size), n)
-    nb_q, nb_xbit = nb_q[nb_order], flat_bit[nb_owner[nb_order]]
+    owner_sets = flat_set[own_order]
+    reps = count[owner_sets]
+    nb_owner = np.repeat(own_order, reps)  # position of x
+    nb_q = np.repeat(first[owner_sets] - np.cumsum(reps) + reps, reps) + np.arange(reps.sum())
+    other = nb_q != nb_owner
+    nb_q, nb_owner = nb_q[other], nb_owner[other]
+    return _BeamIndex(
+        gain=np.ascontiguousarray(g.gain, dtype=np.float64).ravel(),
+        nb_ptr=np.concatenate([[0], np.cumsum(np.bincount(flat_cand[nb_owner], minlength=n))]).astype(np.int64),
+        nb=np.ascontiguousarray(np.stack([flat_set[nb_q] << K, flat_bit[nb_q], flat_cand[nb_q], flat_bit[nb_owner]])),
+        own_ptr=own_ptr,
+        own=np.ascontiguousarray(np.stack([flat_set[own_order], flat_bit[own_order]])),
+        delta=np.bincount(flat_cand, weights=g.gain[flat_set, flat_bit] - g.gain[flat_set, 0], minlength=n),
+        mask_dtype=np.min_scalar_type(2**K - 1),
+    )
+
+
+def _beam(g: SetGains, units: np.ndarray, capacity: int, width: int, compiled: bool | None = None):
+    """Beam search: grow subsets one candidate at a time, keep the `width` best distinct subsets.
+
+    Each step ranks every (beam member, allowed candidate) child by value, best first, ties by member
+    then candidate index, and keeps the first `width` distinct subsets. Each member carries its
+    membership mask per set and its delta (gain of adding each candidate). Adding x only changes the masks
+    of the sets containing x, so a child's deltas are its parent's plus a correction over the positions of
+    those sets: one step costs O(width * sets-per-candidate * K^2) rather than O(width * M * K).
+    compiled: the numba loop (`_beam_steps`, default where numba imports) or the numpy one
+    (`_beam_steps_numpy`); both give the same tables bit for bit (tested).
+    """
+    ix = _beam_index(g)
+    units = np.ascontiguousarray(units, dtype=np.int64)
+    if compiled is None:
+        compiled = HAVE_NUMBA
+    steps = _beam_steps if compiled else _beam_steps_numpy
+    M, K = g.cand_pos.shape
+    values, sizes, subsets = steps(ix.gain, ix.nb_ptr, ix.nb, ix.own_ptr, ix.own, ix.delta, units, int(capacity),
+                                   int(width), int(M), int(K), np.zeros(1, ix.mask_dtype))
+    return _best_by_size(values, sizes, subsets, capacity)
+
+
+def _beam_steps_numpy(gain, nb_ptr, nb, own_ptr, own, delta0, units, capacity, width, M, K, mask_like):
+    """The beam's steps in numpy. Returns every subset it kept: (values [S], sizes [S], subsets [S, n])."""
+    n = units.size
     word_of = np.arange(n) // 64
     bit_of = np.left_shift(np.uint64(1), (np.arange(n) % 64).astype(np.uint64))
-    gain = g.gain
-    masks = np.zeros((1, M), dtype=np.int64)
-    delta = np.bincount(flat_cand, weights=gain[flat_set, flat_bit] - gain[flat_set, 0], minlength=n)[None]
+    masks = np.zeros((1, M), dtype=mask_like.dtype)
+    delta = delta0[None].copy()
     words = np.zeros((1, -(-n // 64)), dtype=np.uint64)
     value = np.zeros(1)
     size = np.zeros(1, dtype=np.int64)
     chosen = np.zeros((1, n), bool)
     seen_v, seen_s, seen_sub = [value], [size], [chosen]
-    units = units.astype(np.int64)
     while True:
         allowed = ~chosen & (size[:, None] + units[None] <= capacity)
         if not allowed.any():
             break
         score = np.where(allowed, value[:, None] + delta, -np.inf)
-        # A subset of size s + 1 comes from at most B parents, so the best width * B (parent, candidate)
-        # pairs hold at least `width` distinct children: rank only those (ties by flat index).
-        flat_score = -score.ravel()
+        # best first, ties by flat index (member, then candidate): a stable sort of the negated scores
         top = min(width * score.shape[0], int(allowed.sum()))
-        ranked = np.argpartition(flat_score, top - 1)[:top] if top < flat_score.size else np.arange(flat_score.size)
-        ranked = ranked[np.lexsort((ranked, flat_score[ranked]))]
-        ranked = ranked[np.isfinite(flat_score[ranked])]
+        ranked = np.argsort(-score.ravel(), kind="stable")[:top]
         b_all, x_all = np.divmod(ranked, n)
         child_words = words[b_all]
         child_words[np.arange(ranked.size), word_of[x_all]] |= bit_of[x_all]
         pick = _first_distinct(child_words, width)
         b_idx, x_idx = b_all[pick], x_all[pick]
         B = pick.size
+        xs = x_idx.tolist()
+        blocks = [own[:, own_ptr[x]:own_ptr[x + 1]] for x in xs]
+        child = np.repeat(np.arange(B), [b.shape[1] for b in blocks])
+        own_set, own_bit = np.concatenate(blocks, axis=1)
         masks = masks[b_idx]
-        owner, own = _gather(own_ptr, own_pos, x_idx)
-        masks[owner, flat_set[own]] |= flat_bit[own]
-        child, nb = _gather(nb_ptr, np.arange(nb_q.size), x_idx)
-        qs, xbit = nb_q[nb], nb_xbit[nb]
-        sets, bit = flat_set[qs], flat_bit[qs]
-        after = masks[child, sets]
+        flat_masks = masks.reshape(-1)
+        flat_masks[child * M + own_set] |= own_bit.astype(masks.dtype)
+        blocks = [nb[:, nb_ptr[x]:nb_ptr[x + 1]] for x in xs]
+        child = np.repeat(np.arange(B), [b.shape[1] for b in blocks])
+        base, bit, cand, xbit = np.concatenate(blocks, axis=1)
+        after = base | flat_masks.take(child * M + (base >> K))
         before = after & ~xbit
-        corr = (gain[sets, after | bit] - gain[sets, after]) - (gain[sets, before | bit] - gain[sets, before])
-        delta = delta[b_idx] + np.bincount(child * n + flat_cand[qs], weights=corr, minlength=B * n).reshape(B, n)
+        corr = (gain.take(after | bit) - gain.take(after)) - (gain.take(before | bit) - gain.take(before))
+        delta = delta[b_idx] + np.bincount(child * n + cand, weights=corr, minlength=B * n).reshape(B, n)
         words = child_words[pick]
         chosen = chosen[b_idx]
         chosen[np.arange(B), x_idx] = True
@@ -306,4 +350,95 @@ def _beam(g: SetGains, units: np.ndarray, capacity: int, width: int):
         seen_v.append(value)
         seen_s.append(size)
         seen_sub.append(chosen)
-    return _best_by_size(np.concatenate(seen_v), np.concatenate(seen_s), np.concatenate(seen_sub), capacity)
+    return np.concatenate(seen_v), np.concatenate(seen_s), np.concatenate(seen_sub)
+
+
+@njit(cache=True)
+def _beam_steps(gain, nb_ptr, nb, own_ptr, own, delta0, units, capacity, width, M, K, mask_like):  # pragma: no cover
+    """`_beam_steps_numpy` compiled, the same arithmetic in the same order (identical results)."""
+    n = units.size
+    W = (n + 63) // 64
+    S = 1 + width * n  # at most n steps of at most `width` members
+    seen_v = np.zeros(S)
+    seen_s = np.zeros(S, np.int64)
+    seen_sub = np.zeros((S, n), np.bool_)
+    masks = np.zeros((1, M), mask_like.dtype)
+    delta = np.zeros((1, n))
+    delta[0] = delta0
+    words = np.zeros((1, W), np.uint64)
+    value = np.zeros(1)
+    size = np.zeros(1, np.int64)
+    chosen = np.zeros((1, n), np.bool_)
+    S_used = 1
+    acc = np.zeros(n)
+    while True:
+        B0 = value.size
+        neg = np.empty(B0 * n)
+        flat = np.empty(B0 * n, np.int64)
+        cnt = 0
+        for b in range(B0):
+            for x in range(n):
+                if not chosen[b, x] and size[b] + units[x] <= capacity:
+                    neg[cnt] = -(value[b] + delta[b, x])
+                    flat[cnt] = b * n + x
+                    cnt += 1
+        if cnt == 0:
+            break
+        order = np.argsort(neg[:cnt], kind="mergesort")  # stable: ties by flat index
+        top = min(width * B0, cnt)
+        pb = np.empty(width, np.int64)
+        px = np.empty(width, np.int64)
+        pw = np.zeros((width, W), np.uint64)
+        B = 0
+        for r in range(top):
+            f = flat[order[r]]
+            b = f // n
+            x = f - b * n
+            for w in range(W):
+                pw[B, w] = words[b, w]
+            pw[B, x // 64] |= np.uint64(1) << np.uint64(x % 64)
+            dup = False
+            for c in range(B):
+                same = True
+                for w in range(W):
+                    if pw[c, w] != pw[B, w]:
+                        same = False
+                        break
+                if same:
+                    dup = True
+                    break
+            if not dup:
+                pb[B] = b
+                px[B] = x
+                B += 1
+                if B == width:
+                    break
+        new_masks = np.empty((B, M), masks.dtype)
+        new_delta = np.empty((B, n))
+        new_value = np.empty(B)
+        new_size = np.empty(B, np.int64)
+        new_chosen = np.empty((B, n), np.bool_)
+        for c in range(B):
+            b, x = pb[c], px[c]
+            new_masks[c] = masks[b]
+            for r in range(own_ptr[x], own_ptr[x + 1]):
+                new_masks[c, own[0, r]] |= own[1, r]
+            acc[:] = 0.0
+            for r in range(nb_ptr[x], nb_ptr[x + 1]):
+                base, bit, xbit = nb[0, r], nb[1, r], nb[3, r]
+                after = base | np.int64(new_masks[c, base >> K])
+                before = after & ~xbit
+                acc[nb[2, r]] += (gain[after | bit] - gain[after]) - (gain[before | bit] - gain[before])
+            for y in range(n):
+                new_delta[c, y] = delta[b, y] + acc[y]
+            new_value[c] = value[b] + delta[b, x]
+            new_size[c] = size[b] + units[x]
+            new_chosen[c] = chosen[b]
+            new_chosen[c, x] = True
+            seen_v[S_used] = new_value[c]
+            seen_s[S_used] = new_size[c]
+            seen_sub[S_used] = new_chosen[c]
+            S_used += 1
+        masks, delta, value, size, chosen = new_masks, new_delta, new_value, new_size, new_chosen
+        words = pw[:B].copy()
+    return seen_v[:S_used], seen_s[:S_used], seen_sub[:S_used]
