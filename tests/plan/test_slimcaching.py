@@ -157,6 +157,21 @@ def test_compiled_beam_equals_numpy_beam(seed, experts, top_k):
             assert all(units[p].sum() <= c for c, p in enumerate(fast[1]))
 
 
+@pytest.mark.parametrize("top_k", [1, 2, 4])
+def test_compiled_gain_table_equals_numpy(top_k):
+    """set_gains' compiled table (pair by pair) equals the numpy one (mask by mask) bit for bit."""
+    from edgemoe.plan.slim_values import HAVE_NUMBA, _gain_table, _gain_table_numpy
+
+    if not HAVE_NUMBA:
+        pytest.skip("numba not installed: only the numpy table runs")
+    rng = np.random.default_rng(top_k)
+    P, rows = 500, 40
+    cur = rng.uniform(0.0, 2.0, (P, top_k))
+    new = np.minimum(cur, np.where(rng.random((P, top_k)) < 0.5, rng.uniform(0.0, 2.0, (P, top_k)), np.inf))
+    row, mass = rng.integers(0, rows, P), rng.random(P)
+    assert np.array_equal(_gain_table(cur, new, row, mass, rows), _gain_table_numpy(cur, new, row, mass, rows))
+
+
 def knapsack_k1_problem(seed: int, servers: int):
     """K = 1, unequal expert sizes (100-900 kB), 0.8-2 MB per edge server, a cloud, no devices."""
     problem = synthetic_problem(seed=seed, top_k=1, num_servers=servers, num_users=3, num_layers=2, num_experts=4,

@@ -94,6 +94,19 @@ def set_gains(tau: np.ndarray, call: np.ndarray, prob: np.ndarray, weight: np.nd
     row_of[useful_sets] = np.arange(useful_sets.size)
     keep = row_of[pm] >= 0
     cur, new, row, mass = cur[keep], new[keep], row_of[pm[keep]], mass_all[pu[keep], pm[keep]]
+    gain = (_gain_table if HAVE_NUMBA else _gain_table_numpy)(cur, new, row, mass, useful_sets.size)
+    members = sets[useful_sets]
+    candidates = np.unique(members[useful_pos[useful_sets]])
+    lookup = np.full(E + 1, -1, dtype=np.int64)
+    lookup[candidates] = np.arange(candidates.size)
+    cand_pos = np.where(useful_pos[useful_sets], lookup[members], -1)
+    return SetGains(gain=gain, cand_pos=cand_pos, candidates=candidates)
+
+
+def _gain_table_numpy(cur: np.ndarray, new: np.ndarray, row: np.ndarray, mass: np.ndarray, rows: int) -> np.ndarray:
+    """G [rows, 2^K] from the (user, set) pairs: cur, new [P, K] call times without / with the node,
+    row [P] the pair's set row, mass [P] its weight x probability."""
+    K = cur.shape[1]
     # served(mask) = max(max of `new` over the members in mask, max of `cur` over the others). Both maxima
     # are built for every mask from the mask without its lowest bit: one [P] maximum per mask.
     in_mask = np.zeros((2**K, cur.shape[0]))  # call times are >= 0, so 0 is the max of an empty set
@@ -107,14 +120,32 @@ def set_gains(tau: np.ndarray, call: np.ndarray, prob: np.ndarray, weight: np.nd
         out_mask[mask] = np.maximum(out_mask[mask | (1 << low)], cur[:, low])
     saved = (out_mask[0][None] - np.maximum(in_mask, out_mask)) * mass[None]  # [2^K, P]
     idx = row[None, :] * 2**K + np.arange(2**K)[:, None]
-    gain = np.bincount(idx.ravel(), weights=saved.ravel(), minlength=useful_sets.size * 2**K)
-    gain = gain.reshape(useful_sets.size, 2**K)
-    members = sets[useful_sets]
-    candidates = np.unique(members[useful_pos[useful_sets]])
-    lookup = np.full(E + 1, -1, dtype=np.int64)
-    lookup[candidates] = np.arange(candidates.size)
-    cand_pos = np.where(useful_pos[useful_sets], lookup[members], -1)
-    return SetGains(gain=gain, cand_pos=cand_pos, candidates=candidates)
+    gain = np.bincount(idx.ravel(), weights=saved.ravel(), minlength=rows * 2**K)
+    return gain.reshape(rows, 2**K)
+
+
+@njit(cache=True)
+def _gain_table(cur, new, row, mass, rows):  # pragma: no cover - compiled; tested against the numpy one
+    """`_gain_table_numpy` compiled: per pair, the same maxima and products, summed per cell in pair order."""
+    P, K = cur.shape
+    F = 1 << K
+    gain = np.zeros((rows, F))
+    in_mask = np.zeros(F)
+    out_mask = np.zeros(F)
+    for p in range(P):
+        for mask in range(1, F):
+            low = 0
+            while not (mask >> low) & 1:
+                low += 1
+            in_mask[mask] = max(in_mask[mask & (mask - 1)], new[p, low])
+        for mask in range(F - 2, -1, -1):
+            low = 0
+            while (mask >> low) & 1:
+                low += 1
+            out_mask[mask] = max(out_mask[mask | (1 << low)], cur[p, low])
+        for mask in range(F):
+            gain[row[p], mask] += (out_mask[0] - max(in_mask[mask], out_mask[mask])) * mass[p]
+    return gain
 
 
 def subset_value(g: SetGains, chosen: np.ndarray) -> float:
