@@ -153,6 +153,7 @@ CASES = [
     ("plan-time-limit-negative", [*PLAN, "--method", "exact", "--param", "time_limit=-1"], "time_limit"),
     ("plan-time-limit-nan", [*PLAN, "--method", "exact", "--param", "time_limit=nan"], "finite"),
     ("plan-mip-gap-2", [*PLAN, "--method", "exact", "--param", "mip_rel_gap=2"], "mip_rel_gap"),
+    ("plan-node-limit-zero", [*PLAN, "--method", "exact", "--param", "node_limit=0"], "node_limit"),
     ("plan-kicks-abc", [*PLAN, "--method", "slimcaching", "--param", "kicks=abc"], "kicks"),
     ("plan-eta-abc", [*PLAN, "--method", "ordermoe", "--param", "eta=abc"], "eta"),
     ("plan-seed-negative", [*PLAN, "--method", "random", "--param", "seed=-1"], "seed"),

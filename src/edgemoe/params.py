@@ -65,7 +65,7 @@ def _param_types() -> dict:
     nonneg_float = num(float, ge=0)
     return {
         # planners
-        "time_limit": num(float, gt=0), "refine_work": num(float, ge=0), "k1_seeds": num(int, ge=0), "k1_max_seeds": num(int, ge=1), "mip_rel_gap": num(float, ge=0, lt=1),
+        "time_limit": num(float, gt=0), "node_limit": num(int, ge=1), "refine_work": num(float, ge=0), "k1_seeds": num(int, ge=0), "k1_max_seeds": num(int, ge=1), "mip_rel_gap": num(float, ge=0, lt=1),
         "seed": num(int, ge=0), "kicks": num(int, ge=0), "forced": num(int, ge=0), "passes": num(int, ge=1),
         "enum_max": num(int, ge=1), "beam_width": num(int, ge=1), "max_units": num(int, ge=1),
         "epsilon": num(float, gt=0, le=1),

@@ -66,3 +66,33 @@ def test_slimcaching_never_beats_the_optimum():
 def test_unknown_objective_is_refused():
     with pytest.raises(EdgeMoEError, match="objective"):
         plan(synthetic_problem(), "exact", objective="nope")
+
+
+def test_node_limit_is_a_deterministic_stopping_rule():
+    """Stopped by the node budget (not the clock): same placement, bound and gap twice, and recorded as such;
+    with the default budget the same instance is proven optimal."""
+    problem = synthetic_problem(with_devices=True, num_tokens=500, seed=0, num_servers=3, num_users=5, num_layers=2,
+                                num_experts=6, slots_per_server=4, device_slots=2)
+    runs = [plan(problem, "exact", node_limit=1) for _ in range(2)]
+    for pl in runs:
+        assert pl.params["stopped_by"] == "node_limit" and pl.params["deterministic"]
+        assert not pl.params["proven_optimal"] and pl.params["mip_gap"] > 0
+    assert np.array_equal(runs[0].hosts, runs[1].hosts)
+    assert runs[0].params["mip_dual_bound"] == runs[1].params["mip_dual_bound"]
+    full = plan(problem, "exact")
+    assert full.params["stopped_by"] == "optimal" and full.params["proven_optimal"] and full.params["deterministic"]
+    assert full.params["mip_dual_bound"] <= full.params["ilp_objective"] * (1 + 1e-9)
+    assert runs[0].params["mip_dual_bound"] <= full.params["ilp_objective"] * (1 + 1e-9)
+
+
+def test_stop_reason_reads_scipy_status_and_highs_message():
+    from types import SimpleNamespace
+
+    from edgemoe.plan.exact import stop_reason
+
+    assert stop_reason(SimpleNamespace(status=0, message="Optimal")) == "optimal"
+    assert stop_reason(SimpleNamespace(status=1, message="Time limit reached. (HiGHS Status 13: ...)")) == "time_limit"
+    assert stop_reason(SimpleNamespace(
+        status=4, message="The HiGHS status code was not recognized. (HiGHS Status 16: Solution limit reached)")) \
+        == "node_limit"
+    assert stop_reason(SimpleNamespace(status=4, message="something else")) == "other"

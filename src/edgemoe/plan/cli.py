@@ -105,6 +105,7 @@ def plan_command(
     from edgemoe.cluster.load import load_cluster
     from edgemoe.io import check_distinct_outputs, file_target
     from edgemoe.plan.base import plan
+    from edgemoe.plan.exact import TIME_LIMIT_S
     from edgemoe.plan.problem import plan_problem
     from edgemoe.profile import load_profile
     from edgemoe.progress import ticker
@@ -119,7 +120,8 @@ def plan_command(
         prof = load_profile(profile)
         problem = plan_problem(prof, load_cluster(cluster), domain_fallback=domain_fallback)
         start = time.perf_counter()
-        limit = params.get("time_limit", 60.0) if method == "exact" else None  # HiGHS stops at its time limit
+        # exact: a bar towards HiGHS's wall-clock safety cap (it usually stops earlier, at its node limit or optimum)
+        limit = params.get("time_limit", TIME_LIMIT_S) if method == "exact" else None
         with ticker(f"planning with {method} ({prof.L} layers x {prof.E} experts, {problem.num_nodes} nodes, "
                     f"{len(problem.user_names)} users)", total_s=limit):
             placement = plan(problem, method, **params)

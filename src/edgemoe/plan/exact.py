@@ -13,6 +13,13 @@ Objectives:
   sum_n x[n, l, e] >= 1 over edge servers (a device copy serves only its owner).
 - "sum": expected total call latency, sum_u w_u sum_{l,e} p_u(l, e) z[u, l, e] (each remote call counts;
   the coverage / OrderMoE-style objective, and equal to "slimcaching" when K = 1).
+
+Stopping rule: deterministic. HiGHS stops when the relative MIP gap is <= `mip_rel_gap` (proven optimal
+within it) or after `node_limit` branch-and-bound nodes, whichever comes first; HiGHS's MIP search is
+deterministic, so the same problem and limits give the same placement, bound and gap on any machine at any
+load. `time_limit` (wall-clock seconds) is only a safety cap against runaway solves (e.g. a root LP too
+large for the machine): when it is what stopped the solver, the result depends on machine speed and load,
+and `params["stopped_by"] == "time_limit"`, `params["deterministic"] is False` say so.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from .objective import expected_latency, marginal_prob, require_servable, slim_m
 from .slim_k1 import cache_nodes
 
 OBJECTIVES = ("slimcaching", "sum")
+NODE_LIMIT = 10_000  # default branch-and-bound node budget (deterministic)
+TIME_LIMIT_S = 600.0  # default wall-clock safety cap (seconds); not meant to bind
 
 
 class _Builder:
@@ -61,24 +70,28 @@ class _Builder:
         self.lo.append(lo)
         self.hi.append(hi)
 
-    def solve(self, time_limit: float, mip_rel_gap: float):
+    def solve(self, node_limit: int, mip_rel_gap: float, time_limit: float):
         A = coo_matrix((self.vals, (self.rows, self.cols)), shape=(len(self.lo), len(self.cost))).tocsr()
         return milp(
             c=np.array(self.cost), integrality=np.array(self.integer),
             bounds=Bounds(np.zeros(len(self.cost)), np.array(self.upper)),
             constraints=LinearConstraint(A, np.array(self.lo), np.array(self.hi)),
-            options={"time_limit": float(time_limit), "mip_rel_gap": float(mip_rel_gap)},
+            options={"node_limit": int(node_limit), "mip_rel_gap": float(mip_rel_gap), "time_limit": float(time_limit)},
         )
 
 
 @register("exact")
-def exact(problem: PlanProblem, *, objective: str = "slimcaching", time_limit: float = 60.0,
-          mip_rel_gap: float = 1e-6, coverage: bool | None = None) -> Placement:
-    """Optimal (or best found within `time_limit` seconds) placement for `objective` in OBJECTIVES.
+def exact(problem: PlanProblem, *, objective: str = "slimcaching", node_limit: int = NODE_LIMIT,
+          mip_rel_gap: float = 1e-6, time_limit: float = TIME_LIMIT_S, coverage: bool | None = None) -> Placement:
+    """Optimal placement for `objective` in OBJECTIVES, or the best found within `node_limit` nodes.
 
+    mip_rel_gap: stop once proven optimal within this relative gap. node_limit: branch-and-bound nodes
+    (deterministic). time_limit: wall-clock safety cap in seconds only (see the module docstring).
     coverage: require an edge-server copy of every expert; default (None) exactly when there is no cloud.
 
-    Placement.params reports the solver status, the MIP gap, the dual bound and the objective value.
+    Placement.params reports the solver status, `stopped_by` ("optimal", "node_limit", "time_limit" or
+    "other"), `proven_optimal` (optimality proven within mip_rel_gap), `deterministic`, the MIP gap, the
+    dual bound (`mip_dual_bound`, a lower bound on the ILP objective, same units) and the objective value.
     """
     if objective not in OBJECTIVES:
         raise EdgeMoEError(f"exact: objective={objective!r}; expected one of {OBJECTIVES}")
@@ -130,17 +143,38 @@ def exact(problem: PlanProblem, *, objective: str = "slimcaching", time_limit: f
                     top = b.var(cost=float(model.weight[u] * prob[m]), upper=np.inf)
                     for e in members:
                         b.row({top: 1.0, **{col: -t for col, t in z[u, layer, e].items()}}, 0.0, np.inf)
-    res = b.solve(time_limit, mip_rel_gap)
+    res = b.solve(node_limit, mip_rel_gap, time_limit)
+    stopped_by = stop_reason(res)
     if res.x is None:
-        raise EdgeMoEError(f"exact: no feasible placement found within time_limit={time_limit}s ({res.message})")
+        raise EdgeMoEError(f"exact: no feasible placement found (stopped by {stopped_by}: node_limit={node_limit}, "
+                           f"time_limit={time_limit}s safety cap; {res.message})")
     hosts = empty_hosts(problem)
     for (n, layer, e), col in x.items():
         hosts[n, layer, e] = res.x[col] > 0.5
     return make_placement(
-        problem, "exact", hosts, objective=objective, time_limit=time_limit, coverage=cover, status=int(res.status),
-        optimal=bool(res.status == 0), message=str(res.message),
+        problem, "exact", hosts, objective=objective, node_limit=node_limit, mip_rel_gap=mip_rel_gap,
+        time_limit=time_limit, coverage=cover, status=int(res.status), stopped_by=stopped_by,
+        optimal=bool(res.status == 0), proven_optimal=bool(res.status == 0), deterministic=stopped_by != "time_limit",
+        mip_node_count=None if getattr(res, "mip_node_count", None) is None else int(res.mip_node_count),
+        message=str(res.message),
         mip_gap=None if getattr(res, "mip_gap", None) is None else float(res.mip_gap),
         mip_dual_bound=None if getattr(res, "mip_dual_bound", None) is None else float(res.mip_dual_bound),
         ilp_objective=float(res.fun), objective_s=expected_latency(problem, hosts),
         num_variables=len(b.cost), num_constraints=len(b.lo), plan_seconds=time.perf_counter() - start,
     )
+
+
+def stop_reason(res) -> str:
+    """Why HiGHS stopped: "optimal" (within mip_rel_gap), "node_limit", "time_limit" or "other".
+
+    scipy reports HiGHS's node limit as status 4 with HiGHS status 16 ("Solution limit reached") in the
+    message, and the time limit as status 1.
+    """
+    if res.status == 0:
+        return "optimal"
+    message = str(res.message).lower()
+    if "time limit" in message:
+        return "time_limit"
+    if "solution limit" in message or "node limit" in message:
+        return "node_limit"
+    return "other"
