@@ -7,8 +7,11 @@ For Mixtral-8x7B and Qwen1.5-MoE-A2.7B (60 experts, top-4) routing calibrated on
 are planned on the first and scored by replaying the second (edgemoe.eval.replay, `plan_profile`). Two
 settings: SlimCaching's (device-edge-cloud, home mode, the slimcaching policy) and OrderMoE's (testbed8,
 migrate mode, exact execution). Reports mean/p99 latency per placement, SlimCaching's gap to each baseline,
-and each planner's CPU seconds (process time, so machine load does not inflate it). Writes
-bench/results/out_of_sample.json.
+and each planner's CPU seconds (process time; the load average is recorded beside it). In sample, every
+placement's model objective on the planning draw (`plan_objective_s`) sits beside the exact ILP's
+(`exact`, HiGHS with a deterministic node budget) optimum or dual bound, a lower bound on any placement's
+in-sample objective: `ilp_bound_s`, and each planner's gap to it, `gap_to_ilp_bound_pct`. The ILP runs at
+Mixtral scale only (at Qwen scale its LP has millions of rows). Writes bench/results/out_of_sample.json.
 """
 
 from __future__ import annotations
@@ -28,10 +31,13 @@ from edgemoe.runtime.workload import Workload
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SETTINGS = (  # (cluster, mode, policy, placements)
-    ("device-edge-cloud", "home", "slimcaching", ("slimcaching", "greedy", "lfu", "random", "u-shaped")),
-    ("testbed8", "migrate", "exact", ("slimcaching", "greedy", "lfu", "eplb", "activation-aware", "ordermoe", "uniform")),
+    ("device-edge-cloud", "home", "slimcaching", ("slimcaching", "greedy", "lfu", "random", "u-shaped", "exact")),
+    ("testbed8", "migrate", "exact", ("slimcaching", "greedy", "lfu", "eplb", "activation-aware", "ordermoe", "uniform",
+                                       "exact")),
 )
-SKIP = {"qwen1.5-moe-a2.7b": ("greedy",)}  # does not finish in minutes at 60 x top-4 today (docs/traces.md)
+# greedy does not finish in minutes at 60 x top-4 (docs/traces.md); the ILP is far too large there
+SKIP = {"qwen1.5-moe-a2.7b": ("greedy", "exact")}
+ILP = {"node_limit": 2000, "time_limit": 1800.0}  # deterministic node budget; time_limit is a safety cap only
 
 
 def main() -> None:
@@ -46,22 +52,32 @@ def main() -> None:
         _, plan_prof, eval_prof, _ = scenario_profiles(name, counted, cfg, print)
         for cluster, mode, policy, placements in SETTINGS:
             keep = [p for p in placements if p not in SKIP.get(name, ())]
-            methods = [MethodSpec(p, p, policy) for p in keep]
+            methods = [MethodSpec(p, p, policy, placement_params=ILP if p == "exact" else {}) for p in keep]
             doc = replay_profile(eval_prof, cluster, methods, mode=mode, workload=workload, plan_profile=plan_prof,
                                  skip_failed_plans=True)
             lat = {k: v["latency_ms"]["mean"] for k, v in doc["methods"].items()}
             slim = lat.get("slimcaching")
+            placed = doc["placements"]
+            ilp = placed.get("exact", {})
+            bound = ilp.get("plan_objective_s") if ilp.get("proven_optimal") else ilp.get("mip_dual_bound")
             rows.append({
                 "model": name, "cluster": cluster, "mode": mode, "policy": policy,
                 "mean_ms": {k: round(v, 2) for k, v in lat.items()},
                 "p99_ms": {k: round(v["latency_ms"]["p99"], 2) for k, v in doc["methods"].items()},
                 "slimcaching_vs": {k: round(100 * (slim - v) / v, 1) for k, v in lat.items() if k != "slimcaching" and slim},
-                "plan_cpu_s": {k: v["plan_cpu_seconds"] for k, v in doc["placements"].items()},
+                "plan_cpu_s": {k: v["plan_cpu_seconds"] for k, v in placed.items()},
+                "plan_objective_s": {k: round(v["plan_objective_s"], 6) for k, v in placed.items()},
+                "ilp_bound_s": bound, "ilp": {k: v for k, v in ilp.items() if k not in ("bytes_used",)},
+                "gap_to_ilp_bound_pct": {k: round(100 * (v["plan_objective_s"] / bound - 1), 2)
+                                         for k, v in placed.items()} if bound else None,
+                "load_average": list(os.getloadavg()),
                 "skipped": {**doc["skipped"], **{p: "left out at this scale" for p in placements if p not in keep}},
             })
             r = rows[-1]
             print(f"{name} on {cluster} ({mode}, {policy}): " + ", ".join(f"{k} {v:.1f} ms" for k, v in r["mean_ms"].items()))
             print(f"  slimcaching vs: {r['slimcaching_vs']}  plan CPU s: {r['plan_cpu_s']}")
+            print(f"  in sample: objective s {r['plan_objective_s']}; ILP bound {bound} "
+                  f"({ilp.get('stopped_by', 'not run')}); gap to it % {r['gap_to_ilp_bound_pct']}", flush=True)
     atomic_write_json(RESULTS / "out_of_sample.json", {
         "what": __doc__.splitlines()[0], "rows": rows, "quick": args.quick, "workload": asdict(workload),
         "wall_s": round(time.perf_counter() - t0, 1), "load_average_start": load0, "load_average_end": list(os.getloadavg()),

@@ -25,6 +25,9 @@ DEFAULT_METHODS = ("uniform=uniform:exact", "greedy=greedy:exact", "lfu=lfu:exac
                    "slimcaching=slimcaching:exact", "ordermoe=ordermoe:exact", "ordermoe-runtime=ordermoe:ordermoe")
 
 
+ILP_FACTS = ("stopped_by", "proven_optimal", "deterministic", "mip_gap", "mip_dual_bound", "mip_node_count")
+
+
 def is_placement_file(placement: str) -> bool:
     """A method's PLACEMENT names a file (rather than a planner) when it ends in .json or exists on disk."""
     return placement.endswith(".json") or Path(placement).is_file()
@@ -86,6 +89,7 @@ def replay_profile(profile, cluster, methods: Sequence, mode: str = "migrate", w
     from edgemoe.eval.metrics import method_entry
     from edgemoe.eval.results import results_dict
     from edgemoe.plan.groups import groups_for
+    from edgemoe.plan.objective import expected_latency
     from edgemoe.plan.problem import plan_problem
     from edgemoe.runtime import make_context, make_policy
     from edgemoe.runtime.simulate import simulate
@@ -124,7 +128,10 @@ def replay_profile(profile, cluster, methods: Sequence, mode: str = "migrate", w
             cache[key] = make_context(known, cluster_obj, pl, mode=mode, groups=groups, domain_fallback=fallback)
             placements[spec.placement] = {"method": pl.method, "from_file": is_placement_file(spec.placement),
                                           "copies_mean": float(pl.replicas().mean()),
-                                          "bytes_used": pl.bytes_used().tolist(), "plan_cpu_seconds": round(cpu_s, 3)}
+                                          "bytes_used": pl.bytes_used().tolist(), "plan_cpu_seconds": round(cpu_s, 3),
+                                          # the planners' model objective on the planning profile (in sample)
+                                          "plan_objective_s": expected_latency(problem, pl.hosts),
+                                          **{k: pl.params[k] for k in ILP_FACTS if k in pl.params}}
         ctx = cache[key]
         t0 = time.perf_counter()
         metrics = simulate(ctx, make_policy(spec.policy, ctx, **spec.policy_params), trace, workload)
