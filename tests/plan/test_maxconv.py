@@ -162,3 +162,23 @@ def test_auto_fires_the_monotone_path_where_its_condition_holds():
     counts = {}
     solve_layers(mixed, "auto", counts=counts)
     assert counts == {"monotone": 1, "naive": 1}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 10), st.integers(0, 40), st.sampled_from(["naive", "auto"]))
+def test_compiled_dp_equals_numpy_dp(seed, layers, capacity, method):
+    """The compiled DP picks the same method per step and returns the same budgets as the numpy loop, on
+    a mix of concave, convex, arbitrary monotone and tied (rounded) tables."""
+    from edgemoe.plan.maxconv import HAVE_NUMBA
+
+    if not HAVE_NUMBA:
+        pytest.skip("numba not installed: only the numpy DP runs")
+    rng = np.random.default_rng(seed)
+    size = capacity + 1
+    make = [lambda: concave_table(rng, size), lambda: np.linspace(0, 1, size) ** 2,
+            lambda: np.maximum.accumulate(rng.uniform(0, 1, size)), lambda: np.round(concave_table(rng, size), 1)]
+    tables = np.stack([make[k]() for k in rng.integers(0, 4, layers)])
+    fast_counts, slow_counts = {}, {}
+    fast = solve_layers_dp(tables, method, fast_counts, compiled=True)
+    slow = solve_layers_dp(tables, method, slow_counts, compiled=False)
+    assert np.array_equal(fast, slow) and fast_counts == slow_counts
