@@ -101,9 +101,13 @@ def exact(problem: PlanProblem, *, objective: str = "slimcaching", node_limit: i
     nodes = cache_nodes(problem)
     b = _Builder()
     x = {(int(n), layer, e): b.var(integer=True) for n in nodes for layer in range(L) for e in range(E)}
-    for n in nodes:  # per-node storage
-        b.row({x[int(n), layer, e]: float(problem.expert_bytes[layer, e]) for layer in range(L) for e in range(E)},
-              -np.inf, float(problem.capacity_bytes[n]))
+    # Per-node storage in units of the gcd of the expert sizes (one unit per expert when sizes are equal):
+    # exactly the byte constraint (integer sizes, capacity rounded down to whole units), without the
+    # coefficients ~3e7 and right-hand sides ~2e9 of bytes that HiGHS flags as badly scaled.
+    unit = max(int(np.gcd.reduce(problem.expert_bytes.ravel().astype(np.int64))), 1)
+    for n in nodes:
+        b.row({x[int(n), layer, e]: float(problem.expert_bytes[layer, e] // unit) for layer in range(L) for e in range(E)},
+              -np.inf, float(int(problem.capacity_bytes[n]) // unit))
     cover = resolve_coverage(problem, coverage)
     require_servable(problem, "exact", cover)
     edge_nodes = [int(n) for n in nodes if problem.node_kind[n] == "edge"]
