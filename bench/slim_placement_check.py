@@ -1,6 +1,6 @@
 """SlimCaching placement fingerprints on a fixed instance set: run under two commits, compare the JSONs.
 
-    python bench/slim_placement_check.py OUT.json [--compare OTHER.json] [--shared-data ../shared/data]
+    python bench/slim_placement_check.py OUT.json [--compare OTHER.json] [--only SUBSTRING] [--shared-data ../shared/data]
 
 Instances: the planners benchmark's 15 ILP-gap instances, the device-edge-cloud K = 2 preset, the Mixtral
 and Qwen synthetic scale targets, and the calibrated Mixtral-8x7B and Qwen1.5-MoE trace profiles (planning
@@ -68,9 +68,12 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--compare")
     ap.add_argument("--shared-data", default="../shared/data")
+    ap.add_argument("--only", default="", help="run only instances whose name contains this")
     args = ap.parse_args()
     res = {}
     for name, make in instances(args.shared_data).items():
+        if args.only not in name:
+            continue
         problem = make()
         cpu = time.process_time()
         pl = plan(problem, "slimcaching")
