@@ -17,7 +17,7 @@ from edgemoe.plan.objective import expected_latency, expected_latency_per_user, 
 from edgemoe.plan.slim_k1 import cache_nodes
 from edgemoe.plan.slim_multimodel import combine_models
 from edgemoe.plan.slim_values import set_gains, subset_value, value_table
-from edgemoe.plan.slimcaching import capacity_units, solve_block
+from edgemoe.plan.slimcaching import capacity_grid, capacity_units, solve_block
 from edgemoe.plan.synthetic import synthetic_problem
 
 TINY = dict(num_servers=2, num_users=3, num_layers=2, num_experts=3, slots_per_server=2, num_tokens=300)
@@ -266,7 +266,17 @@ def test_more_passes_never_hurt():
 def test_unequal_expert_sizes_round_up_and_stay_feasible():
     units_cap, units = capacity_units(np.array([[3, 5], [7, 9]]), 20, 4)
     assert units_cap == 4 and units.tolist() == [[1, 1], [2, 2]]  # unit = ceil(20 / 4) = 5 bytes
-    assert capacity_units(np.array([[4, 6]]), 13, 100)[0] == 6  # gcd unit = 2 bytes
+    assert capacity_units(np.array([[4, 6]]), 9, 100)[0] == 4  # gcd unit = 2 bytes
+    assert capacity_units(np.array([[4, 6]]), 13, 100)[0] == 5  # at most every expert: 10 bytes
+
+
+def test_equal_sizes_keep_one_expert_per_unit_beyond_max_units():
+    """Equal sizes: the unit stays one expert even when the node has more slots than max_units (coarsening
+    rounded each expert up to a bigger unit: testbed8's Orin held 1,024 of Qwen's 1,440 experts)."""
+    unit, cap, units = capacity_grid(np.full((2, 3), 17), 17 * 100, 4)
+    assert unit == 17 and cap == 6 and (units == 1).all()  # capacity counted up to the whole model
+    unit, cap, units = capacity_grid(np.full((4, 8), 17), 17 * 20, 4)
+    assert unit == 17 and cap == 20 and (units == 1).all()
 
 
 def test_bad_parameters_name_the_field():

@@ -145,7 +145,8 @@ class BlockSearch:
             return False  # same tables, same cache, already confirmed optimal for them
         self.block_solves += 1
         L = block.units.shape[0]
-        capacity = free_units(block.capacity_bytes, self.problem.expert_bytes[fixed].sum(), block.unit)
+        capacity = min(free_units(block.capacity_bytes, self.problem.expert_bytes[fixed].sum(), block.unit),
+                       block.capacity)
         tau_free = None
         if any(keys[layer] not in self.tables.get((node, layer), {}) for layer in range(L)):
             trial = self.hosts.copy()

@@ -31,14 +31,21 @@ except ImportError:  # pragma: no cover - numba is a dependency; without it the 
 def capacity_grid(expert_bytes: np.ndarray, capacity_bytes: int, max_units: int) -> tuple[int, int, np.ndarray]:
     """(unit bytes, C, units [L, E]): the node's capacity and each expert's size in one discrete unit.
 
-    The unit is the gcd of all expert sizes (one slot when they are equal). If that gives more than
-    `max_units` units, the unit grows to ceil(capacity / max_units) and sizes round up, which keeps every
-    DP solution feasible (it may waste up to one unit per expert).
+    The unit is the gcd of all expert sizes (one slot when they are equal). The capacity counted is at most
+    the bytes of all experts. With unequal sizes, if that gives more than `max_units` units, the unit grows
+    to ceil(capacity / max_units) and sizes round up, which keeps every DP solution feasible (it may waste
+    up to one unit per expert); with equal sizes the unit stays one expert.
     """
     sizes = np.asarray(expert_bytes, dtype=np.int64)
     unit = int(np.gcd.reduce(sizes.ravel())) if sizes.size else 1
     unit = max(unit, 1)
-    if capacity_bytes // unit > max_units:
+    # A node never needs room for more than every expert: beyond that the DP's extra budgets are waste.
+    capacity_bytes = min(int(capacity_bytes), int(sizes.sum()))
+    equal = sizes.size == 0 or sizes.min() == sizes.max()
+    # With equal sizes the unit stays one expert (C <= L x E slots): coarsening it would round each expert
+    # up to a unit larger than itself (testbed8's 48 GB Orin held 1,024 of Qwen's 1,440 17.3 MB experts,
+    # though the whole model fits) and the compiled DP handles C in the thousands.
+    if capacity_bytes // unit > max_units and not equal:
         unit = math.ceil(capacity_bytes / max_units)
     units = -(-sizes // unit)
     return unit, int(capacity_bytes // unit), units

@@ -123,8 +123,8 @@ def successive(problem: PlanProblem, model: SlimModel, passes: int = 1, order: s
             if hosts[n].any():  # a later pass: take the node's own cache out before re-solving it
                 hosts[n] = fixed
                 tau[users] = expert_latency(model, hosts, users)
-            unit, _, units = capacity_grid(problem.expert_bytes, int(problem.capacity_bytes[n]), max_units)
-            room = free_units(problem.capacity_bytes[n], problem.expert_bytes[fixed].sum(), unit)
+            unit, grid, units = capacity_grid(problem.expert_bytes, int(problem.capacity_bytes[n]), max_units)
+            room = min(free_units(problem.capacity_bytes[n], problem.expert_bytes[fixed].sum(), unit), grid)
             held, info = solve_block(model, tau[users], calls[n], users, room, units,
                                      maxconv, epsilon, enum_max, beam_width)
             methods[info["method"]] = methods.get(info["method"], 0) + 1
