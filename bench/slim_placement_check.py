@@ -29,8 +29,8 @@ ILP_SHAPES = [dict(num_servers=2, num_users=3, num_layers=2, num_experts=4, slot
 
 
 def preset():
-    from edgemoe.cluster.cost import plan_problem
     from edgemoe.cluster.presets import DEFAULT_DOMAINS
+    from edgemoe.plan.problem import plan_problem
     from edgemoe.profile import synthetic_profile
 
     prof = synthetic_profile(32, 8, 2, 3000, num_domains=len(DEFAULT_DOMAINS), expert_bytes=33_800_000,
@@ -49,9 +49,9 @@ def instances(shared_data: str):
                                                                 slots_per_server=40, device_slots=4)
     out["synthetic-qwen-target"] = lambda: synthetic_problem(**big, num_layers=24, num_experts=60, top_k=4,
                                                              slots_per_server=150, device_slots=16)
-    from edgemoe.cluster.cost import plan_problem
-    from edgemoe.cluster.schema import load_cluster
+    from edgemoe.cluster.load import load_cluster
     from edgemoe.eval.paper_scale import MODELS, PaperScaleConfig, scenario_profiles
+    from edgemoe.plan.problem import plan_problem
 
     cfg = PaperScaleConfig(shared_data=shared_data, tokens_per_domain=1000)
     for name, counted in MODELS:
