@@ -170,9 +170,11 @@ def ray_demo_tables() -> list[str]:
     tables = demo_tables("demo-ray")
     if not tables:
         return []
-    return ["**The same comparisons measured on Ray actors** (`edgemoe demo --backend ray --quick --out "
-            "bench/results/demo-ray`: quick mode, every server a process on this one 2-core machine, links "
-            "emulated; latency, traffic and ratios measured, perplexity from the local backend)\n"] + tables
+    return ["**The same comparisons measured on Ray actors** (`edgemoe demo --backend ray --out "
+            "bench/results/demo-ray`: the first model, every server a process on this one 2-core machine, links "
+            "and hardware emulated on a dilated clock; latency, traffic and ratios measured on Ray for one "
+            "8+8-token request per user, perplexity from the local backend; the oracle and the budget sweeps "
+            "simulated only)\n"] + tables
 
 
 def main() -> None:
