@@ -71,8 +71,9 @@ class LatencySearch:
         experts = [e for e in experts if self.hosts[node, layer, e] != value]
         if not experts:
             return 0.0
+        before = self.hosts[:, layer].copy()
         self.hosts[node, layer, experts] = value
-        delta, patch = self.model.delta(self.state, self.hosts, layer, experts)
+        delta, patch = self.model.delta(self.state, self.hosts, layer, experts, before=before)
         self.evals += 1
         self.evals_left -= 1
         if commit_if is not None and commit_if(delta):
@@ -191,8 +192,9 @@ class LatencySearch:
         used = cap - self.free
         if used[a] + grow > cap[a] or used[b] - grow > cap[b]:
             return False
+        before = self.hosts[:, layer].copy()
         self.hosts[a, layer], self.hosts[b, layer] = hb, ha
-        delta, patch = self.model.delta(self.state, self.hosts, layer, np.flatnonzero(ha != hb))
+        delta, patch = self.model.delta(self.state, self.hosts, layer, np.flatnonzero(ha != hb), before=before)
         self._count()
         if delta < -1e-12 * max(1.0, self.objective_s):
             self.model.commit(self.state, patch)
@@ -214,9 +216,10 @@ class LatencySearch:
         saved = (self.hosts.copy(), self.state.latency_s.copy(), self.state.location.copy(), self.state.budget_left.copy())
         total = 0.0
         for layer in layers:
-            ha, hb = self.hosts[a, layer].copy(), self.hosts[b, layer].copy()
+            before = self.hosts[:, layer].copy()
+            ha, hb = before[a].copy(), before[b].copy()
             self.hosts[a, layer], self.hosts[b, layer] = hb, ha
-            delta, patch = self.model.delta(self.state, self.hosts, layer, np.flatnonzero(ha != hb))
+            delta, patch = self.model.delta(self.state, self.hosts, layer, np.flatnonzero(ha != hb), before=before)
             self._count()
             self.model.commit(self.state, patch)
             total += delta

@@ -118,6 +118,12 @@ class PathModel:
         self._touched: dict = {}
         self.rows_with = [[np.flatnonzero((self.topk[:, layer] == e).any(axis=1)) for e in range(E)]
                           for layer in range(L)]
+        # Who a change at a node can reach (`affected`): shared servers are compared through `holder_table`;
+        # a device serves only its owner, so its rows are the owner's.
+        is_device = np.array([k == "device" for k in problem.node_kind])
+        self.servers = np.flatnonzero(~is_device & ~self.is_cloud)  # [S]
+        self.is_server = ~is_device & ~self.is_cloud  # [N]
+        self.device = np.where(is_device[self.home], self.home, -1)  # [R] the row's own device, -1 none
 
     @property
     def num_rows(self) -> int:
@@ -256,10 +262,81 @@ class PathModel:
             self._touched[key] = rows
         return rows
 
-    def delta(self, state: Replay, hosts: np.ndarray, layer: int, experts, rows: np.ndarray | None = None):
+    # ------------------------------------------------------------------------- who a change reaches
+    def holder_table(self, held: np.ndarray, layer: int, experts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """([N, X] node, [N, X] seconds): for a token at each node c, the shared server (not a device, not the
+        cloud) the exact rule would send a branch of experts[x] to among the holders in held [N, E] at `layer`:
+        least round trip + compute, first index on ties (as `_replicas`); node -1 where none is finite."""
+        s = self.servers
+        cost = self.rt[:, s, None] + self.compute[s][:, layer, experts][None]  # [N, S, X]
+        cost = np.where(held[s][:, experts][None], cost, np.inf)
+        if s.size == 0:
+            return np.full((self.N, len(experts)), -1), np.full((self.N, len(experts)), np.inf)
+        pick = cost.argmin(axis=1)  # [N, X]
+        best = np.take_along_axis(cost, pick[:, None], axis=1)[:, 0]
+        return np.where(np.isfinite(best), s[pick], -1), best
+
+    def affected(self, state: Replay, layer: int, rows: np.ndarray, before: np.ndarray,
+                 after: np.ndarray) -> np.ndarray:
+        """[R'] bool: rows whose decision at `layer` may differ between hosts before and after ([N, E] at
+        `layer`). A superset, so deltas stay exact: the others run the same branches on the same nodes and
+        keep their old values bit for bit. A row can only feel a change when it sits on a changed node (local
+        hits, substitutes), owns a changed device, or one of its branches' experts changed and the shared server
+        that branch goes to (`holder_table`) is not the same before and after while the token's node lacks it."""
+        diff = before != after
+        nodes = diff.any(axis=1)  # [N]
+        if (nodes & self.is_cloud).any():
+            return np.ones(rows.size, bool)  # the cloud is everyone's fallback: no cheap test
+        loc = state.location[rows, layer]
+        dev = self.device[rows]
+        keep = nodes[loc] | ((dev >= 0) & nodes[np.maximum(dev, 0)])
+        experts = np.flatnonzero(diff.any(axis=0))
+        if experts.size == 0:
+            return keep
+        old_n, old_c = self.holder_table(before, layer, experts)
+        new_n, new_c = self.holder_table(after, layer, experts)
+        moved = (old_n != new_n) | ~np.isfinite(old_c) | ~np.isfinite(new_c)  # [N, X]
+        pos = np.full(self.E, -1)
+        pos[experts] = np.arange(experts.size)
+        ek = self.topk[rows, layer]  # [R', K]
+        x = pos[ek]
+        hit = (x >= 0) & moved[loc[:, None], np.maximum(x, 0)]  # [R', K] the branch's server changed
+        return keep | (hit & ~before[loc[:, None], ek]).any(axis=1)
+
+    def flip_affected(self, state: Replay, hosts: np.ndarray, layer: int, rows: np.ndarray, nodes: np.ndarray,
+                      changed: np.ndarray, value: bool) -> np.ndarray:
+        """[R'] bool: `affected` for a batch of candidates, row i seeing hosts[nodes[i], layer, changed[i]] = value
+        (changed [R', W], -1 padded). Adding a server copy reaches a branch only if that server is at least as
+        fast as the branch's current server (or there is none); removing one only if it was that server."""
+        loc = state.location[rows, layer]
+        keep = (loc == nodes) | (self.device[rows] == nodes) | ~self.is_server[nodes]
+        experts = np.unique(changed[changed >= 0])
+        if experts.size == 0:
+            return keep
+        held = hosts[:, layer]
+        old_n, old_c = self.holder_table(held, layer, experts)
+        pos = np.full(self.E, -1)
+        pos[experts] = np.arange(experts.size)
+        ek = self.topk[rows, layer]  # [R', K]
+        xs = np.maximum(pos[ek], 0)
+        mine = (ek[:, :, None] == changed[:, None, :]).any(axis=2)  # [R', K] the branch's expert flips
+        server = old_n[loc[:, None], xs]  # [R', K]
+        if value:
+            cost = self.rt[loc, nodes][:, None] + self.compute[nodes[:, None], layer, ek]
+            moved = (server < 0) | (cost <= old_c[loc[:, None], xs])
+        else:
+            moved = (server < 0) | (server == nodes[:, None])
+        return keep | (mine & moved & ~held[loc[:, None], ek]).any(axis=1)
+
+    def delta(self, state: Replay, hosts: np.ndarray, layer: int, experts, rows: np.ndarray | None = None,
+              before: np.ndarray | None = None):
         """Change of the expected latency when `hosts` (already modified at `layer` for `experts`) replaces
-        the hosts `state` was replayed under. Returns (seconds, patch); `commit(state, patch)` applies it."""
+        the hosts `state` was replayed under. Returns (seconds, patch); `commit(state, patch)` applies it.
+        before: [N, E] hosts at `layer` before the change; when given, only the rows it can reach are replayed
+        (`affected`), which is what keeps a change's cost from growing with the cluster."""
         rows = self.touched_rows(layer, experts) if rows is None else rows
+        if before is not None and rows.size:
+            rows = rows[self.affected(state, layer, rows, before, hosts[:, layer])]
         if rows.size == 0:
             return 0.0, None
         d, patch = self._propagate(state, hosts, layer, rows, None)
@@ -298,6 +375,10 @@ class PathModel:
         table = np.full((V, width), -1, np.int64)
         for v, c in enumerate(changed):
             table[v, :c.size] = c
+        near = self.flip_affected(state, hosts, layer, rows, nodes[vi], table[vi], value)
+        rows, vi = rows[near], vi[near]
+        if rows.size == 0:
+            return np.zeros(V)
         flip = (nodes[vi], table[vi], value)
         d, _ = self._propagate(state, hosts, layer, rows, flip)
         return np.bincount(vi, weights=d, minlength=V)
