@@ -247,6 +247,7 @@ def plan_ordermoe(
     init: str = "successive",
     relocate_rounds: int = 2,
     exchange_neighbours: int = 7,
+    start_neighbours: int = 8,
     grouping: str = "layer-aware",
     theta_hi: float = THETA_HI,
     theta_lo: float = THETA_LO,
@@ -303,7 +304,7 @@ def plan_ordermoe(
         # home mode is SlimCaching's device-edge-cloud setting, where devices cache for their owner too
         fill = fill or ("edge,device" if mode == "home" else "edge")
         hosts, info = _search(problem, groups, mode, budget, paths_per_user, sets_per_layer, max_evals, swap_rounds,
-                              fill, init, relocate_rounds, exchange_neighbours)
+                              fill, init, relocate_rounds, exchange_neighbours, start_neighbours)
         params = {**common, **info}
     else:
         hosts, cover = _two_stage(problem, groups, redundancy, eta, gamma, rep_weight, fill or "edge", cover)
@@ -316,13 +317,15 @@ def plan_ordermoe(
 
 def _search(problem: PlanProblem, groups: SimilarityGroups, mode: str | None, budget: float, paths_per_user: int,
             sets_per_layer: int, max_evals: int, swap_rounds: int, fill: str, init: str, relocate_rounds: int,
-            exchange_neighbours: int) -> tuple[np.ndarray, dict]:
+            exchange_neighbours: int, start_neighbours: int = 8) -> tuple[np.ndarray, dict]:
     """The latency search (`ordermoe_search`); returns (hosts [N, L, E], facts for the placement's params)."""
     mode = problem.params.get("mode", "migrate") if mode is None else mode
     if init not in ("successive", "greedy"):
         raise EdgeMoEError(f"ordermoe: init={init!r}; expected 'successive' or 'greedy'")
     if max_evals < 0 or swap_rounds < 0 or sets_per_layer < 0:
         raise EdgeMoEError("ordermoe: max_evals, swap_rounds and sets_per_layer must be >= 0")
+    if start_neighbours < 1 or exchange_neighbours < 1:
+        raise EdgeMoEError("ordermoe: start_neighbours and exchange_neighbours must be >= 1")
     kinds = {k.strip() for k in fill.split(",")}
     present = set(problem.node_kind)
     fillable = fillable_nodes(problem, ",".join(sorted(kinds & present)) or fill)
@@ -337,9 +340,9 @@ def _search(problem: PlanProblem, groups: SimilarityGroups, mode: str | None, bu
     cover = not problem.is_cloud.any()
     nodes = np.flatnonzero(fillable)
     if init == "successive":
-        search.hosts = _successive_start(problem, fillable)
+        search.hosts = _successive_start(problem, fillable, start_neighbours)
         if mode == "migrate":
-            search.hosts = _relocated_start(problem, model, search.hosts, fillable, relocate_rounds)
+            search.hosts = _relocated_start(problem, model, search.hosts, fillable, relocate_rounds, start_neighbours)
         used = (search.hosts * search.sizes[None]).sum(axis=(1, 2))
         search.free = np.where(fillable, np.asarray(problem.capacity_bytes, dtype=np.int64) - used, 0)
         search.state = model.replay(search.hosts)
@@ -356,20 +359,21 @@ def _search(problem: PlanProblem, groups: SimilarityGroups, mode: str | None, bu
     search.swaps(edge if cover else None, swap_rounds)
     info = {"mode": mode, "budget": budget, "paths_per_user": paths_per_user, "rows": model.num_rows,
             "sets_per_layer": sets_per_layer, "init": init, "relocate_rounds": relocate_rounds,
-            "exchange_neighbours": exchange_neighbours, "max_evals": max_evals, "swap_rounds": swap_rounds, "fill": fill,
+            "exchange_neighbours": exchange_neighbours, "start_neighbours": start_neighbours, "max_evals": max_evals, "swap_rounds": swap_rounds, "fill": fill,
             "coverage": cover, "evaluations": search.evals, "moves": search.accepted,
             "expected_latency_ms": 1e3 * search.objective_s, "greedy_latency_ms": 1e3 * greedy_s,
             "empty_latency_ms": 1e3 * start}
     return search.hosts, info
 
 
-def _successive_start(problem: PlanProblem, fillable: np.ndarray) -> np.ndarray:
+def _successive_start(problem: PlanProblem, fillable: np.ndarray, near: int | None = None) -> np.ndarray:
     """[N, L, E] start of the search: the per-node successive decomposition (`slimcaching.successive`, 3 passes,
-    no refinement), which places co-activated experts together exactly for the home-mode latency."""
+    no refinement), which places co-activated experts together exactly for the home-mode latency. near: each
+    node's block weighs only the users that have it among their `near` nearest cache nodes (None: all)."""
     from .objective import slim_model
     from .slimcaching import cover_edges, successive
 
-    hosts, _ = successive(problem, slim_model(problem), passes=3, coverage=not problem.is_cloud.any())
+    hosts, _ = successive(problem, slim_model(problem), passes=3, coverage=not problem.is_cloud.any(), near=near)
     if not problem.is_cloud.any():
         cover_edges(problem, hosts)
     hosts[~fillable & ~problem.is_cloud] = False
@@ -396,12 +400,12 @@ def location_problem(problem: PlanProblem, model: PathModel, hosts: np.ndarray) 
 
 
 def _relocated_start(problem: PlanProblem, model: PathModel, hosts: np.ndarray, fillable: np.ndarray,
-                     rounds: int) -> np.ndarray:
+                     rounds: int, near: int | None = None) -> np.ndarray:
     """Re-solve the successive decomposition for where tokens are (`location_problem`) while that lowers the
     objective, at most `rounds` times."""
     best, best_s = hosts, model.expected_latency(hosts)
     for _ in range(rounds):
-        cand = _successive_start(location_problem(problem, model, best), fillable)
+        cand = _successive_start(location_problem(problem, model, best), fillable, near)
         cand_s = model.expected_latency(cand)
         if cand_s >= best_s * (1 - 1e-9):
             break
