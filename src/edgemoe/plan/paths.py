@@ -139,30 +139,48 @@ class PathModel:
         """
         experts = self.topk[rows, layer]  # [R', K]
         gates = self.gates[rows, layer]
-        held = np.moveaxis(hosts[:, layer, experts], 0, -1)  # [R', K, N]
+        # Only the nodes holding a branch's expert can serve it: [R', K, H] columns of holders (H = most copies
+        # of one expert at this layer, a few on a large cluster), not [R', K, N], so a row costs the same
+        # whatever the number of nodes.
+        cols = self.holders(hosts, layer)[experts]  # [R', K, H], -1 padded
+        held = cols >= 0
+        local = hosts[loc[:, None], layer, experts]  # [R', K]
         if flip is not None:
             nodes, changed, value = flip
             hit = (experts[:, :, None] == changed[:, None, :]).any(axis=2)  # [R', K]
-            ri, ki = np.nonzero(hit)
-            held[ri, ki, nodes[ri]] = value
-        node, miss = self._replicas(layer, rows, loc, experts, held)
+            # The flipped node leaves the holder columns and comes back as one extra column when it is added.
+            held &= ~(hit[:, :, None] & (cols == nodes[:, None, None]))
+            cols = np.concatenate([cols, np.broadcast_to(nodes[:, None, None], (*hit.shape, 1))], axis=2)
+            held = np.concatenate([held, (hit & value)[:, :, None]], axis=2)
+            local = np.where(hit & (loc == nodes)[:, None], value, local)
+        node, miss = self._replicas(layer, rows, loc, experts, cols, held, local)
         if self.budget > 0:
             return self._step_substitution(hosts, layer, rows, loc, left, experts, gates, node, miss, flip)
         lat, nxt = self._finish(layer, rows, loc, experts, node, miss)
         return lat, nxt, left
 
-    def _replicas(self, layer, rows, loc, experts, held):
-        """([R', K] node of each branch, [R', K] bool no usable holder) by the `exact` policy's rule."""
-        R = loc.shape[0]
-        ar = np.arange(R)
-        local = held[ar, :, loc]  # [R', K]
-        cand = held & self.usable[self.user[rows]][:, None, :]
+    def holders(self, hosts: np.ndarray, layer: int) -> np.ndarray:
+        """[E, H] nodes holding each expert at `layer` under hosts [N, L, E], ascending, -1 padded (H >= 1)."""
+        e_idx, n_idx = np.nonzero(hosts[:, layer].T)  # by expert, then node
+        count = np.bincount(e_idx, minlength=self.E)
+        table = np.full((self.E, max(int(count.max(initial=0)), 1)), -1, dtype=np.int64)
+        table[e_idx, np.arange(e_idx.size) - (np.cumsum(count) - count)[e_idx]] = n_idx
+        return table
+
+    def _replicas(self, layer, rows, loc, experts, cols, held, local):
+        """([R', K] node of each branch, [R', K] bool no usable holder) by the `exact` policy's rule: the token's
+        node if it holds the expert (local [R', K]), else the usable holder (cols/held [R', K, H]) of least
+        round trip + compute, the cloud only when no other holder is usable; ties to the lowest node index."""
+        at = np.maximum(cols, 0)
+        cand = held & self.usable[self.user[rows][:, None, None], at]
         if self.is_cloud.any():
-            edge = cand & ~self.is_cloud[None, None, :]
+            edge = cand & ~self.is_cloud[at]
             cand = np.where(edge.any(axis=2, keepdims=True), edge, cand)
-        cost = self.rt[loc][:, None, :] + np.moveaxis(self.compute[:, layer, experts], 0, -1)  # [R', K, N]
-        cost = np.where(cand, cost, np.inf)
-        node = cost.argmin(axis=2)
+        cost = np.where(cand, self.rt[loc[:, None, None], at] + self.compute[at, layer, experts[:, :, None]], np.inf)
+        best = cost.min(axis=2, initial=np.inf)
+        node = np.where(cand & (cost == best[..., None]), at, self.N).min(axis=2, initial=self.N)
+        # Nothing finite (no usable holder): node 0, what an argmin over all-infinite costs gives.
+        node = np.where(np.isfinite(best), node, 0)
         miss = ~cand.any(axis=2) & ~local
         node = np.where(local, loc[:, None], node)
         return node, miss
