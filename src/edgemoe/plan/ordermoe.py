@@ -232,6 +232,9 @@ BUDGET = 0.05  # the ordermoe policy's default allowance per token-layer (docs/r
 PATHS_PER_USER = 128  # calibration paths replayed per user (2048 rows on edge8); 256 measured no better
 SETS_PER_LAYER = 24  # frequent Top-K sets per layer offered as one-move completions
 MAX_EVALS = 4000  # objective evaluations the search may spend (each a batched incremental replay)
+# Rows replayed at most: 32 servers with 2 users each and 128 paths; larger clusters get fewer paths per user
+# (never under paths.MIN_PATHS), so one evaluation's cost stops growing with the cluster.
+MAX_ROWS = 8192
 
 
 @register("ordermoe")
@@ -241,6 +244,7 @@ def plan_ordermoe(
     algorithm: str = "search",
     budget: float = BUDGET,
     paths_per_user: int = PATHS_PER_USER,
+    max_rows: int = MAX_ROWS,
     sets_per_layer: int = SETS_PER_LAYER,
     max_evals: int = MAX_EVALS,
     swap_rounds: int = 4,
@@ -304,7 +308,7 @@ def plan_ordermoe(
         # home mode is SlimCaching's device-edge-cloud setting, where devices cache for their owner too
         fill = fill or ("edge,device" if mode == "home" else "edge")
         hosts, info = _search(problem, groups, mode, budget, paths_per_user, sets_per_layer, max_evals, swap_rounds,
-                              fill, init, relocate_rounds, exchange_neighbours, start_neighbours)
+                              fill, init, relocate_rounds, exchange_neighbours, start_neighbours, max_rows)
         params = {**common, **info}
     else:
         hosts, cover = _two_stage(problem, groups, redundancy, eta, gamma, rep_weight, fill or "edge", cover)
@@ -317,7 +321,7 @@ def plan_ordermoe(
 
 def _search(problem: PlanProblem, groups: SimilarityGroups, mode: str | None, budget: float, paths_per_user: int,
             sets_per_layer: int, max_evals: int, swap_rounds: int, fill: str, init: str, relocate_rounds: int,
-            exchange_neighbours: int, start_neighbours: int = 8) -> tuple[np.ndarray, dict]:
+            exchange_neighbours: int, start_neighbours: int = 8, max_rows: int | None = MAX_ROWS) -> tuple[np.ndarray, dict]:
     """The latency search (`ordermoe_search`); returns (hosts [N, L, E], facts for the placement's params)."""
     mode = problem.params.get("mode", "migrate") if mode is None else mode
     if init not in ("successive", "greedy"):
@@ -329,7 +333,7 @@ def _search(problem: PlanProblem, groups: SimilarityGroups, mode: str | None, bu
     kinds = {k.strip() for k in fill.split(",")}
     present = set(problem.node_kind)
     fillable = fillable_nodes(problem, ",".join(sorted(kinds & present)) or fill)
-    model = PathModel(problem, mode, paths_per_user, budget, groups.substitute_ids)
+    model = PathModel(problem, mode, paths_per_user, budget, groups.substitute_ids, max_rows)
     search = LatencySearch(problem, model, empty_hosts(problem), fillable, max_evals, exchange_neighbours)
     sets = frequent_sets(model, sets_per_layer)
     L, E = problem.expert_bytes.shape
@@ -357,7 +361,7 @@ def _search(problem: PlanProblem, groups: SimilarityGroups, mode: str | None, bu
         search.greedy(cands, nodes)
     greedy_s = search.objective_s
     search.swaps(edge if cover else None, swap_rounds)
-    info = {"mode": mode, "budget": budget, "paths_per_user": paths_per_user, "rows": model.num_rows,
+    info = {"mode": mode, "budget": budget, "paths_per_user": paths_per_user, "max_rows": max_rows, "rows": model.num_rows,
             "sets_per_layer": sets_per_layer, "init": init, "relocate_rounds": relocate_rounds,
             "exchange_neighbours": exchange_neighbours, "start_neighbours": start_neighbours, "max_evals": max_evals, "swap_rounds": swap_rounds, "fill": fill,
             "coverage": cover, "evaluations": search.evals, "moves": search.accepted,

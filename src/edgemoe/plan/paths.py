@@ -85,11 +85,12 @@ class PathModel:
 
     paths_per_user: calibration tokens sampled per user (evenly spaced over its domain's tokens; the
     domain's tokens all when fewer). budget: quality allowance per token-layer (0: exact execution).
-    substitutes: [L, E, S] ranked group mates (-1 padded), needed when budget > 0.
+    substitutes: [L, E, S] ranked group mates (-1 padded), needed when budget > 0. max_rows: cap on the rows
+    (`sample_rows`); users with the same home and domain share rows.
     """
 
     def __init__(self, problem: PlanProblem, mode: str = "migrate", paths_per_user: int = 256, budget: float = 0.0,
-                 substitutes: np.ndarray | None = None):
+                 substitutes: np.ndarray | None = None, max_rows: int | None = None):
         if mode not in MODES:
             raise EdgeMoEError(f"mode={mode!r}; expected one of {list(MODES)}")
         if budget < 0 or not np.isfinite(budget):
@@ -105,7 +106,7 @@ class PathModel:
         self.compute = np.asarray(problem.compute_s, dtype=np.float64)  # [N, L, E]
         self.is_cloud = problem.is_cloud
         self.usable = usable_nodes(problem)  # [U, N]
-        users, tokens, weight = sample_rows(problem, paths_per_user)
+        users, tokens, weight = sample_rows(problem, paths_per_user, max_rows)
         self.user, self.weight = users, weight  # [R]
         self.home = np.asarray(problem.user_home, dtype=np.int64)[users]
         self.topk = np.asarray(prof.topk, dtype=np.int64)[tokens]  # [R, L, K]
@@ -445,19 +446,40 @@ def _subsets(K: int) -> list[np.ndarray]:
     return [np.arange(K) == k for k in range(K)] + [np.ones(K, bool)]
 
 
-def sample_rows(problem: PlanProblem, paths_per_user: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+MIN_PATHS = 16  # paths per user group that the row cap never goes below
+
+
+def sample_rows(problem: PlanProblem, paths_per_user: int,
+                max_rows: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """([R] user, [R] calibration token, [R] weight): up to `paths_per_user` tokens of each user's domain,
-    evenly spaced (deterministic); weights w_u / (tokens sampled for u), so they sum to 1."""
+    evenly spaced (deterministic); weights w_u / (tokens sampled for u), so they sum to 1.
+
+    Users with the same home and domain would replay identical rows (same tokens, same start, same usable
+    nodes), so they share one set of rows (user: the first of them) carrying their summed weight. max_rows:
+    when the groups x paths_per_user would exceed it, each group gets max(MIN_PATHS, max_rows // groups)
+    paths instead, so the rows (and every evaluation's cost) stop growing with the number of users.
+    """
     if paths_per_user < 1:
         raise EdgeMoEError(f"paths_per_user must be >= 1, got {paths_per_user}")
+    if max_rows is not None and max_rows < 1:
+        raise EdgeMoEError(f"max_rows must be >= 1, got {max_rows}")
     domain = np.asarray(problem.profile.domain, dtype=np.int64)
+    user_domain = np.asarray(problem.user_domain, dtype=np.int64)
+    home = np.asarray(problem.user_home, dtype=np.int64)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for u in range(user_domain.size):
+        groups.setdefault((int(home[u]), int(user_domain[u])), []).append(u)
+    per_group = paths_per_user
+    if max_rows is not None and len(groups) * paths_per_user > max_rows:
+        per_group = max(MIN_PATHS, max_rows // len(groups))
     users, tokens, weight = [], [], []
-    for u, d in enumerate(np.asarray(problem.user_domain, dtype=np.int64)):
+    for (_, d), members in groups.items():  # in order of each group's first user
         pool = np.flatnonzero(domain == d)
         if pool.size == 0:
             pool = np.arange(domain.size)
-        take = pool if pool.size <= paths_per_user else pool[np.linspace(0, pool.size - 1, paths_per_user).astype(np.int64)]
-        users.append(np.full(take.size, u))
+        take = pool if pool.size <= per_group else pool[np.linspace(0, pool.size - 1, per_group).astype(np.int64)]
+        users.append(np.full(take.size, members[0]))
         tokens.append(take)
-        weight.append(np.full(take.size, problem.user_weight[u] / take.size))
+        w = problem.user_weight[members[0]] if len(members) == 1 else float(np.sum(problem.user_weight[members]))
+        weight.append(np.full(take.size, w / take.size))
     return np.concatenate(users), np.concatenate(tokens), np.concatenate(weight)
