@@ -229,21 +229,32 @@ class PathModel:
         best_q = np.zeros(R)
         some = np.flatnonzero(can.any(axis=1) & (left > 0))  # only these rows have a choice
         if some.size:
-            for mask_k in _subsets(K):
-                mask = np.broadcast_to(mask_k, (some.size, K))
-                q = (mask * q_slot[some]).sum(axis=1)
-                valid = ~(mask & ~can[some]).any(axis=1) & (q <= left[some] + 1e-12)
-                if not valid.any():
-                    continue
-                r = some[valid]
-                m = mask[valid]
+            # Every (subset, row) pair that fits the budget in one `_finish` call; the subsets in order.
+            masks = np.array(_subsets(K))  # [M, K]
+            mask = np.broadcast_to(masks[:, None, :], (len(masks), some.size, K))
+            q = (mask * q_slot[some][None]).sum(axis=2)  # [M, S']
+            valid = ~(mask & ~can[some][None]).any(axis=2) & (q <= left[some][None] + 1e-12)
+            mi, si = np.nonzero(valid)
+            if mi.size:
+                r, m = some[si], masks[mi]
                 e2 = np.where(m, sub[r], experts[r])
                 n2 = np.where(m, loc[r, None], node[r])
                 lat, nxt = self._finish(layer, rows[r], loc[r], e2, n2, miss[r] & ~m)
-                q = q[valid]
-                better = lat + 1e-9 * q < best_lat[r] + 1e-9 * best_q[r]
-                r, lat, nxt, q = r[better], lat[better], nxt[better], q[better]
-                best_lat[r], best_nxt[r], best_q[r] = lat, nxt, q
+                q = q[mi, si]
+                score = lat + 1e-9 * q
+                # Per row the first subset of least score, kept only if strictly better than no substitution:
+                # what trying the subsets one by one and keeping strict improvements gives.
+                order = np.lexsort((mi, si))  # by row, then subset
+                cut = np.flatnonzero(np.r_[True, si[order][1:] != si[order][:-1]])
+                low = np.minimum.reduceat(score[order], cut)  # [rows with a choice]
+                group = np.repeat(np.arange(cut.size), np.diff(np.r_[cut, order.size]))
+                at_low = score[order] == low[group]
+                first = np.minimum.reduceat(np.where(at_low, np.arange(order.size), order.size), cut)
+                pick = order[first]
+                r = r[pick]
+                better = score[pick] < best_lat[r] + 1e-9 * best_q[r]
+                pick, r = pick[better], r[better]
+                best_lat[r], best_nxt[r], best_q[r] = lat[pick], nxt[pick], q[pick]
         return best_lat, best_nxt, left - best_q
 
     # --------------------------------------------------------------------------------- whole paths
