@@ -176,3 +176,82 @@ def test_both_starts_cover_every_expert_without_a_cloud(init):
     placement.check_capacity()
     assert placement.replicas().min() >= 1
     assert placement.params["expected_latency_ms"] <= placement.params["empty_latency_ms"]
+
+
+@pytest.mark.parametrize("cluster", ["device-edge-cloud", "generated"])
+@pytest.mark.parametrize("budget", [0.0, 0.2])
+def test_deltas_over_the_rows_a_change_reaches_equal_full_replays(cluster, budget):
+    """`delta(before=...)` and the batched deltas replay only the rows a change can reach (`affected`);
+    they must still equal full replays, adds and removals, servers and devices alike."""
+    from edgemoe.cluster.presets import generate
+    from edgemoe.plan import plan_problem
+    from edgemoe.profile import synthetic_profile
+
+    profile = synthetic_profile(num_layers=3, num_experts=8, top_k=2, num_tokens=400, seed=4)
+    spec = generate(10, 20, seed=1) if cluster == "generated" else cluster
+    problem = plan_problem(profile, spec, domain_fallback=True)
+    groups = groups_for(profile)
+    rng = np.random.default_rng(0)
+    for mode in ("migrate", "home"):
+        model = PathModel(problem, mode, 24, budget, groups.substitute_ids)
+        hosts = plan(problem, "random", seed=2).hosts.copy()
+        state = model.replay(hosts)
+        base = model.expected_latency(hosts)
+        fillable = np.flatnonzero(~problem.is_cloud)
+        for _ in range(6):
+            layer, e = int(rng.integers(3)), int(rng.integers(8))
+            for value in (True, False):
+                batch = model.delta_batch(state, hosts, layer, [e], fillable, value)
+                for i, n in enumerate(fillable):
+                    before = hosts[:, layer].copy()
+                    hosts[n, layer, e] = value
+                    single, _ = model.delta(state, hosts, layer, [e], before=before)
+                    full = model.expected_latency(hosts) - base
+                    hosts[:, layer] = before
+                    assert single == pytest.approx(full, abs=1e-12)
+                    assert batch[i] == pytest.approx(full, abs=1e-12)
+        # an exchange of two nodes' layers (several experts at two nodes), committed
+        a, b = fillable[:2]
+        before = hosts[:, 1].copy()
+        hosts[a, 1], hosts[b, 1] = before[b], before[a]
+        d, patch = model.delta(state, hosts, 1, np.flatnonzero(before[a] != before[b]), before=before)
+        assert d == pytest.approx(model.expected_latency(hosts) - base, abs=1e-12)
+        model.commit(state, patch)
+        fresh = model.replay(hosts)
+        np.testing.assert_array_equal(state.location, fresh.location)
+        np.testing.assert_allclose(state.latency_s, fresh.latency_s, rtol=0, atol=1e-15)
+
+
+def test_users_with_one_home_and_domain_share_rows_and_max_rows_caps_them():
+    from edgemoe.cluster.presets import generate
+    from edgemoe.plan import plan_problem
+    from edgemoe.plan.paths import MIN_PATHS, sample_rows
+    from edgemoe.profile import synthetic_profile
+
+    profile = synthetic_profile(num_layers=2, num_experts=4, top_k=2, num_tokens=3000, num_domains=2, seed=0)
+    problem = plan_problem(profile, generate(8, 32, seed=0), domain_fallback=True)
+    users, tokens, weight = sample_rows(problem, 64)
+    assert weight.sum() == pytest.approx(1.0)
+    groups = {(int(problem.user_home[u]), int(problem.user_domain[u])) for u in range(len(problem.user_home))}
+    assert len(np.unique(users)) == len(groups) < len(problem.user_home)
+    capped = sample_rows(problem, 64, max_rows=len(groups) * 20)
+    assert capped[0].size == len(groups) * 20 and capped[2].sum() == pytest.approx(1.0)
+    assert sample_rows(problem, 64, max_rows=1)[0].size == len(groups) * MIN_PATHS
+
+
+def test_planner_work_grows_at_most_linearly_with_servers():
+    """Evaluations (the search's work counter, never seconds) per server do not grow with the cluster on small
+    generated clusters, and the replayed rows stay within max_rows."""
+    from edgemoe.cluster.presets import generate
+    from edgemoe.plan import plan_problem
+    from edgemoe.profile import synthetic_profile
+
+    profile = synthetic_profile(num_layers=3, num_experts=8, top_k=2, num_tokens=600, seed=0)
+    per_server = {}
+    for servers in (4, 8, 16):
+        problem = plan_problem(profile, generate(servers, 2 * servers, seed=0), domain_fallback=True)
+        p = plan_ordermoe(problem, mode="migrate", max_rows=512).params
+        assert p["rows"] <= 512 and p["evaluations"] <= p["max_evals"] + 8
+        per_server[servers] = p["evaluations"] / servers
+    assert per_server[16] <= 2.0 * per_server[4]
+    assert per_server[8] <= 2.0 * per_server[4]

@@ -232,6 +232,9 @@ BUDGET = 0.05  # the ordermoe policy's default allowance per token-layer (docs/r
 PATHS_PER_USER = 128  # calibration paths replayed per user (2048 rows on edge8); 256 measured no better
 SETS_PER_LAYER = 24  # frequent Top-K sets per layer offered as one-move completions
 MAX_EVALS = 4000  # objective evaluations the search may spend (each a batched incremental replay)
+# Rows replayed at most: 32 servers with 2 users each and 128 paths; larger clusters get fewer paths per user
+# (never under paths.MIN_PATHS), so one evaluation's cost stops growing with the cluster.
+MAX_ROWS = 8192
 
 
 @register("ordermoe")
@@ -241,12 +244,14 @@ def plan_ordermoe(
     algorithm: str = "search",
     budget: float = BUDGET,
     paths_per_user: int = PATHS_PER_USER,
+    max_rows: int = MAX_ROWS,
     sets_per_layer: int = SETS_PER_LAYER,
     max_evals: int = MAX_EVALS,
     swap_rounds: int = 4,
     init: str = "successive",
     relocate_rounds: int = 2,
     exchange_neighbours: int = 7,
+    start_neighbours: int = 8,
     grouping: str = "layer-aware",
     theta_hi: float = THETA_HI,
     theta_lo: float = THETA_LO,
@@ -303,7 +308,7 @@ def plan_ordermoe(
         # home mode is SlimCaching's device-edge-cloud setting, where devices cache for their owner too
         fill = fill or ("edge,device" if mode == "home" else "edge")
         hosts, info = _search(problem, groups, mode, budget, paths_per_user, sets_per_layer, max_evals, swap_rounds,
-                              fill, init, relocate_rounds, exchange_neighbours)
+                              fill, init, relocate_rounds, exchange_neighbours, start_neighbours, max_rows)
         params = {**common, **info}
     else:
         hosts, cover = _two_stage(problem, groups, redundancy, eta, gamma, rep_weight, fill or "edge", cover)
@@ -316,17 +321,19 @@ def plan_ordermoe(
 
 def _search(problem: PlanProblem, groups: SimilarityGroups, mode: str | None, budget: float, paths_per_user: int,
             sets_per_layer: int, max_evals: int, swap_rounds: int, fill: str, init: str, relocate_rounds: int,
-            exchange_neighbours: int) -> tuple[np.ndarray, dict]:
+            exchange_neighbours: int, start_neighbours: int = 8, max_rows: int | None = MAX_ROWS) -> tuple[np.ndarray, dict]:
     """The latency search (`ordermoe_search`); returns (hosts [N, L, E], facts for the placement's params)."""
     mode = problem.params.get("mode", "migrate") if mode is None else mode
     if init not in ("successive", "greedy"):
         raise EdgeMoEError(f"ordermoe: init={init!r}; expected 'successive' or 'greedy'")
     if max_evals < 0 or swap_rounds < 0 or sets_per_layer < 0:
         raise EdgeMoEError("ordermoe: max_evals, swap_rounds and sets_per_layer must be >= 0")
+    if start_neighbours < 1 or exchange_neighbours < 1:
+        raise EdgeMoEError("ordermoe: start_neighbours and exchange_neighbours must be >= 1")
     kinds = {k.strip() for k in fill.split(",")}
     present = set(problem.node_kind)
     fillable = fillable_nodes(problem, ",".join(sorted(kinds & present)) or fill)
-    model = PathModel(problem, mode, paths_per_user, budget, groups.substitute_ids)
+    model = PathModel(problem, mode, paths_per_user, budget, groups.substitute_ids, max_rows)
     search = LatencySearch(problem, model, empty_hosts(problem), fillable, max_evals, exchange_neighbours)
     sets = frequent_sets(model, sets_per_layer)
     L, E = problem.expert_bytes.shape
@@ -337,9 +344,9 @@ def _search(problem: PlanProblem, groups: SimilarityGroups, mode: str | None, bu
     cover = not problem.is_cloud.any()
     nodes = np.flatnonzero(fillable)
     if init == "successive":
-        search.hosts = _successive_start(problem, fillable)
+        search.hosts = _successive_start(problem, fillable, start_neighbours)
         if mode == "migrate":
-            search.hosts = _relocated_start(problem, model, search.hosts, fillable, relocate_rounds)
+            search.hosts = _relocated_start(problem, model, search.hosts, fillable, relocate_rounds, start_neighbours)
         used = (search.hosts * search.sizes[None]).sum(axis=(1, 2))
         search.free = np.where(fillable, np.asarray(problem.capacity_bytes, dtype=np.int64) - used, 0)
         search.state = model.replay(search.hosts)
@@ -354,22 +361,23 @@ def _search(problem: PlanProblem, groups: SimilarityGroups, mode: str | None, bu
         search.greedy(cands, nodes)
     greedy_s = search.objective_s
     search.swaps(edge if cover else None, swap_rounds)
-    info = {"mode": mode, "budget": budget, "paths_per_user": paths_per_user, "rows": model.num_rows,
+    info = {"mode": mode, "budget": budget, "paths_per_user": paths_per_user, "max_rows": max_rows, "rows": model.num_rows,
             "sets_per_layer": sets_per_layer, "init": init, "relocate_rounds": relocate_rounds,
-            "exchange_neighbours": exchange_neighbours, "max_evals": max_evals, "swap_rounds": swap_rounds, "fill": fill,
+            "exchange_neighbours": exchange_neighbours, "start_neighbours": start_neighbours, "max_evals": max_evals, "swap_rounds": swap_rounds, "fill": fill,
             "coverage": cover, "evaluations": search.evals, "moves": search.accepted,
             "expected_latency_ms": 1e3 * search.objective_s, "greedy_latency_ms": 1e3 * greedy_s,
             "empty_latency_ms": 1e3 * start}
     return search.hosts, info
 
 
-def _successive_start(problem: PlanProblem, fillable: np.ndarray) -> np.ndarray:
+def _successive_start(problem: PlanProblem, fillable: np.ndarray, near: int | None = None) -> np.ndarray:
     """[N, L, E] start of the search: the per-node successive decomposition (`slimcaching.successive`, 3 passes,
-    no refinement), which places co-activated experts together exactly for the home-mode latency."""
+    no refinement), which places co-activated experts together exactly for the home-mode latency. near: each
+    node's block weighs only the users that have it among their `near` nearest cache nodes (None: all)."""
     from .objective import slim_model
     from .slimcaching import cover_edges, successive
 
-    hosts, _ = successive(problem, slim_model(problem), passes=3, coverage=not problem.is_cloud.any())
+    hosts, _ = successive(problem, slim_model(problem), passes=3, coverage=not problem.is_cloud.any(), near=near)
     if not problem.is_cloud.any():
         cover_edges(problem, hosts)
     hosts[~fillable & ~problem.is_cloud] = False
@@ -396,12 +404,12 @@ def location_problem(problem: PlanProblem, model: PathModel, hosts: np.ndarray) 
 
 
 def _relocated_start(problem: PlanProblem, model: PathModel, hosts: np.ndarray, fillable: np.ndarray,
-                     rounds: int) -> np.ndarray:
+                     rounds: int, near: int | None = None) -> np.ndarray:
     """Re-solve the successive decomposition for where tokens are (`location_problem`) while that lowers the
     objective, at most `rounds` times."""
     best, best_s = hosts, model.expected_latency(hosts)
     for _ in range(rounds):
-        cand = _successive_start(location_problem(problem, model, best), fillable)
+        cand = _successive_start(location_problem(problem, model, best), fillable, near)
         cand_s = model.expected_latency(cand)
         if cand_s >= best_s * (1 - 1e-9):
             break

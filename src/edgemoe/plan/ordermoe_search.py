@@ -71,8 +71,9 @@ class LatencySearch:
         experts = [e for e in experts if self.hosts[node, layer, e] != value]
         if not experts:
             return 0.0
+        before = self.hosts[:, layer].copy()
         self.hosts[node, layer, experts] = value
-        delta, patch = self.model.delta(self.state, self.hosts, layer, experts)
+        delta, patch = self.model.delta(self.state, self.hosts, layer, experts, before=before)
         self.evals += 1
         self.evals_left -= 1
         if commit_if is not None and commit_if(delta):
@@ -175,14 +176,17 @@ class LatencySearch:
         near = np.argsort(np.where(np.eye(len(nodes), dtype=bool), np.inf, rt), axis=1, kind="stable")
         near = near[:, :min(self.neighbours, len(nodes) - 1)]
         pairs = sorted({(min(i, int(j)), max(i, int(j))) for i in range(len(nodes)) for j in near[i]})
+        # A change is kept when it lowers the objective by more than this (relative to the round's objective,
+        # at least 1 s: computing the objective per move would cost a pass over every row).
+        tol = 1e-12 * max(1.0, self.objective_s)
         for i, j in pairs:
             a, b = int(nodes[i]), int(nodes[j])
-            improved |= self._swap_nodes(a, b, cap)
+            improved |= self._swap_nodes(a, b, cap, tol)
             for layer in range(self.sizes.shape[0]):
-                improved |= self._swap_layer(a, b, layer, cap)
+                improved |= self._swap_layer(a, b, layer, cap, tol)
         return improved
 
-    def _swap_layer(self, a: int, b: int, layer: int, cap: np.ndarray) -> bool:
+    def _swap_layer(self, a: int, b: int, layer: int, cap: np.ndarray, tol: float) -> bool:
         """Exchange what nodes a and b hold at `layer` (if both fit afterwards); kept if the objective falls."""
         ha, hb = self.hosts[a, layer].copy(), self.hosts[b, layer].copy()
         if np.array_equal(ha, hb) or self.evals_left <= 0:
@@ -191,10 +195,11 @@ class LatencySearch:
         used = cap - self.free
         if used[a] + grow > cap[a] or used[b] - grow > cap[b]:
             return False
+        before = self.hosts[:, layer].copy()
         self.hosts[a, layer], self.hosts[b, layer] = hb, ha
-        delta, patch = self.model.delta(self.state, self.hosts, layer, np.flatnonzero(ha != hb))
+        delta, patch = self.model.delta(self.state, self.hosts, layer, np.flatnonzero(ha != hb), before=before)
         self._count()
-        if delta < -1e-12 * max(1.0, self.objective_s):
+        if delta < -tol:
             self.model.commit(self.state, patch)
             self.free[a] -= grow
             self.free[b] += grow
@@ -203,7 +208,7 @@ class LatencySearch:
         self.hosts[a, layer], self.hosts[b, layer] = ha, hb
         return False
 
-    def _swap_nodes(self, a: int, b: int, cap: np.ndarray) -> bool:
+    def _swap_nodes(self, a: int, b: int, cap: np.ndarray, tol: float) -> bool:
         """Exchange everything nodes a and b hold (if both fit afterwards), layer by layer; kept if better."""
         used = cap - self.free
         if used[a] > cap[b] or used[b] > cap[a] or self.evals_left <= 0:
@@ -211,21 +216,27 @@ class LatencySearch:
         layers = [layer for layer in range(self.sizes.shape[0]) if not np.array_equal(self.hosts[a, layer], self.hosts[b, layer])]
         if len(layers) < 2:
             return False  # one layer: the per-layer exchange covers it
-        saved = (self.hosts.copy(), self.state.latency_s.copy(), self.state.location.copy(), self.state.budget_left.copy())
+        saved = (self.hosts[a].copy(), self.hosts[b].copy())
+        undo = []  # the replay's old values of every row a layer's exchange rewrote, to put back if rejected
         total = 0.0
         for layer in layers:
-            ha, hb = self.hosts[a, layer].copy(), self.hosts[b, layer].copy()
+            before = self.hosts[:, layer].copy()
+            ha, hb = before[a].copy(), before[b].copy()
             self.hosts[a, layer], self.hosts[b, layer] = hb, ha
-            delta, patch = self.model.delta(self.state, self.hosts, layer, np.flatnonzero(ha != hb))
+            delta, patch = self.model.delta(self.state, self.hosts, layer, np.flatnonzero(ha != hb), before=before)
             self._count()
+            if patch is not None:
+                rows = patch[0]
+                undo.append((rows, self.state.latency_s[rows], self.state.location[rows], self.state.budget_left[rows]))
             self.model.commit(self.state, patch)
             total += delta
-        if total < -1e-12 * max(1.0, self.objective_s):
+        if total < -tol:
             self.free[a], self.free[b] = cap[a] - used[b], cap[b] - used[a]
             self.accepted += 1
             return True
-        self.hosts[...] = saved[0]
-        self.state.latency_s[...], self.state.location[...], self.state.budget_left[...] = saved[1:]
+        self.hosts[a], self.hosts[b] = saved
+        for rows, lat, loc, left in reversed(undo):
+            self.state.latency_s[rows], self.state.location[rows], self.state.budget_left[rows] = lat, loc, left
         return False
 
     def _swap_node(self, n: int, edge_cover: np.ndarray | None) -> bool:

@@ -85,11 +85,12 @@ class PathModel:
 
     paths_per_user: calibration tokens sampled per user (evenly spaced over its domain's tokens; the
     domain's tokens all when fewer). budget: quality allowance per token-layer (0: exact execution).
-    substitutes: [L, E, S] ranked group mates (-1 padded), needed when budget > 0.
+    substitutes: [L, E, S] ranked group mates (-1 padded), needed when budget > 0. max_rows: cap on the rows
+    (`sample_rows`); users with the same home and domain share rows.
     """
 
     def __init__(self, problem: PlanProblem, mode: str = "migrate", paths_per_user: int = 256, budget: float = 0.0,
-                 substitutes: np.ndarray | None = None):
+                 substitutes: np.ndarray | None = None, max_rows: int | None = None):
         if mode not in MODES:
             raise EdgeMoEError(f"mode={mode!r}; expected one of {list(MODES)}")
         if budget < 0 or not np.isfinite(budget):
@@ -105,7 +106,7 @@ class PathModel:
         self.compute = np.asarray(problem.compute_s, dtype=np.float64)  # [N, L, E]
         self.is_cloud = problem.is_cloud
         self.usable = usable_nodes(problem)  # [U, N]
-        users, tokens, weight = sample_rows(problem, paths_per_user)
+        users, tokens, weight = sample_rows(problem, paths_per_user, max_rows)
         self.user, self.weight = users, weight  # [R]
         self.home = np.asarray(problem.user_home, dtype=np.int64)[users]
         self.topk = np.asarray(prof.topk, dtype=np.int64)[tokens]  # [R, L, K]
@@ -118,6 +119,12 @@ class PathModel:
         self._touched: dict = {}
         self.rows_with = [[np.flatnonzero((self.topk[:, layer] == e).any(axis=1)) for e in range(E)]
                           for layer in range(L)]
+        # Who a change at a node can reach (`affected`): shared servers are compared through `holder_table`;
+        # a device serves only its owner, so its rows are the owner's.
+        is_device = np.array([k == "device" for k in problem.node_kind])
+        self.servers = np.flatnonzero(~is_device & ~self.is_cloud)  # [S]
+        self.is_server = ~is_device & ~self.is_cloud  # [N]
+        self.device = np.where(is_device[self.home], self.home, -1)  # [R] the row's own device, -1 none
 
     @property
     def num_rows(self) -> int:
@@ -133,30 +140,48 @@ class PathModel:
         """
         experts = self.topk[rows, layer]  # [R', K]
         gates = self.gates[rows, layer]
-        held = np.moveaxis(hosts[:, layer, experts], 0, -1)  # [R', K, N]
+        # Only the nodes holding a branch's expert can serve it: [R', K, H] columns of holders (H = most copies
+        # of one expert at this layer, a few on a large cluster), not [R', K, N], so a row costs the same
+        # whatever the number of nodes.
+        cols = self.holders(hosts, layer)[experts]  # [R', K, H], -1 padded
+        held = cols >= 0
+        local = hosts[loc[:, None], layer, experts]  # [R', K]
         if flip is not None:
             nodes, changed, value = flip
             hit = (experts[:, :, None] == changed[:, None, :]).any(axis=2)  # [R', K]
-            ri, ki = np.nonzero(hit)
-            held[ri, ki, nodes[ri]] = value
-        node, miss = self._replicas(layer, rows, loc, experts, held)
+            # The flipped node leaves the holder columns and comes back as one extra column when it is added.
+            held &= ~(hit[:, :, None] & (cols == nodes[:, None, None]))
+            cols = np.concatenate([cols, np.broadcast_to(nodes[:, None, None], (*hit.shape, 1))], axis=2)
+            held = np.concatenate([held, (hit & value)[:, :, None]], axis=2)
+            local = np.where(hit & (loc == nodes)[:, None], value, local)
+        node, miss = self._replicas(layer, rows, loc, experts, cols, held, local)
         if self.budget > 0:
             return self._step_substitution(hosts, layer, rows, loc, left, experts, gates, node, miss, flip)
         lat, nxt = self._finish(layer, rows, loc, experts, node, miss)
         return lat, nxt, left
 
-    def _replicas(self, layer, rows, loc, experts, held):
-        """([R', K] node of each branch, [R', K] bool no usable holder) by the `exact` policy's rule."""
-        R = loc.shape[0]
-        ar = np.arange(R)
-        local = held[ar, :, loc]  # [R', K]
-        cand = held & self.usable[self.user[rows]][:, None, :]
+    def holders(self, hosts: np.ndarray, layer: int) -> np.ndarray:
+        """[E, H] nodes holding each expert at `layer` under hosts [N, L, E], ascending, -1 padded (H >= 1)."""
+        e_idx, n_idx = np.nonzero(hosts[:, layer].T)  # by expert, then node
+        count = np.bincount(e_idx, minlength=self.E)
+        table = np.full((self.E, max(int(count.max(initial=0)), 1)), -1, dtype=np.int64)
+        table[e_idx, np.arange(e_idx.size) - (np.cumsum(count) - count)[e_idx]] = n_idx
+        return table
+
+    def _replicas(self, layer, rows, loc, experts, cols, held, local):
+        """([R', K] node of each branch, [R', K] bool no usable holder) by the `exact` policy's rule: the token's
+        node if it holds the expert (local [R', K]), else the usable holder (cols/held [R', K, H]) of least
+        round trip + compute, the cloud only when no other holder is usable; ties to the lowest node index."""
+        at = np.maximum(cols, 0)
+        cand = held & self.usable[self.user[rows][:, None, None], at]
         if self.is_cloud.any():
-            edge = cand & ~self.is_cloud[None, None, :]
+            edge = cand & ~self.is_cloud[at]
             cand = np.where(edge.any(axis=2, keepdims=True), edge, cand)
-        cost = self.rt[loc][:, None, :] + np.moveaxis(self.compute[:, layer, experts], 0, -1)  # [R', K, N]
-        cost = np.where(cand, cost, np.inf)
-        node = cost.argmin(axis=2)
+        cost = np.where(cand, self.rt[loc[:, None, None], at] + self.compute[at, layer, experts[:, :, None]], np.inf)
+        best = cost.min(axis=2, initial=np.inf)
+        node = np.where(cand & (cost == best[..., None]), at, self.N).min(axis=2, initial=self.N)
+        # Nothing finite (no usable holder): node 0, what an argmin over all-infinite costs gives.
+        node = np.where(np.isfinite(best), node, 0)
         miss = ~cand.any(axis=2) & ~local
         node = np.where(local, loc[:, None], node)
         return node, miss
@@ -204,21 +229,32 @@ class PathModel:
         best_q = np.zeros(R)
         some = np.flatnonzero(can.any(axis=1) & (left > 0))  # only these rows have a choice
         if some.size:
-            for mask_k in _subsets(K):
-                mask = np.broadcast_to(mask_k, (some.size, K))
-                q = (mask * q_slot[some]).sum(axis=1)
-                valid = ~(mask & ~can[some]).any(axis=1) & (q <= left[some] + 1e-12)
-                if not valid.any():
-                    continue
-                r = some[valid]
-                m = mask[valid]
+            # Every (subset, row) pair that fits the budget in one `_finish` call; the subsets in order.
+            masks = np.array(_subsets(K))  # [M, K]
+            mask = np.broadcast_to(masks[:, None, :], (len(masks), some.size, K))
+            q = (mask * q_slot[some][None]).sum(axis=2)  # [M, S']
+            valid = ~(mask & ~can[some][None]).any(axis=2) & (q <= left[some][None] + 1e-12)
+            mi, si = np.nonzero(valid)
+            if mi.size:
+                r, m = some[si], masks[mi]
                 e2 = np.where(m, sub[r], experts[r])
                 n2 = np.where(m, loc[r, None], node[r])
                 lat, nxt = self._finish(layer, rows[r], loc[r], e2, n2, miss[r] & ~m)
-                q = q[valid]
-                better = lat + 1e-9 * q < best_lat[r] + 1e-9 * best_q[r]
-                r, lat, nxt, q = r[better], lat[better], nxt[better], q[better]
-                best_lat[r], best_nxt[r], best_q[r] = lat, nxt, q
+                q = q[mi, si]
+                score = lat + 1e-9 * q
+                # Per row the first subset of least score, kept only if strictly better than no substitution:
+                # what trying the subsets one by one and keeping strict improvements gives.
+                order = np.lexsort((mi, si))  # by row, then subset
+                cut = np.flatnonzero(np.r_[True, si[order][1:] != si[order][:-1]])
+                low = np.minimum.reduceat(score[order], cut)  # [rows with a choice]
+                group = np.repeat(np.arange(cut.size), np.diff(np.r_[cut, order.size]))
+                at_low = score[order] == low[group]
+                first = np.minimum.reduceat(np.where(at_low, np.arange(order.size), order.size), cut)
+                pick = order[first]
+                r = r[pick]
+                better = score[pick] < best_lat[r] + 1e-9 * best_q[r]
+                pick, r = pick[better], r[better]
+                best_lat[r], best_nxt[r], best_q[r] = lat[pick], nxt[pick], q[pick]
         return best_lat, best_nxt, left - best_q
 
     # --------------------------------------------------------------------------------- whole paths
@@ -256,10 +292,81 @@ class PathModel:
             self._touched[key] = rows
         return rows
 
-    def delta(self, state: Replay, hosts: np.ndarray, layer: int, experts, rows: np.ndarray | None = None):
+    # ------------------------------------------------------------------------- who a change reaches
+    def holder_table(self, held: np.ndarray, layer: int, experts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """([N, X] node, [N, X] seconds): for a token at each node c, the shared server (not a device, not the
+        cloud) the exact rule would send a branch of experts[x] to among the holders in held [N, E] at `layer`:
+        least round trip + compute, first index on ties (as `_replicas`); node -1 where none is finite."""
+        s = self.servers
+        cost = self.rt[:, s, None] + self.compute[s][:, layer, experts][None]  # [N, S, X]
+        cost = np.where(held[s][:, experts][None], cost, np.inf)
+        if s.size == 0:
+            return np.full((self.N, len(experts)), -1), np.full((self.N, len(experts)), np.inf)
+        pick = cost.argmin(axis=1)  # [N, X]
+        best = np.take_along_axis(cost, pick[:, None], axis=1)[:, 0]
+        return np.where(np.isfinite(best), s[pick], -1), best
+
+    def affected(self, state: Replay, layer: int, rows: np.ndarray, before: np.ndarray,
+                 after: np.ndarray) -> np.ndarray:
+        """[R'] bool: rows whose decision at `layer` may differ between hosts before and after ([N, E] at
+        `layer`). A superset, so deltas stay exact: the others run the same branches on the same nodes and
+        keep their old values bit for bit. A row can only feel a change when it sits on a changed node (local
+        hits, substitutes), owns a changed device, or one of its branches' experts changed and the shared server
+        that branch goes to (`holder_table`) is not the same before and after while the token's node lacks it."""
+        diff = before != after
+        nodes = diff.any(axis=1)  # [N]
+        if (nodes & self.is_cloud).any():
+            return np.ones(rows.size, bool)  # the cloud is everyone's fallback: no cheap test
+        loc = state.location[rows, layer]
+        dev = self.device[rows]
+        keep = nodes[loc] | ((dev >= 0) & nodes[np.maximum(dev, 0)])
+        experts = np.flatnonzero(diff.any(axis=0))
+        if experts.size == 0:
+            return keep
+        old_n, old_c = self.holder_table(before, layer, experts)
+        new_n, new_c = self.holder_table(after, layer, experts)
+        moved = (old_n != new_n) | ~np.isfinite(old_c) | ~np.isfinite(new_c)  # [N, X]
+        pos = np.full(self.E, -1)
+        pos[experts] = np.arange(experts.size)
+        ek = self.topk[rows, layer]  # [R', K]
+        x = pos[ek]
+        hit = (x >= 0) & moved[loc[:, None], np.maximum(x, 0)]  # [R', K] the branch's server changed
+        return keep | (hit & ~before[loc[:, None], ek]).any(axis=1)
+
+    def flip_affected(self, state: Replay, hosts: np.ndarray, layer: int, rows: np.ndarray, nodes: np.ndarray,
+                      changed: np.ndarray, value: bool) -> np.ndarray:
+        """[R'] bool: `affected` for a batch of candidates, row i seeing hosts[nodes[i], layer, changed[i]] = value
+        (changed [R', W], -1 padded). Adding a server copy reaches a branch only if that server is at least as
+        fast as the branch's current server (or there is none); removing one only if it was that server."""
+        loc = state.location[rows, layer]
+        keep = (loc == nodes) | (self.device[rows] == nodes) | ~self.is_server[nodes]
+        experts = np.unique(changed[changed >= 0])
+        if experts.size == 0:
+            return keep
+        held = hosts[:, layer]
+        old_n, old_c = self.holder_table(held, layer, experts)
+        pos = np.full(self.E, -1)
+        pos[experts] = np.arange(experts.size)
+        ek = self.topk[rows, layer]  # [R', K]
+        xs = np.maximum(pos[ek], 0)
+        mine = (ek[:, :, None] == changed[:, None, :]).any(axis=2)  # [R', K] the branch's expert flips
+        server = old_n[loc[:, None], xs]  # [R', K]
+        if value:
+            cost = self.rt[loc, nodes][:, None] + self.compute[nodes[:, None], layer, ek]
+            moved = (server < 0) | (cost <= old_c[loc[:, None], xs])
+        else:
+            moved = (server < 0) | (server == nodes[:, None])
+        return keep | (mine & moved & ~held[loc[:, None], ek]).any(axis=1)
+
+    def delta(self, state: Replay, hosts: np.ndarray, layer: int, experts, rows: np.ndarray | None = None,
+              before: np.ndarray | None = None):
         """Change of the expected latency when `hosts` (already modified at `layer` for `experts`) replaces
-        the hosts `state` was replayed under. Returns (seconds, patch); `commit(state, patch)` applies it."""
+        the hosts `state` was replayed under. Returns (seconds, patch); `commit(state, patch)` applies it.
+        before: [N, E] hosts at `layer` before the change; when given, only the rows it can reach are replayed
+        (`affected`), which is what keeps a change's cost from growing with the cluster."""
         rows = self.touched_rows(layer, experts) if rows is None else rows
+        if before is not None and rows.size:
+            rows = rows[self.affected(state, layer, rows, before, hosts[:, layer])]
         if rows.size == 0:
             return 0.0, None
         d, patch = self._propagate(state, hosts, layer, rows, None)
@@ -298,6 +405,10 @@ class PathModel:
         table = np.full((V, width), -1, np.int64)
         for v, c in enumerate(changed):
             table[v, :c.size] = c
+        near = self.flip_affected(state, hosts, layer, rows, nodes[vi], table[vi], value)
+        rows, vi = rows[near], vi[near]
+        if rows.size == 0:
+            return np.zeros(V)
         flip = (nodes[vi], table[vi], value)
         d, _ = self._propagate(state, hosts, layer, rows, flip)
         return np.bincount(vi, weights=d, minlength=V)
@@ -346,19 +457,40 @@ def _subsets(K: int) -> list[np.ndarray]:
     return [np.arange(K) == k for k in range(K)] + [np.ones(K, bool)]
 
 
-def sample_rows(problem: PlanProblem, paths_per_user: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+MIN_PATHS = 16  # paths per user group that the row cap never goes below
+
+
+def sample_rows(problem: PlanProblem, paths_per_user: int,
+                max_rows: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """([R] user, [R] calibration token, [R] weight): up to `paths_per_user` tokens of each user's domain,
-    evenly spaced (deterministic); weights w_u / (tokens sampled for u), so they sum to 1."""
+    evenly spaced (deterministic); weights w_u / (tokens sampled for u), so they sum to 1.
+
+    Users with the same home and domain would replay identical rows (same tokens, same start, same usable
+    nodes), so they share one set of rows (user: the first of them) carrying their summed weight. max_rows:
+    when the groups x paths_per_user would exceed it, each group gets max(MIN_PATHS, max_rows // groups)
+    paths instead, so the rows (and every evaluation's cost) stop growing with the number of users.
+    """
     if paths_per_user < 1:
         raise EdgeMoEError(f"paths_per_user must be >= 1, got {paths_per_user}")
+    if max_rows is not None and max_rows < 1:
+        raise EdgeMoEError(f"max_rows must be >= 1, got {max_rows}")
     domain = np.asarray(problem.profile.domain, dtype=np.int64)
+    user_domain = np.asarray(problem.user_domain, dtype=np.int64)
+    home = np.asarray(problem.user_home, dtype=np.int64)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for u in range(user_domain.size):
+        groups.setdefault((int(home[u]), int(user_domain[u])), []).append(u)
+    per_group = paths_per_user
+    if max_rows is not None and len(groups) * paths_per_user > max_rows:
+        per_group = max(MIN_PATHS, max_rows // len(groups))
     users, tokens, weight = [], [], []
-    for u, d in enumerate(np.asarray(problem.user_domain, dtype=np.int64)):
+    for (_, d), members in groups.items():  # in order of each group's first user
         pool = np.flatnonzero(domain == d)
         if pool.size == 0:
             pool = np.arange(domain.size)
-        take = pool if pool.size <= paths_per_user else pool[np.linspace(0, pool.size - 1, paths_per_user).astype(np.int64)]
-        users.append(np.full(take.size, u))
+        take = pool if pool.size <= per_group else pool[np.linspace(0, pool.size - 1, per_group).astype(np.int64)]
+        users.append(np.full(take.size, members[0]))
         tokens.append(take)
-        weight.append(np.full(take.size, problem.user_weight[u] / take.size))
+        w = problem.user_weight[members[0]] if len(members) == 1 else float(np.sum(problem.user_weight[members]))
+        weight.append(np.full(take.size, w / take.size))
     return np.concatenate(users), np.concatenate(tokens), np.concatenate(weight)

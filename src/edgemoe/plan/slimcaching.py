@@ -97,17 +97,22 @@ def cover_edges(problem: PlanProblem, hosts: np.ndarray) -> np.ndarray:
 def successive(problem: PlanProblem, model: SlimModel, passes: int = 1, order: str = "edge-first",
                maxconv: str = "auto", epsilon: float = 0.1, enum_max: int = 12, beam_width: int = 8,
                max_units: int = MAX_UNITS, start: np.ndarray | None = None,
-               coverage: bool = False) -> tuple[np.ndarray, dict]:
+               coverage: bool = False, near: int | None = None) -> tuple[np.ndarray, dict]:
     """Successive per-node decomposition from `start` hosts [N, L, E] (default: empty caches).
 
     With `coverage`, every pass ends with `cover_edges`, and later passes keep each edge server's sole
     copies (they are fixed in its block and its capacity shrinks by their size).
+    near: when set, a node's block weighs only the users that have it among their `near` nearest cache nodes
+    (`nearest_users`): each block then costs about the same whatever the cluster's size, so a pass is
+    linear in the number of nodes instead of quadratic (None: every user that may use the node, the paper's).
     Returns (hosts [N, L, E], info).
     """
     hosts = empty_hosts(problem) if start is None else start.copy()
     tau = expert_latency(model, hosts)  # [U, L, E]
     blocks = block_order(problem, model, order)
     users_of = {n: model.node_users(n) for n in blocks}
+    if near is not None:
+        users_of = nearest_users(problem, users_of, near)
     calls = {n: model.node_call(n)[users_of[n]] for n in blocks}
     methods: dict[str, int] = {}
     all_exact = True
@@ -142,6 +147,21 @@ def successive(problem: PlanProblem, model: SlimModel, passes: int = 1, order: s
     info = {"algorithm": "successive", "order": order, "passes": passes, "passes_run": len(history) - 1,
             "objective_by_pass_s": history, "maxconv_used": methods, "exact_tables": all_exact}
     return best_hosts, info
+
+
+def nearest_users(problem: PlanProblem, users_of: dict[int, np.ndarray], near: int) -> dict[int, np.ndarray]:
+    """{node: users} kept to the users that have the node among their `near` nearest cache nodes by round
+    trip (comm_s; ties by index), out of users_of {node: [U_n] users that may use it}."""
+    nodes = np.array(sorted(users_of), dtype=np.int64)
+    comm = np.asarray(problem.comm_s, dtype=np.float64)[:, nodes]  # [U, N']
+    may = np.zeros(comm.shape, bool)
+    for j, n in enumerate(nodes):
+        may[users_of[int(n)], j] = True
+    rank = np.argsort(np.where(may, comm, np.inf), axis=1, kind="stable")[:, :max(1, int(near))]
+    chosen = np.zeros(comm.shape, bool)
+    np.put_along_axis(chosen, rank, True, axis=1)
+    chosen &= may
+    return {int(n): np.flatnonzero(chosen[:, j]) for j, n in enumerate(nodes)}
 
 
 def refine_blocks(problem: PlanProblem, model: SlimModel, hosts: np.ndarray, order: str, settings: SolverSettings,
