@@ -58,7 +58,6 @@ def main() -> None:
     from edgemoe.io import atomic_write_json
     from edgemoe.plan import plan, plan_problem
     from edgemoe.profile import synthetic_profile
-
     from ordermoe_placement import demo_inputs
 
     # imports and first-call setup outside the timed calls
