@@ -74,12 +74,13 @@ def run_size(profile, topk, gates, cfg, servers: int, budgets: dict[str, float],
         contexts[label] = make_context(profile, cluster, placement, mode="migrate", groups=groups,
                                        domain_fallback=fallback)
     trace = eval_trace(topk, gates, contexts["ordermoe"].user_domain, cfg.block_len)
-    runs = [(f"exact@{m}", m, "exact", {}) for m in EXACT]
-    runs += [(p, f"ordermoe-{p}", "ordermoe", {"budget": b, "horizon": 2}) for p, b in budgets.items()]
-    for name, placement, policy, params in runs:
-        ctx = contexts[placement]
+    # (row, context label, placement method, policy, policy params)
+    runs = [(f"exact@{m}", m, m, "exact", {}) for m in EXACT]
+    runs += [(p, f"ordermoe-{p}", "ordermoe", "ordermoe", {"budget": b, "horizon": 2}) for p, b in budgets.items()]
+    for name, label, placement, policy, params in runs:
+        ctx = contexts[label]
         m = simulate(ctx, make_policy(policy, ctx, **params), trace, workload)
-        rows[name] = {"placement": placement.removesuffix("-paper").removesuffix("-strict"), "policy": policy, "policy_params": params,
+        rows[name] = {"placement": placement, "policy": policy, "policy_params": params,
                       "latency_ms": {"mean": m.latency_ms["mean"], "p99": m.latency_ms["p99"]},
                       "substitution_ratio": m.substitution_ratio, "remote_ratio": m.remote_ratio}
         log(f"{servers:3d} servers  {name:<22} mean {m.latency_ms['mean']:7.2f} ms  p99 {m.latency_ms['p99']:7.2f} ms")

@@ -372,17 +372,24 @@ def claim_output_dir(path: str | os.PathLike, kind: str, files: list[str] | tupl
 # --------------------------------------------------------------------------------------------- reads
 
 
-def read_json(path: str | os.PathLike, what: str = "file"):
-    """Parse a JSON file; a missing, unreadable, non-UTF-8 or invalid file is an EdgeMoEError naming the
-    path and `what` it is."""
+def read_text(path: str | os.PathLike, what: str = "file", expected: str = "JSON") -> str:
+    """A UTF-8 text file's contents; a missing file, a folder or non-UTF-8 bytes is an EdgeMoEError naming the
+    path, `what` it is and the format `expected`."""
     path = Path(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise EdgeMoEError(f"{path}: {what} not found") from None
     except IsADirectoryError:
-        raise EdgeMoEError(f"{path}: is a folder, expected a {what} (JSON)") from None
+        raise EdgeMoEError(f"{path}: is a folder, expected a {what} ({expected})") from None
     except UnicodeDecodeError:
         raise EdgeMoEError(f"{path}: {what} is not UTF-8 text") from None
+
+
+def read_json(path: str | os.PathLike, what: str = "file"):
+    """Parse a JSON file; a missing, unreadable, non-UTF-8 or invalid file is an EdgeMoEError naming the
+    path and `what` it is."""
+    try:
+        return json.loads(read_text(path, what))
     except json.JSONDecodeError as exc:
-        raise EdgeMoEError(f"{path}: invalid JSON ({exc})") from None
+        raise EdgeMoEError(f"{Path(path)}: invalid JSON ({exc})") from None

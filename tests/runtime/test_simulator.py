@@ -60,6 +60,14 @@ def test_migrate_continues_from_the_remote_server(engine, window):
     assert out["migrate"].traffic_bytes_per_1k_tokens == pytest.approx(1000 * 2 * HIDDEN)
 
 
+def two_users_at_once(ctx, trace):
+    """Users 0 and 1 each send one request of one prompt token and one generated token at t = 0."""
+    sc = build_scenario(ctx.user_weight, ctx.user_domain, trace, Workload(num_requests=2, prompt_tokens=1,
+                                                                          gen_tokens=1, arrival="closed"))
+    return replace(sc, request_user=np.array([0, 1]), request_arrival=np.array([0.0, 0.0]),
+                   request_next=np.array([-1, -1]), row_user=np.array([0, 1]))
+
+
 @pytest.mark.parametrize("engine,window", ENGINES)
 def test_two_requests_queue_fifo_at_the_remote_node(engine, window):
     # Two users on a send a token to b at t=0: both arrive at 11 ms; the first is served 11-13 ms, the second
@@ -67,10 +75,7 @@ def test_two_requests_queue_fifo_at_the_remote_node(engine, window):
     profile = tiny_profile([[1]])
     ctx = tiny_context(profile, tiny_cluster(homes=("a", "a")), {"a": [(0, 0)], "b": [(0, 1)]}, mode="home")
     trace = Trace.from_profile(profile)
-    sc = build_scenario(ctx.user_weight, ctx.user_domain, trace, Workload(num_requests=2, prompt_tokens=1,
-                                                                          gen_tokens=1, arrival="closed"))
-    sc = replace(sc, request_user=np.array([0, 1]), request_arrival=np.array([0.0, 0.0]), request_next=np.array([-1, -1]),
-                 row_user=np.array([0, 1]))
+    sc = two_users_at_once(ctx, trace)
     m = simulate_scenario(ctx, make_policy("exact", ctx), trace, sc, engine, window)
     assert m.ttft_ms["p50"] == pytest.approx(25.0)
     assert m.ttft_ms["mean"] == pytest.approx(25.0)
@@ -92,10 +97,7 @@ def test_dense_part_runs_before_the_experts_one_pass_at_a_time_per_home(engine, 
     assert m.ttft_ms["mean"] == pytest.approx((CALL + 2 * XFER + CALL) * 1e3)
     assert m.latency_ms["mean"] == pytest.approx(26.0) and m.latency_ms["p99"] == pytest.approx(26.0)
     ctx = tiny_context(profile, tiny_cluster(homes=("a", "a")), {"a": [(0, 0)], "b": [(0, 1)]}, mode="home", dense=True)
-    sc = build_scenario(ctx.user_weight, ctx.user_domain, trace, Workload(num_requests=2, prompt_tokens=1,
-                                                                          gen_tokens=1, arrival="closed"))
-    sc = replace(sc, request_user=np.array([0, 1]), request_arrival=np.array([0.0, 0.0]), request_next=np.array([-1, -1]),
-                 row_user=np.array([0, 1]))
+    sc = two_users_at_once(ctx, trace)
     m = simulate_scenario(ctx, make_policy("exact", ctx), trace, sc, engine, window)
     assert m.ttft_ms["mean"] == pytest.approx(27.0)
     assert m.makespan_s == pytest.approx(0.028)

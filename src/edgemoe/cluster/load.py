@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from edgemoe.errors import EdgeMoEError
+from edgemoe.io import read_text
 
 from .presets import PRESETS, preset_path
 from .schema import Cluster, build_cluster
@@ -21,14 +22,7 @@ from .schema import Cluster, build_cluster
 def read_cluster_file(path: str | Path) -> dict:
     """Parse a .yaml/.yml/.toml cluster file into a dict (no validation)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise EdgeMoEError(f"{path}: cluster file not found") from None
-    except IsADirectoryError:
-        raise EdgeMoEError(f"{path}: is a folder, expected a cluster file (.yaml/.toml)") from None
-    except UnicodeDecodeError:
-        raise EdgeMoEError(f"{path}: cluster file is not UTF-8 text") from None
+    text = read_text(path, "cluster file", ".yaml/.toml")
     try:
         data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:

@@ -225,6 +225,7 @@ def calibrate_budget(adapter, ctx, policy: str, params: dict, text: EvalText, ta
 
     if policy == "oracle":
         raise EdgeMoEError("operating points are calibrated for the ordermoe policy, not the oracle")
+
     def fits(b: float) -> bool:
         if b not in trials:
             c = ctx(b) if callable(ctx) else ctx
@@ -278,7 +279,7 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
     trace = None
     placements: dict = {}
     methods: dict = {}
-    contexts: dict = {}
+    planned: dict = {}  # (placement, params json) -> (context, placement, plan seconds)
     ray_state: dict = {}
     memo: dict = {}
     if backend not in ("simulate", "ray"):
@@ -288,19 +289,18 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
         """The context of a placement (planned once per params); `record` lists it in the results' placements
         under `label` (default: name and params)."""
         key = (placement_name, json.dumps(params, sort_keys=True))
-        if key not in contexts:
+        if key not in planned:
             t0 = time.perf_counter()
             pl = all_local_placement(problem) if placement_name == "all-local" else plan(problem, placement_name, **params)
-            contexts[key] = make_context(profile, cluster, pl, mode=comp.mode, groups=groups, domain_fallback=fallback,
-                                         dense=dense)
-            contexts[key, "placement"] = (pl, round(time.perf_counter() - t0, 3))
+            ctx = make_context(profile, cluster, pl, mode=comp.mode, groups=groups, domain_fallback=fallback, dense=dense)
+            planned[key] = (ctx, pl, round(time.perf_counter() - t0, 3))
+        ctx, pl, seconds = planned[key]
         if record:
-            pl, seconds = contexts[key, "placement"]
             label = label or (placement_name if not params or params == SLIM_PARAMS
                               else f"{placement_name}{_params_tag(params)}")
             placements[label] = {"copies": pl.replicas().tolist(), "bytes_used": pl.bytes_used().tolist(),
                                  "plan_seconds": seconds, "params": params}
-        return contexts[key]
+        return ctx
 
     # operating points: budget names -> calibrated budgets (on calibration text, never the evaluation text)
     points: dict = {}
@@ -312,7 +312,7 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
         if isinstance(base.placement_params.get("budget"), str):
             # the placement is planned for the operating point's budget: every trial budget plans its own
             def ctx(b: float):
-                return context_for(base.placement, {**base.placement_params, "budget": b}, record=False)
+                return context_for(base.placement, _with_budget(base.placement_params, b), record=False)
         else:
             ctx = context_for(base.placement, base.placement_params)
         trials: dict = {}
@@ -343,8 +343,8 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
             return points[b]["budget"]
 
         pol, pla = spec.policy_params, spec.placement_params
-        return replace(spec, policy_params={**pol, "budget": number(pol["budget"])} if "budget" in pol else pol,
-                       placement_params={**pla, "budget": number(pla["budget"])} if "budget" in pla else pla)
+        return replace(spec, policy_params=_with_budget(pol, number(pol.get("budget"))),
+                       placement_params=_with_budget(pla, number(pla.get("budget"))))
 
     def make(spec: MethodSpec, ctx):
         extra = {"routing": (text.topk, text.gates)} if spec.policy == "oracle" else {}
@@ -407,9 +407,8 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
         base = next(s for s in comp.methods if s.name == name)
         sweeps[name] = []
         for b in budgets:
-            pla = {**base.placement_params, "budget": b} if "budget" in base.placement_params else base.placement_params
-            m = evaluate(replace(base, policy_params={**base.policy_params, "budget": b}, placement_params=pla),
-                         on_ray=False)
+            m = evaluate(replace(base, policy_params={**base.policy_params, "budget": b},
+                                 placement_params=_with_budget(base.placement_params, b)), on_ray=False)
             sweeps[name].append({
                 "budget": b, "latency_ms_mean": m["latency_ms"]["mean"], "latency_ms_p99": m["latency_ms"]["p99"],
                 "ppl": m["ppl"], "ppl_rel_increase": m["ppl_rel_increase"], "top1_agreement": m["top1_agreement"],
@@ -439,6 +438,11 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
     doc["placements"] = placements
     doc["summary"] = summarise(doc)
     return doc
+
+
+def _with_budget(params: dict, budget) -> dict:
+    """`params` with its `budget` set to `budget`; params without a budget are returned as they are."""
+    return {**params, "budget": budget} if "budget" in params else params
 
 
 def _params_tag(params: dict) -> str:
