@@ -2,7 +2,7 @@
 
 Layers, lowest first (a module may import its own layer and any layer below it):
 
- 0. utilities: the `edgemoe` package itself (`__version__`), `errors`, `io`, `progress`, `params`
+ 0. utilities: the `edgemoe` package itself (`__version__`), `errors`, `io`, `progress`, `params`, `jit`
  1. `data`      text sources and splits
  2. `models`    HF adapters, expert execution, the default model (trains on `data`)
  3. `profile`   routing statistics from a model or a trace
@@ -34,7 +34,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "edgemoe"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("", "errors", "io", "progress", "params"),
+    ("", "errors", "io", "progress", "params", "jit"),
     ("data",),
     ("models",),
     ("profile",),

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgemoe.jit import HAVE_NUMBA, njit
+
 CONCAVITY_TOL = 1e-12  # relative slack when checking that increments never increase
 STEP_NAMES = ("naive", "concave", "monotone")  # codes of the compiled DP's per-step methods
 
@@ -234,16 +236,6 @@ def solve_layers(tables: np.ndarray, method: str = "auto", epsilon: float = 0.1,
 
 
 # ------------------------------------------------------------------ compiled DP (same arithmetic, same ties)
-
-try:
-    from numba import njit
-
-    HAVE_NUMBA = True
-except ImportError:  # pragma: no cover - numba is a dependency; without it the numpy DP runs
-    HAVE_NUMBA = False
-
-    def njit(*args, **kwargs):
-        return (lambda f: f) if not (args and callable(args[0])) else args[0]
 
 
 @njit(cache=True)

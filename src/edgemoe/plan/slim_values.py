@@ -17,15 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-try:
-    from numba import njit
-
-    HAVE_NUMBA = True
-except ImportError:  # pragma: no cover - numba is a dependency; without it the beam runs its numpy loop
-    HAVE_NUMBA = False
-
-    def njit(*args, **kwargs):
-        return (lambda f: f) if not (args and callable(args[0])) else args[0]
+from edgemoe.jit import HAVE_NUMBA, njit
 
 
 def capacity_grid(expert_bytes: np.ndarray, capacity_bytes: int, max_units: int) -> tuple[int, int, np.ndarray]:

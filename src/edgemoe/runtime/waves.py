@@ -17,13 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-try:
-    from numba import njit
-except ImportError:  # pragma: no cover - numba is a dependency; the fallback keeps the package importable
-    def njit(*args, **kwargs):
-        if args and callable(args[0]):
-            return args[0]
-        return lambda f: f
+from edgemoe.jit import njit
 
 _I = np.int64
 
