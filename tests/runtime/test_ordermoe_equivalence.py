@@ -1,6 +1,7 @@
 """The restructured ordermoe hot path decides exactly as before: every Decision field of `ordermoe` (H = 0..3,
 each stand-in kind set, both modes, enumerated and prefix action sets, with and without load) and of the
-`oracle` equals, bit for bit, that of the pre-optimisation decision kept in `_ordermoe_reference`."""
+`oracle` equals, bit for bit, that of the pre-optimisation decision kept in `_ordermoe_reference` (which
+looks the tables up unpaced, so `ordermoe` runs with pace=False here; pacing has its own tests)."""
 
 from __future__ import annotations
 
@@ -62,7 +63,8 @@ def test_ordermoe_decisions_equal_the_reference(seed, mode, horizon):
         load = rng.exponential(0.01, ctx.num_nodes) if rng.integers(2) else None
         params = dict(budget=budget, horizon=horizon, substitutes=kinds, max_enum_k=(4, 2)[seed % 2],
                       quality_power=(2.0, 1.0)[seed % 3 == 2])
-        new = decisions(make_policy("ordermoe", ctx, **params), profile, ctx, rows, users, load)
+        # the reference predates pacing: unpaced, the tables are looked up at the whole remaining budget
+        new = decisions(make_policy("ordermoe", ctx, pace=False, **params), profile, ctx, rows, users, load)
         ref = decisions(ReferenceOrderMoE(ctx, **params), profile, ctx, rows, users, load)
         assert_same(new, ref)
 

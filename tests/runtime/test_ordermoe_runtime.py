@@ -160,3 +160,27 @@ def test_simulator_counts_zeroed_slots(edge8):
     assert zero.zero_ratio > 0 and zero.zero_ratio == pytest.approx(zero.drop_ratio)
     drop = simulate(ctx, make_policy("ordermoe", ctx, budget=1.0, horizon=0, substitutes="drop"), trace, wl)
     assert drop.drop_ratio > 0 and drop.zero_ratio == 0
+
+
+def test_pacing_hands_the_lookahead_its_share_of_the_remaining_budget(edge8):
+    """pace_share = min(1, H / layers still to come): known answers on L = 4; with H >= L - 1 every share is 1, so
+    pacing changes no decision of a whole pass; with H = 1 the early layers look the tables up at a third or a
+    half of what is left, which changes some choices, and both stay within the budget."""
+    profile, ctx = edge8
+    assert ctx.num_layers == 4
+    layers = np.arange(4)
+    share = {h: make_policy("ordermoe", ctx, budget=0.2, horizon=h).pace_share(layers) for h in (1, 2, 3)}
+    np.testing.assert_allclose(share[1], [1 / 3, 1 / 2, 1, 1])
+    np.testing.assert_allclose(share[2], [2 / 3, 1, 1, 1])
+    np.testing.assert_allclose(share[3], [1, 1, 1, 1])
+    rows = np.arange(200)
+    users = rows % ctx.num_users
+    topk, gates = profile.topk[rows].astype(np.int64), profile.gates[rows]
+    for horizon, differ in ((3, False), (1, True)):
+        paced, unpaced = (replay_decisions(make_policy("ordermoe", ctx, budget=0.2, horizon=horizon, pace=p),
+                                           users, topk, gates) for p in (True, False))
+        same = all(np.array_equal(getattr(paced, f), getattr(unpaced, f))
+                   for f in ("experts", "node", "next_location", "quality_cost"))
+        assert same != differ
+        for dec in (paced, unpaced):
+            assert (dec.quality_cost.sum(1) <= 0.2 * ctx.num_layers + 1e-9).all()

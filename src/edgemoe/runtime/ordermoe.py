@@ -479,7 +479,8 @@ class OrderMoEPolicy(Policy):
     quality cost (None: half the median round trip per token-layer allowance); pressure_gain: kappa of the
     latency weight; sets_per_prev: Top-K sets kept per previous top-1 in the tables; max_enum_k;
     steer_replicas; ewma: the feedback's smoothing; adapt_gain: step of the per-user quality weight;
-    spend_target: the share of its budget a user's passes should spend.
+    spend_target: the share of its budget a user's passes should spend; pace: look the tables up at the
+    next H layers' paced share of the remaining budget (`pace_share`) instead of all of it.
     """
 
     name = "ordermoe"
@@ -489,18 +490,21 @@ class OrderMoEPolicy(Policy):
                  substitutes="sub,drop,zero", levels: int = 24, quality_price: float | None = None,
                  pressure_gain: float = 1.0, sets_per_prev: int = 16, max_enum_k: int = MAX_ENUM_K,
                  steer_replicas: int = STEER_REPLICAS, ewma: float = 0.1, adapt_gain: float = 0.5,
-                 spend_target: float = 0.5, quality_power: float = QUALITY_POWER, min_set_count: int = MIN_SET_COUNT):
+                 spend_target: float = 0.5, quality_power: float = QUALITY_POWER, min_set_count: int = MIN_SET_COUNT,
+                 pace: bool = True):
         kinds = check_kinds(substitutes)
         super().__init__(ctx, budget=budget, horizon=horizon, steer=steer, substitutes=",".join(kinds), levels=levels,
                          quality_price=quality_price, pressure_gain=pressure_gain, sets_per_prev=sets_per_prev,
                          max_enum_k=max_enum_k, steer_replicas=steer_replicas, ewma=ewma, adapt_gain=adapt_gain,
-                         spend_target=spend_target, quality_power=quality_power, min_set_count=min_set_count)
+                         spend_target=spend_target, quality_power=quality_power, min_set_count=min_set_count,
+                         pace=bool(pace))
         if horizon < 0 or levels < 2:
             raise EdgeMoEError(f"ordermoe: horizon must be >= 0 and levels >= 2, got {horizon}, {levels}")
         if not 0 < spend_target <= 1 or adapt_gain < 0:
             raise EdgeMoEError(f"ordermoe: spend_target must be in (0, 1] and adapt_gain >= 0, got {spend_target}, "
                                f"{adapt_gain}")
         self.horizon, self.max_enum_k, self.ewma = int(horizon), int(max_enum_k), float(ewma)
+        self.pace = bool(pace)
         self.kinds, self.steer_replicas, self.power = kinds, int(steer_replicas), float(quality_power)
         self.steer = (self.horizon >= 1 if steer is None else bool(steer)) and ctx.mode == "migrate"
         self.rt_med = max(ctx.median_round_trip_s(), 1e-6)
@@ -531,6 +535,14 @@ class OrderMoEPolicy(Policy):
         progress = (layer + 0.5) / self.ctx.num_layers
         used = np.divide(state.budget_used, state.budget_total, out=np.zeros(len(state)), where=state.budget_total > 0)
         return self.quality_price * self.quality_weight[state.user] * used / progress
+
+    def pace_share(self, layer: np.ndarray) -> np.ndarray:
+        """[T] share of a row's remaining budget that the look-ahead lets the next H layers spend: H over the
+        layers still to come after `layer` [T] (at most 1), as if the rest of the pass spent it evenly. The
+        tables price the future with no quality price, so handing them the whole remaining budget makes every
+        future remote branch look substitutable and every meeting node look alike."""
+        rest = np.maximum(self.ctx.num_layers - 1 - layer, 1)
+        return np.minimum(1.0, self.horizon / rest)
 
     def weights(self) -> dict:
         """Per user: the latency weight alpha, the quality weight (multiplier of the quality price) and the
@@ -587,7 +599,10 @@ class OrderMoEPolicy(Policy):
             key = self.lookahead.keys.keys(layer, topk, gates)
             _, N, C, m = self.lookahead.stacked.shape
             # flat index (((l + 1) N + next) C + key) m + level, split into its per-subset and per-node terms
-            part = ((layer + 1) * (N * C * m) + key * m)[:, None] + self.grid.index(np.maximum(left, 0.0))  # [T, M]
+            ahead = np.maximum(left, 0.0)
+            if self.pace:  # the next H layers are priced with their paced share of what is left, not all of it
+                ahead = ahead * self.pace_share(layer)[:, None]
+            part = ((layer + 1) * (N * C * m) + key * m)[:, None] + self.grid.index(ahead)  # [T, M]
             flat = part[:, :, None] + opt.next_mg * (C * m)
             seconds = seconds + self.lookahead.stacked.reshape(-1).take(flat)  # [T, M, G]
         beta = self.beta(layer, state)
