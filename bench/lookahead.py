@@ -9,7 +9,10 @@ first draw, the simulator replays the second. Placement: the `ordermoe` planner,
 per token-layer allowances. Budget 0 isolates steering (no stand-in may run; H = 0 is then `exact`); the
 others are budgets at which stand-ins do run (the table's stand-in share: substituted + dropped + zeroed
 slots; on this weightless routing the in-group substitute's error is the estimate 1 - similarity, so the
-stand-ins are almost all dropped or zeroed branches). Writes bench/results/lookahead.json.
+stand-ins are almost all dropped or zeroed branches). At budgets above 0, H = 0 and 2 also run "free" (no
+quality price: the budget is the only limit on spending, as it is for the oracle; their ratios are to
+H0-free), which separates what the price holds back from what the look-ahead misses. Writes
+bench/results/lookahead.json.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from edgemoe.runtime.workload import Trace, Workload
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HORIZONS = (0, 1, 2, 3)
+FREE_HORIZONS = (0, 2)
 
 
 def run(cluster_name: str, budgets, plan_prof, eval_prof, workload: Workload, log=print) -> list[dict]:
@@ -47,7 +51,9 @@ def run(cluster_name: str, budgets, plan_prof, eval_prof, workload: Workload, lo
     trace = Trace.from_profile(eval_prof)
     rows = []
     for budget in budgets:
-        for name, params in [(f"ordermoe-H{h}", {"horizon": h}) for h in HORIZONS] + \
+        # "free": no quality price, so the budget is the only limit on spending, as for the oracle
+        free = [(f"ordermoe-H{h}-free", {"horizon": h, "quality_price": 0.0}) for h in FREE_HORIZONS] if budget > 0 else []
+        for name, params in [(f"ordermoe-H{h}", {"horizon": h}) for h in HORIZONS] + free + \
                             [("oracle", {"routing": (eval_prof.topk, eval_prof.gates)})]:
             c0 = time.process_time()
             pol = make_policy(name.split("-")[0], ctx, budget=budget, **params)
@@ -59,10 +65,10 @@ def run(cluster_name: str, budgets, plan_prof, eval_prof, workload: Workload, lo
                          "cpu_s": round(time.process_time() - c0, 2)})
             r = rows[-1]
             log(f"  {cluster_name:9s} budget {budget:<6g} {name:12s} mean {r['mean_ms']:8.2f} ms  p99 {r['p99_ms']:8.2f} ms"
-                f"  stand-ins {r['substitution_ratio'] + r['drop_ratio']:.3f}  ({r['cpu_s']:.1f} s)")
+                f"  stand-ins {r['substitution_ratio'] + r['drop_ratio'] + r['zero_ratio']:.3f}  ({r['cpu_s']:.1f} s)")
     for r in rows:
         same = [x for x in rows if x["cluster"] == r["cluster"] and x["budget"] == r["budget"]]
-        h0 = next(x for x in same if x["method"] == "ordermoe-H0")
+        h0 = next(x for x in same if x["method"] == ("ordermoe-H0-free" if r["method"].endswith("-free") else "ordermoe-H0"))
         orc = next(x for x in same if x["method"] == "oracle")
         r["mean_vs_H0"] = r["mean_ms"] / h0["mean_ms"]
         r["p99_vs_H0"] = r["p99_ms"] / h0["p99_ms"]
@@ -86,12 +92,12 @@ def main() -> None:
     rows = []
     for cluster in args.clusters.split(","):
         rows += run(cluster, budgets, plan_prof, eval_prof, workload)
-    print(f"\n{'cluster':9s} {'budget':>6s} {'method':12s} {'mean ms':>8s} {'p99 ms':>8s} {'xH0':>6s} {'p99 xH0':>7s} "
+    print(f"\n{'cluster':9s} {'budget':>6s} {'method':17s} {'mean ms':>8s} {'p99 ms':>8s} {'xH0':>6s} {'p99 xH0':>7s} "
           f"{'xoracle':>7s} {'stand-ins':>9s}")
     for r in rows:
-        print(f"{r['cluster']:9s} {r['budget']:6g} {r['method']:12s} {r['mean_ms']:8.2f} {r['p99_ms']:8.2f} "
+        print(f"{r['cluster']:9s} {r['budget']:6g} {r['method']:17s} {r['mean_ms']:8.2f} {r['p99_ms']:8.2f} "
               f"{r['mean_vs_H0']:6.3f} {r['p99_vs_H0']:7.3f} {r['mean_vs_oracle']:7.3f} "
-              f"{r['substitution_ratio'] + r['drop_ratio']:9.3f}")
+              f"{r['substitution_ratio'] + r['drop_ratio'] + r['zero_ratio']:9.3f}")
     timing = {"wall_s": round(time.perf_counter() - start, 1), "cpu_s": round(time.process_time() - cpu0, 1),
               "load_average_start": load0, "load_average_end": list(os.getloadavg())}
     print(f"{timing['cpu_s']} s CPU, {timing['wall_s']} s wall, load average at start {load0}")
