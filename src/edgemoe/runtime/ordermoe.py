@@ -25,6 +25,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgemoe.errors import EdgeMoEError
+from edgemoe.plan.standins import (  # shared with the planner's runtime model (edgemoe.plan.paths)
+    KINDS,
+    MAX_ENUM_K,
+    QUALITY_POWER,
+    check_kinds,
+    choose_stand_ins,
+    prefix_masks,
+    subset_bits,
+)
 
 from .baselines import exact_decision
 from .context import RuntimeContext
@@ -39,11 +48,8 @@ from .policy import (
 )
 
 EPS_S_PER_Q = 1e-9  # tie-break: between equally fast actions, spend no budget
-MAX_ENUM_K = 4  # enumerate all 2^K subsets up to K = 4 (16 actions); prefixes beyond
-KINDS = ("sub", "drop", "zero")  # what may stand in for an exact branch; on equal quality cost, the first wins
 STEER_REPLICAS = 4  # replicas per branch (besides exact's own choice) that a steered decision considers
 TABLE_CHUNK_CELLS = 1 << 22  # rows x actions x levels per block when the look-ahead tables are built
-QUALITY_POWER = 2.0  # quality cost = (gate x relative output error) ** QUALITY_POWER (see stand_in_costs)
 STEER_ALL_NODES = 16  # up to this many nodes, a steered decision may meet at any node; beyond, at a replica
 
 
@@ -107,17 +113,6 @@ class Options:
         return np.take_along_axis(cand, arrive.argmin(axis=2)[:, :, None], 2)[:, :, 0]
 
 
-_BITS: dict[int, np.ndarray] = {}
-
-
-def subset_bits(K: int) -> np.ndarray:
-    """[2^K, K] bool: bit k of subset index m (action m replaces the slots whose bit is set)."""
-    if K not in _BITS:
-        _BITS[K] = ((np.arange(2 ** K)[:, None] >> np.arange(K)[None, :]) & 1).astype(bool)
-        _BITS[K].setflags(write=False)
-    return _BITS[K]
-
-
 def max_over_kept(x: np.ndarray, mask: np.ndarray, order: np.ndarray | None) -> np.ndarray:
     """[R, M, G] max over the slots k that action m keeps (mask[r, m, k] false) of x[r, k, g] (-inf: none kept).
 
@@ -140,56 +135,21 @@ def max_over_kept(x: np.ndarray, mask: np.ndarray, order: np.ndarray | None) -> 
     return out
 
 
-def check_kinds(kinds) -> tuple[str, ...]:
-    """The stand-in kinds as a tuple in preference order; raises on unknown names."""
-    kinds = tuple(kinds.split(",") if isinstance(kinds, str) else kinds)
-    bad = [k for k in kinds if k not in KINDS]
-    if bad:
-        raise EdgeMoEError(f"substitutes: unknown kind(s) {bad}; expected a subset of {list(KINDS)}")
-    return tuple(k for k in KINDS if k in kinds)
-
-
 def stand_in_costs(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, topk: np.ndarray, gates: np.ndarray,
                    mask: np.ndarray, kinds: tuple[str, ...], power: float = QUALITY_POWER):
-    """Per replaced slot, the stand-in with the least predicted quality cost, and that cost.
+    """Per replaced slot, the stand-in with the least predicted quality cost, and that cost: the token's node's
+    best-ranked local group member (`ctx.best_sub`), zeroing, or dropping and renormalising, priced by
+    `edgemoe.plan.standins.choose_stand_ins` (shared with the planner's runtime model).
 
     layer, location: [R]; topk, gates: [R, K]; mask: [R, M, K] slots replaced by each action.
-    Quality cost, in units of gate x relative output error ||Y - Y_e|| / ||Y_e|| (profile calibration):
-    - sub: c's best-ranked local group member e' with the original gate: |g_k| * subst_err[l, e_k, e'];
-    - zero: the branch's output is lost, the other gates stay: |g_k| * 1;
-    - drop: the remaining gates are renormalised, so the slot's share goes to the exactly run slots j of the
-      action: |g_k| * sum_j w_j subst_err[l, e_k, e_j] with w the renormalised weights (a triangle-inequality
-      bound; for K = 2 it is exact: dropping k runs the other routed expert in its place).
-    The cost charged is that perturbation to the power `power`: 2 (default) is the second-order view (extra
-    nats per token grow with the square of a small output perturbation), so one large perturbation, such as
-    losing a top-1 expert, costs much more than several small ones; 1 is the linear proxy.
     Returns (kind [R, M, K] index into KINDS, cost [R, M, K] (inf: no stand-in allowed), sub [R, K] ids).
     """
     R, K = topk.shape
-    M = mask.shape[1]
-    lk = layer[:, None]
-    g = np.abs(gates)
-    sub = ctx.best_sub[location[:, None], lk, topk] if "sub" in kinds else np.full((R, K), -1, np.int64)
-    q_sub = np.where(sub >= 0, g * np.where(sub >= 0, ctx.best_sub_err[location[:, None], lk, topk], 0.0), np.inf)
-    q_zero = g if "zero" in kinds else np.full((R, K), np.inf)
-    if "drop" in kinds and K > 1:
-        err = ctx.subst_err[lk[:, :, None], topk[:, :, None], topk[:, None, :]]  # [R, K, K] err of e_k -> e_j
-        w = np.where(mask, 0.0, g[:, None, :])  # [R, M, K] weight of the slots run exactly
-        wsum = w.sum(axis=2, keepdims=True)
-        mix = np.einsum("rmj,rkj->rmk", w, err)
-        q_drop = np.where(wsum > 0, g[:, None, :] * mix / np.where(wsum > 0, wsum, 1.0), np.inf)
-    else:
-        q_drop = np.full((R, M, K), np.inf)
-    if power != 1.0:
-        q_sub, q_zero, q_drop = q_sub ** power, q_zero ** power, q_drop ** power
-    # the least of (sub, drop, zero), first on ties, as an argmin over the three would give; sub and zero do not
-    # depend on the action, so they are compared once per slot [R, K]
-    sub_first = q_sub <= q_zero
-    kind_sz = np.where(sub_first, 0, 2)
-    q_sz = np.where(sub_first, q_sub, q_zero)[:, None, :]
-    take_drop = (q_drop < q_sz) | ((q_drop == q_sz) & ~sub_first[:, None, :])  # [R, M, K]
-    kind = np.where(take_drop, 1, kind_sz[:, None, :])
-    return kind, np.where(take_drop, q_drop, q_sz), sub
+    loc, lk = location[:, None], layer[:, None]
+    sub = ctx.best_sub[loc, lk, topk] if "sub" in kinds else np.full((R, K), -1, np.int64)
+    sub_err = ctx.best_sub_err[loc, lk, topk] if "sub" in kinds else np.full((R, K), np.inf)
+    kind, cost = choose_stand_ins(layer, topk, gates, sub, sub_err, ctx.subst_err, mask, kinds, power)
+    return kind, cost, sub
 
 
 def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, home: np.ndarray, usable: np.ndarray,
@@ -216,10 +176,7 @@ def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, 
         order = None
         mask = np.broadcast_to(subset_bits(K)[None], (R, 2 ** K, K))
     else:
-        order = np.argsort(-np.where(~local, ready_x, -np.inf), axis=1, kind="stable")  # non-local, slowest first
-        rank = np.empty_like(order)
-        np.put_along_axis(rank, order, np.arange(K)[None, :].repeat(R, 0), axis=1)
-        mask = rank[:, None, :] < np.arange(K + 1)[None, :, None]  # prefix j replaces the j slowest
+        order, mask = prefix_masks(ready_x, ~local)  # prefix j replaces the j slowest non-local slots
     M = mask.shape[1]
     kind, q_alt, sub = stand_in_costs(ctx, layer, location, topk, gates, mask, kinds, power)
     valid = ~(mask & (local[:, None, :] | ~np.isfinite(q_alt))).any(axis=2)
