@@ -48,7 +48,8 @@ def demo_inputs(cache_dir: Path, model: str = "default"):
 
 CASES = (("edge8", "migrate"), ("device-edge-cloud", "home"))
 SLIM_PARAMS: dict = {}  # the demo's: its deterministic refinement budget (kicks, work units)
-PARAMS_KEPT = ("mode", "budget", "evaluations", "moves", "rows", "expected_latency_ms", "greedy_latency_ms",
+PARAMS_KEPT = ("mode", "budget", "exact_share", "evaluations", "moves", "rows", "expected_latency_ms",
+               "expected_policy_ms", "expected_exact_ms", "dense_ms", "greedy_latency_ms",
                "objective_s", "traffic_with_substitute", "spearman_cosine_vs_error")
 
 
@@ -71,11 +72,14 @@ def placement_for(problem, method: str, params: dict, cache_dir: Path, cluster: 
 
 def measure(profile, topk, gates, cfg, cluster_name: str, mode: str, cache_dir: Path, ordermoe_params: dict,
             policies=(("exact", {}), ("ordermoe", {"budget": 0.05, "horizon": 2}))) -> dict:
-    """{placement: {policy: {mean, p99}}, plus plan seconds and the planner's own expected latency}."""
+    """{placement: {policy: {mean, p99}}, plus plan seconds, the planner's own expected latency and what the
+    planner's runtime model (`PathModel`, policy's budget, defaults) predicts for each policy on that placement}."""
     from edgemoe.cluster.load import load_cluster
     from edgemoe.eval.experiment import eval_trace
     from edgemoe.plan import plan_problem
     from edgemoe.plan.groups import groups_for
+    from edgemoe.plan.ordermoe import BUDGET, MAX_ROWS, PATHS_PER_USER
+    from edgemoe.plan.paths import PathModel
     from edgemoe.runtime import make_context, make_policy
     from edgemoe.runtime.simulate import simulate
     from edgemoe.runtime.workload import Workload
@@ -86,19 +90,24 @@ def measure(profile, topk, gates, cfg, cluster_name: str, mode: str, cache_dir: 
     groups = groups_for(profile)
     workload = Workload(num_requests=cfg.num_requests, prompt_tokens=cfg.prompt_tokens, gen_tokens=cfg.gen_tokens,
                         rate_per_s=cfg.rate_per_s, seed=cfg.seed)
+    # the planner's runtime model, the same on both placements: what it predicts for each policy there
+    model = PathModel(problem, mode, PATHS_PER_USER, BUDGET, groups.substitute_ids, MAX_ROWS, exact_share=0.5)
     out = {}
     for method, params in (("ordermoe", {"mode": mode, **ordermoe_params}), ("slimcaching", SLIM_PARAMS)):
         pl, seconds = placement_for(problem, method, params, cache_dir, cluster_name)
         ctx = make_context(profile, cluster, pl, mode=mode, groups=groups, domain_fallback=fallback)
         trace = eval_trace(topk, gates, ctx.user_domain, cfg.block_len)
+        policy_s, exact_s = model.expected_parts(model.replay(pl.hosts))
         row = {"plan_seconds": seconds, "planner_expected_ms": pl.params.get("expected_latency_ms"),
+               "model_ms": {"ordermoe": 1e3 * policy_s, "exact": 1e3 * exact_s},
                "plan_params": {k: v for k, v in pl.params.items() if k in PARAMS_KEPT}}
         for policy, pp in policies:
             m = simulate(ctx, make_policy(policy, ctx, **pp), trace, workload)
             row[policy] = {"mean": m.latency_ms["mean"], "p99": m.latency_ms["p99"]}
         out[method] = row
         print(f"{cluster_name:>18} {mode:8} {method:12} plan {seconds:6.2f} s cpu  "
-              + "  ".join(f"{p}: {row[p]['mean']:7.2f} / {row[p]['p99']:7.2f} ms" for p, _ in policies), flush=True)
+              + "  ".join(f"{p}: {row[p]['mean']:7.2f} / {row[p]['p99']:7.2f} ms (model {row['model_ms'][p]:6.2f})"
+                          for p, _ in policies), flush=True)
     return out
 
 

@@ -45,6 +45,42 @@ def test_replay_equals_the_runtime_exact_policy(mode, cluster):
 
 
 @pytest.mark.parametrize("mode", ["migrate", "home"])
+@pytest.mark.parametrize("cluster", ["edge8", "device-edge-cloud"])
+@pytest.mark.parametrize("kinds, top_k", [("sub,drop,zero", 2), ("sub", 2), ("drop,zero", 3), ("sub,drop,zero", 5)])
+def test_replay_takes_the_ordermoe_policys_stand_ins(mode, cluster, kinds, top_k):
+    """Budget > 0: each layer's stand-ins (kind per slot), quality spent, latency and next location are those of
+    the ordermoe policy deciding myopically (horizon 0, no pacing price), for every stand-in kind set, with all
+    subsets enumerated (K <= 4) and with the prefixes beyond (K = 5)."""
+    from edgemoe.plan import plan_problem
+    from edgemoe.plan.standins import KINDS
+    from edgemoe.profile import synthetic_profile
+    from edgemoe.runtime import make_context, make_policy
+    from edgemoe.runtime.local import replay_decisions
+
+    profile = synthetic_profile(num_layers=3, num_experts=8, top_k=top_k, num_tokens=400, seed=4)
+    problem = plan_problem(profile, cluster, domain_fallback=True)
+    groups = groups_for(profile)
+    placement = plan(problem, "lfu")
+    budget = 0.05
+    model = PathModel(problem, mode, 24, budget, groups.substitute_ids, kinds=kinds)
+    got: dict = {}
+    rep = model.replay(placement.hosts, record=got)
+    ctx = make_context(profile, cluster, placement, mode=mode, groups=groups, domain_fallback=True)
+    policy = make_policy("ordermoe", ctx, budget=budget, horizon=0, quality_price=0.0, substitutes=kinds)
+    dec = replay_decisions(policy, model.user, model.topk, model.gates)
+    # the runtime's stand-in per slot: substituted (another expert), zeroed, dropped, or -1 (run exactly)
+    kind = np.full(dec.experts.shape, -1)
+    kind[(dec.experts >= 0) & (dec.experts != dec.topk)] = KINDS.index("sub")
+    kind[(dec.experts < 0) & ~dec.zeroed] = KINDS.index("drop")
+    kind[(dec.experts < 0) & dec.zeroed] = KINDS.index("zero")
+    np.testing.assert_array_equal(got["kind"], kind)
+    assert (kind >= 0).any()  # the case exercises stand-ins at all
+    np.testing.assert_allclose(got["quality"], dec.quality_cost, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(rep.latency_s, dec.latency_s, rtol=1e-12, atol=0)
+    np.testing.assert_array_equal(rep.location[:, 1:], dec.next_location)
+
+
+@pytest.mark.parametrize("mode", ["migrate", "home"])
 def test_incremental_deltas_equal_full_replays(mode):
     problem = synthetic_problem(num_servers=3, num_users=5, num_layers=3, num_experts=6, slots_per_server=5, seed=2)
     groups = groups_for(problem.profile)
@@ -255,3 +291,25 @@ def test_planner_work_grows_at_most_linearly_with_servers():
         per_server[servers] = p["evaluations"] / servers
     assert per_server[16] <= 2.0 * per_server[4]
     assert per_server[8] <= 2.0 * per_server[4]
+
+
+def test_exact_share_replays_each_path_with_and_without_budget():
+    """exact_share s: the rows with budget replay exactly what a model with no exact share replays, the rows
+    without what a budget-0 model replays, and the objective weighs them 1 - s and s."""
+    from edgemoe.plan import plan_problem
+    from edgemoe.profile import synthetic_profile
+
+    profile = synthetic_profile(num_layers=3, num_experts=8, top_k=2, num_tokens=400, seed=4)
+    problem = plan_problem(profile, "device-edge-cloud", domain_fallback=True)
+    subs = groups_for(profile).substitute_ids
+    hosts = plan(problem, "lfu").hosts
+    both = PathModel(problem, "home", 24, 0.05, subs, exact_share=0.25)
+    policy = PathModel(problem, "home", 24, 0.05, subs).expected_latency(hosts)
+    exact = PathModel(problem, "home", 24, 0.0).expected_latency(hosts)
+    assert policy < exact and both.dense_token_s > 0
+    assert both.expected_parts(both.replay(hosts)) == pytest.approx((policy, exact), rel=1e-12)
+    assert both.expected_latency(hosts) == pytest.approx(0.75 * policy + 0.25 * exact, rel=1e-12)
+    capped = PathModel(problem, "home", 100, 0.05, subs, max_rows=1000, exact_share=0.25).num_rows
+    assert capped <= 1000 and capped == 2 * PathModel(problem, "home", 100, 0.05, subs, max_rows=500).num_rows
+    with pytest.raises(EdgeMoEError, match="exact_share"):
+        PathModel(problem, "home", 24, 0.05, subs, exact_share=1.5)

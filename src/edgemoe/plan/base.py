@@ -42,6 +42,9 @@ class PlanProblem:
     expert_bytes: np.ndarray  # [L, E] int64
     params: dict = field(default_factory=dict)  # free-form facts about how the tables were made
     xfer_s: np.ndarray | None = None  # [N, N] one-way seconds of one hidden state (no queue); None: unknown
+    # [N] seconds of one MoE layer's dense work for one token on each node (the runtime's default estimate,
+    # charged on the token's home whatever the placement); None: unknown (counted as 0)
+    dense_s: np.ndarray | None = None
 
     @property
     def is_cloud(self) -> np.ndarray:

@@ -45,6 +45,7 @@ from .groups import (
 )
 from .ordermoe_search import LatencySearch, frequent_sets
 from .paths import PathModel
+from .standins import KINDS, QUALITY_POWER, check_kinds
 
 # Tie-break weight of the free-memory fraction in stage 1: below any load difference that matters
 # (loads sum to 1, so 8 equal servers have 0.125 each) but enough to spread when loads tie.
@@ -232,6 +233,9 @@ BUDGET = 0.05  # the ordermoe policy's default allowance per token-layer (docs/r
 PATHS_PER_USER = 128  # calibration paths replayed per user (2048 rows on edge8); 256 measured no better
 SETS_PER_LAYER = 24  # frequent Top-K sets per layer offered as one-move completions
 MAX_EVALS = 4000  # objective evaluations the search may spend (each a batched incremental replay)
+# Share of the traffic planned as exact execution (budget 0) beside the policy's: a placement tuned only for
+# the stand-ins leaves exact execution (users without budget, the `exact` policy) slow (docs/planners-ordermoe.md)
+EXACT_SHARE = 0.25
 # Rows replayed at most: 32 servers with 2 users each and 128 paths; larger clusters get fewer paths per user
 # (never under paths.MIN_PATHS), so one evaluation's cost stops growing with the cluster.
 MAX_ROWS = 8192
@@ -243,6 +247,9 @@ def plan_ordermoe(
     mode: str | None = None,
     algorithm: str = "search",
     budget: float = BUDGET,
+    substitutes: str = ",".join(KINDS),
+    quality_power: float = QUALITY_POWER,
+    exact_share: float = EXACT_SHARE,
     paths_per_user: int = PATHS_PER_USER,
     max_rows: int = MAX_ROWS,
     sets_per_layer: int = SETS_PER_LAYER,
@@ -270,8 +277,9 @@ def plan_ordermoe(
 
     algorithm "search" (default, `ordermoe_search`): minimise the runtime's expected per-token latency in
     token-location `mode` ("migrate" or "home"; None: problem.params["mode"], else "migrate"), replaying
-    `paths_per_user` calibration paths per user, with substitution within `budget` per token-layer
-    (0: exact execution), by a lazy greedy over single copies and completions of the `sets_per_layer` most
+    `paths_per_user` calibration paths per user, with the ordermoe policy's stand-ins (`substitutes`, a subset
+    of "sub,drop,zero", priced (gate x error) ** `quality_power`, as the policy's same-named parameters) within
+    `budget` per token-layer (0: exact execution), `exact_share` of the traffic planned without budget, by a lazy greedy over single copies and completions of the `sets_per_layer` most
     frequent Top-K sets, a coverage repair (no cloud) and `swap_rounds` rounds of swaps; at most
     `max_evals` objective evaluations. fill: node kinds to fill (default "edge,device" in home mode, the
     device-edge-cloud setting where devices cache for their owner, else "edge"; the cloud never).
@@ -307,8 +315,10 @@ def plan_ordermoe(
         mode = problem.params.get("mode", "migrate") if mode is None else mode
         # home mode is SlimCaching's device-edge-cloud setting, where devices cache for their owner too
         fill = fill or ("edge,device" if mode == "home" else "edge")
+        kinds = check_kinds(substitutes)
         hosts, info = _search(problem, groups, mode, budget, paths_per_user, sets_per_layer, max_evals, swap_rounds,
-                              fill, init, relocate_rounds, exchange_neighbours, start_neighbours, max_rows)
+                              fill, init, relocate_rounds, exchange_neighbours, start_neighbours, max_rows, kinds,
+                              quality_power, exact_share)
         params = {**common, **info}
     else:
         hosts, cover = _two_stage(problem, groups, redundancy, eta, gamma, rep_weight, fill or "edge", cover)
@@ -321,7 +331,9 @@ def plan_ordermoe(
 
 def _search(problem: PlanProblem, groups: SimilarityGroups, mode: str | None, budget: float, paths_per_user: int,
             sets_per_layer: int, max_evals: int, swap_rounds: int, fill: str, init: str, relocate_rounds: int,
-            exchange_neighbours: int, start_neighbours: int = 8, max_rows: int | None = MAX_ROWS) -> tuple[np.ndarray, dict]:
+            exchange_neighbours: int, start_neighbours: int = 8, max_rows: int | None = MAX_ROWS,
+            kinds: tuple[str, ...] = KINDS, quality_power: float = QUALITY_POWER,
+            exact_share: float = 0.0) -> tuple[np.ndarray, dict]:
     """The latency search (`ordermoe_search`); returns (hosts [N, L, E], facts for the placement's params)."""
     mode = problem.params.get("mode", "migrate") if mode is None else mode
     if init not in ("successive", "greedy"):
@@ -330,10 +342,11 @@ def _search(problem: PlanProblem, groups: SimilarityGroups, mode: str | None, bu
         raise EdgeMoEError("ordermoe: max_evals, swap_rounds and sets_per_layer must be >= 0")
     if start_neighbours < 1 or exchange_neighbours < 1:
         raise EdgeMoEError("ordermoe: start_neighbours and exchange_neighbours must be >= 1")
-    kinds = {k.strip() for k in fill.split(",")}
+    fill_kinds = {k.strip() for k in fill.split(",")}
     present = set(problem.node_kind)
-    fillable = fillable_nodes(problem, ",".join(sorted(kinds & present)) or fill)
-    model = PathModel(problem, mode, paths_per_user, budget, groups.substitute_ids, max_rows)
+    fillable = fillable_nodes(problem, ",".join(sorted(fill_kinds & present)) or fill)
+    model = PathModel(problem, mode, paths_per_user, budget, groups.substitute_ids, max_rows, kinds, quality_power,
+                      exact_share=exact_share)
     search = LatencySearch(problem, model, empty_hosts(problem), fillable, max_evals, exchange_neighbours)
     sets = frequent_sets(model, sets_per_layer)
     L, E = problem.expert_bytes.shape
@@ -361,11 +374,15 @@ def _search(problem: PlanProblem, groups: SimilarityGroups, mode: str | None, bu
         search.greedy(cands, nodes)
     greedy_s = search.objective_s
     search.swaps(edge if cover else None, swap_rounds)
-    info = {"mode": mode, "budget": budget, "paths_per_user": paths_per_user, "max_rows": max_rows, "rows": model.num_rows,
+    policy_s, exact_s = model.expected_parts(search.state)
+    info = {"mode": mode, "budget": budget, "substitutes": ",".join(kinds), "quality_power": quality_power,
+            "exact_share": model.exact_share,
+            "paths_per_user": paths_per_user, "max_rows": max_rows, "rows": model.num_rows,
             "sets_per_layer": sets_per_layer, "init": init, "relocate_rounds": relocate_rounds,
             "exchange_neighbours": exchange_neighbours, "start_neighbours": start_neighbours, "max_evals": max_evals, "swap_rounds": swap_rounds, "fill": fill,
             "coverage": cover, "evaluations": search.evals, "moves": search.accepted,
-            "expected_latency_ms": 1e3 * search.objective_s, "greedy_latency_ms": 1e3 * greedy_s,
+            "expected_latency_ms": 1e3 * search.objective_s, "dense_ms": 1e3 * model.dense_token_s,
+            "expected_policy_ms": 1e3 * policy_s, "expected_exact_ms": 1e3 * exact_s, "greedy_latency_ms": 1e3 * greedy_s,
             "empty_latency_ms": 1e3 * start}
     return search.hosts, info
 

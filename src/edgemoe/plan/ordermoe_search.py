@@ -59,7 +59,7 @@ class LatencySearch:
 
     @property
     def objective_s(self) -> float:
-        return float(self.model.weight @ self.state.latency_s.sum(axis=1))
+        return float(self.model.weight @ self.state.latency_s.sum(axis=1)) + self.model.dense_token_s
 
     # -------------------------------------------------------------------------------------------- moves
     def missing_bytes(self, node: int, layer: int, experts) -> int:

@@ -34,6 +34,7 @@ import numpy as np
 from edgemoe.errors import EdgeMoEError
 
 from .base import PlanProblem
+from .standins import KINDS, MAX_ENUM_K, QUALITY_POWER, check_kinds, choose_stand_ins, prefix_masks, subset_bits
 
 MODES = ("migrate", "home")
 MISS_FACTOR = 10.0  # an unreachable expert costs 10x the slowest real call (SlimCaching objective's penalty)
@@ -85,18 +86,29 @@ class PathModel:
 
     paths_per_user: calibration tokens sampled per user (evenly spaced over its domain's tokens; the
     domain's tokens all when fewer). budget: quality allowance per token-layer (0: exact execution).
-    substitutes: [L, E, S] ranked group mates (-1 padded), needed when budget > 0. max_rows: cap on the rows
-    (`sample_rows`); users with the same home and domain share rows.
+    substitutes: [L, E, S] ranked group mates (-1 padded), needed when budget > 0 with "sub" among `kinds`.
+    max_rows: cap on the rows (`sample_rows`, both copies with `exact_share`); users with the same home and
+    domain share rows. kinds, power,
+    max_enum_k: the ordermoe policy's stand-in kinds, quality power and subset enumeration limit.
+    exact_share: with budget > 0, the share of the traffic replayed without budget (exact execution, as for
+    users without budget or under the `exact` policy): every path is replayed twice, with and without
+    budget, weighted 1 - exact_share and exact_share.
     """
 
     def __init__(self, problem: PlanProblem, mode: str = "migrate", paths_per_user: int = 256, budget: float = 0.0,
-                 substitutes: np.ndarray | None = None, max_rows: int | None = None):
+                 substitutes: np.ndarray | None = None, max_rows: int | None = None, kinds=KINDS,
+                 power: float = QUALITY_POWER, max_enum_k: int = MAX_ENUM_K, exact_share: float = 0.0):
         if mode not in MODES:
             raise EdgeMoEError(f"mode={mode!r}; expected one of {list(MODES)}")
         if budget < 0 or not np.isfinite(budget):
             raise EdgeMoEError(f"budget must be finite and >= 0, got {budget}")
-        if budget > 0 and substitutes is None:
-            raise EdgeMoEError("a budget > 0 needs the substitutes [L, E, S] of the similarity groups")
+        if not 0.0 <= exact_share <= 1.0:
+            raise EdgeMoEError(f"exact_share must be in [0, 1], got {exact_share}")
+        self.kinds = check_kinds(kinds)
+        if budget > 0 and "sub" in self.kinds and substitutes is None:
+            raise EdgeMoEError("a budget > 0 with 'sub' stand-ins needs the substitutes [L, E, S] of the similarity "
+                               "groups")
+        self.power, self.max_enum_k = float(power), int(max_enum_k)
         self.problem, self.mode, self.budget = problem, mode, float(budget)
         prof = problem.profile
         L, E = problem.expert_bytes.shape
@@ -106,14 +118,25 @@ class PathModel:
         self.compute = np.asarray(problem.compute_s, dtype=np.float64)  # [N, L, E]
         self.is_cloud = problem.is_cloud
         self.usable = usable_nodes(problem)  # [U, N]
-        users, tokens, weight = sample_rows(problem, paths_per_user, max_rows)
+        twice = budget > 0 and exact_share > 0
+        users, tokens, weight = sample_rows(problem, paths_per_user,
+                                            max_rows if max_rows is None or not twice else max(1, max_rows // 2))
+        row_budget = np.full(users.size, float(budget))
+        if twice:
+            # the same paths once more, run exactly (a user without budget: no stand-in at all), weighted
+            # exact_share; the policy's copy keeps the rest
+            users, tokens = np.r_[users, users], np.r_[tokens, tokens]
+            weight = np.r_[(1.0 - exact_share) * weight, exact_share * weight]
+            row_budget = np.r_[row_budget, np.zeros(row_budget.size)]
+        self.row_budget = row_budget  # [R] quality allowance per token-layer of each row
+        self.exact_share = float(exact_share) if budget > 0 else 0.0
         self.user, self.weight = users, weight  # [R]
         self.home = np.asarray(problem.user_home, dtype=np.int64)[users]
         self.topk = np.asarray(prof.topk, dtype=np.int64)[tokens]  # [R, L, K]
         self.gates = np.abs(np.asarray(prof.gates, dtype=np.float64)[tokens])  # [R, L, K]
         finite = self.rt[np.isfinite(self.rt)].max() + self.compute.max()
         self.miss_s = MISS_FACTOR * float(finite)
-        self.subs = None if substitutes is None else np.asarray(substitutes, dtype=np.int64)
+        self.subs = np.zeros((L, E, 0), np.int64) if substitutes is None else np.asarray(substitutes, dtype=np.int64)
         self.subst_err = np.asarray(prof.subst_err, dtype=np.float64)
         # rows_with[l][e]: rows whose Top-K set at layer l contains e (the rows a change of (l, e) touches)
         self._touched: dict = {}
@@ -125,17 +148,24 @@ class PathModel:
         self.servers = np.flatnonzero(~is_device & ~self.is_cloud)  # [S]
         self.is_server = ~is_device & ~self.is_cloud  # [N]
         self.device = np.where(is_device[self.home], self.home, -1)  # [R] the row's own device, -1 none
+        # The dense part: every layer's backbone work on the row's home, before its experts (the simulator's
+        # order); no placement changes it, so it is one constant beside the replay, not in its layer times.
+        dense = np.zeros(self.N) if problem.dense_s is None else np.asarray(problem.dense_s, dtype=np.float64)
+        self.dense_token_s = float(self.weight @ (L * dense[self.home]))
 
     @property
     def num_rows(self) -> int:
         return int(self.user.shape[0])
 
     # ------------------------------------------------------------------------------------ one layer
-    def step(self, hosts: np.ndarray, layer: int, rows: np.ndarray, loc: np.ndarray, left: np.ndarray, flip=None):
+    def step(self, hosts: np.ndarray, layer: int, rows: np.ndarray, loc: np.ndarray, left: np.ndarray, flip=None,
+             record: dict | None = None):
         """Decide `layer` for `rows` [R'] at nodes `loc` [R'] with budget `left` [R'] under hosts [N, L, E].
 
         flip: None, or (nodes [R'], changed [R', F] (-1 padded), value): row i sees
         hosts[nodes[i], layer, changed[i]] = value (a batch of candidate placements, one call).
+        record: a dict that receives the stand-ins taken, "kind" [R', K] (-1: run exactly, else the index into
+        KINDS), and their "quality" [R'].
         Returns (latency [R'], next location [R'], budget left after [R']).
         """
         experts = self.topk[rows, layer]  # [R', K]
@@ -155,9 +185,11 @@ class PathModel:
             held = np.concatenate([held, (hit & value)[:, :, None]], axis=2)
             local = np.where(hit & (loc == nodes)[:, None], value, local)
         node, miss = self._replicas(layer, rows, loc, experts, cols, held, local)
-        if self.budget > 0:
-            return self._step_substitution(hosts, layer, rows, loc, left, experts, gates, node, miss, flip)
+        if self.budget > 0 and self.kinds:
+            return self._step_standins(hosts, layer, rows, loc, left, experts, gates, node, miss, flip, record)
         lat, nxt = self._finish(layer, rows, loc, experts, node, miss)
+        if record is not None:
+            record["kind"], record["quality"] = np.full(experts.shape, -1, np.int64), np.zeros(rows.size)
         return lat, nxt, left
 
     def holders(self, hosts: np.ndarray, layer: int) -> np.ndarray:
@@ -186,14 +218,17 @@ class PathModel:
         node = np.where(local, loc[:, None], node)
         return node, miss
 
-    def _finish(self, layer, rows, loc, experts, node, miss):
-        """([R'] layer seconds, [R'] next location) of branches on `node` [R', K] (miss: [R', K] unreachable)."""
+    def _finish(self, layer, rows, loc, experts, node, miss, skip=None):
+        """([R'] layer seconds, [R'] next location) of branches on `node` [R', K] (miss: [R', K] unreachable;
+        skip: [R', K] not run, dropped or zeroed)."""
         R = loc.shape[0]
         comp = self.compute[node, layer, experts]
         ready = self.xfer[loc[:, None], node] + comp  # [R', K]
         # An unreachable branch adds the miss penalty on top of the layer (additive, so covering any one
-        # missing expert already pays) and takes no part in the max or the meeting.
+        # missing expert already pays) and takes no part in the max or the meeting; neither does a skipped one.
         penalty = self.miss_s * miss.sum(axis=1)
+        if skip is not None:
+            miss = miss | skip
         ready = np.where(miss, -np.inf, ready)
         if self.mode == "home":
             back = np.where(miss, 0.0, self.xfer[node, loc[:, None]])
@@ -208,73 +243,103 @@ class PathModel:
         ar = np.arange(R)
         return done[ar, pick] + penalty, cand[ar, pick]
 
-    def _step_substitution(self, hosts, layer, rows, loc, left, experts, gates, node, miss, flip):
-        """The myopic substitution choice: fastest subset of substitutable branches within the budget."""
+    def _step_standins(self, hosts, layer, rows, loc, left, experts, gates, node, miss, flip, record=None):
+        """The ordermoe policy's myopic stand-in choice (H = 0, no pacing weight): among the actions that replace
+        a subset of the replaceable branches (those the token's node lacks and some usable node holds) by their
+        cheapest stand-in (`standins.choose_stand_ins`: the node's best-ranked group mate, drop and renormalise,
+        or zero), the fastest whose quality cost fits what is left; ties to less quality, then to the first
+        action (subset index order, the runtime's argmin). record: a dict that receives "kind" [R', K] (-1 exact,
+        else the index into KINDS) and "quality" [R'] of the actions taken."""
         R, K = experts.shape
-        S = self.subs.shape[2]
-        mates = self.subs[layer, experts]  # [R', K, S]
-        ok = hosts[loc[:, None, None], layer, np.maximum(mates, 0)]
-        if flip is not None:
-            nodes, changed, value = flip
-            hit = (mates[..., None] == changed[:, None, None, :]).any(axis=3)  # [R', K, S]
-            ok = np.where(hit & (loc == nodes)[:, None, None], value, ok)
-        ok &= mates >= 0
-        has = ok.any(axis=2)
-        first = ok.argmax(axis=2)
-        sub = np.take_along_axis(np.maximum(mates, 0), first[..., None], 2)[..., 0]
-        can = has & (node != loc[:, None]) & (S > 0)
-        err = self.subst_err[layer, experts, sub]
-        q_slot = np.where(can, gates * err, 0.0)
+        sub = np.full((R, K), -1, np.int64)
+        if "sub" in self.kinds and self.subs.shape[2] > 0:
+            # the best-ranked group mate the token's node holds (the runtime's `best_local_substitutes`)
+            mates = self.subs[layer, experts]  # [R', K, S]
+            ok = hosts[loc[:, None, None], layer, np.maximum(mates, 0)]
+            if flip is not None:
+                nodes, changed, value = flip
+                hit = (mates[..., None] == changed[:, None, None, :]).any(axis=3)  # [R', K, S]
+                ok = np.where(hit & (loc == nodes)[:, None, None], value, ok)
+            ok &= mates >= 0
+            sub = np.where(ok.any(axis=2), np.take_along_axis(mates, ok.argmax(axis=2)[..., None], 2)[..., 0], -1)
+        sub_err = np.where(sub >= 0, self.subst_err[layer, experts, np.maximum(sub, 0)], np.inf)
         best_lat, best_nxt = self._finish(layer, rows, loc, experts, node, miss)
         best_q = np.zeros(R)
-        some = np.flatnonzero(can.any(axis=1) & (left > 0))  # only these rows have a choice
+        kind_taken = np.full((R, K), -1, np.int64)
+        replaceable = (node != loc[:, None]) & ~miss  # a missing expert keeps its penalty: never stood in for
+        # only these rows have a choice (a row without budget has none: the runtime's has_budget rule)
+        some = np.flatnonzero(replaceable.any(axis=1) & (self.row_budget[rows] > 0))
         if some.size:
-            # Every (subset, row) pair that fits the budget in one `_finish` call; the subsets in order.
-            masks = np.array(_subsets(K))  # [M, K]
-            mask = np.broadcast_to(masks[:, None, :], (len(masks), some.size, K))
-            q = (mask * q_slot[some][None]).sum(axis=2)  # [M, S']
-            valid = ~(mask & ~can[some][None]).any(axis=2) & (q <= left[some][None] + 1e-12)
-            mi, si = np.nonzero(valid)
-            if mi.size:
-                r, m = some[si], masks[mi]
-                e2 = np.where(m, sub[r], experts[r])
-                n2 = np.where(m, loc[r, None], node[r])
-                lat, nxt = self._finish(layer, rows[r], loc[r], e2, n2, miss[r] & ~m)
-                q = q[mi, si]
-                score = lat + 1e-9 * q
-                # Per row the first subset of least score, kept only if strictly better than no substitution:
-                # what trying the subsets one by one and keeping strict improvements gives.
-                order = np.lexsort((mi, si))  # by row, then subset
-                cut = np.flatnonzero(np.r_[True, si[order][1:] != si[order][:-1]])
-                low = np.minimum.reduceat(score[order], cut)  # [rows with a choice]
-                group = np.repeat(np.arange(cut.size), np.diff(np.r_[cut, order.size]))
-                at_low = score[order] == low[group]
-                first = np.minimum.reduceat(np.where(at_low, np.arange(order.size), order.size), cut)
-                pick = order[first]
-                r = r[pick]
-                better = score[pick] < best_lat[r] + 1e-9 * best_q[r]
-                pick, r = pick[better], r[better]
-                best_lat[r], best_nxt[r], best_q[r] = lat[pick], nxt[pick], q[pick]
+            if K <= self.max_enum_k:
+                mask = np.broadcast_to(subset_bits(K)[None, 1:], (some.size, 2 ** K - 1, K))  # every non-empty subset
+            else:  # the runtime's prefixes by remote latency (without its queue load: the replay has none)
+                ready = self.xfer[loc[some, None], node[some]] + self.compute[node[some], layer, experts[some]]
+                mask = prefix_masks(ready, replaceable[some])[1][:, 1:]
+            lay = np.full(some.size, layer)
+            kind, cost = choose_stand_ins(lay, experts[some], gates[some], sub[some], sub_err[some], self.subst_err,
+                                          mask, self.kinds, self.power)
+            valid = ~(mask & (~replaceable[some][:, None, :] | ~np.isfinite(cost))).any(axis=2)  # [S', M]
+            q = np.where(mask, np.where(np.isfinite(cost), cost, 0.0), 0.0).sum(axis=2)
+            valid &= q <= left[some][:, None] + 1e-12
+            si, mi = np.nonzero(valid)  # by row, then action: the order the ties go by
+            if si.size:
+                r, m, kd = some[si], mask[si, mi], kind[si, mi]
+                is_sub = m & (kd == 0)
+                e2 = np.where(is_sub, sub[r], experts[r])
+                n2 = np.where(m, loc[r, None], node[r])  # a substitute runs at the token's node
+                lat, nxt = self._finish(layer, rows[r], loc[r], e2, n2, miss[r], skip=m & ~is_sub)
+                q = q[si, mi]
+                score = lat + 1e-9 * q  # the policy's cost with alpha = 1, beta = 0: seconds + EPS x quality
+                cut = np.flatnonzero(np.r_[True, si[1:] != si[:-1]])
+                low = np.minimum.reduceat(score, cut)  # [rows with a valid action]
+                group = np.repeat(np.arange(cut.size), np.diff(np.r_[cut, si.size]))
+                first = np.minimum.reduceat(np.where(score == low[group], np.arange(si.size), si.size), cut)
+                r = r[first]
+                # kept only if strictly better than no stand-in (action 0, first in the runtime's argmin)
+                better = score[first] < best_lat[r] + 1e-9 * best_q[r]
+                first, r = first[better], r[better]
+                best_lat[r], best_nxt[r], best_q[r] = lat[first], nxt[first], q[first]
+                kind_taken[r] = np.where(m[first], kd[first], -1)
+        if record is not None:
+            record["kind"], record["quality"] = kind_taken, best_q
         return best_lat, best_nxt, left - best_q
 
     # --------------------------------------------------------------------------------- whole paths
-    def replay(self, hosts: np.ndarray) -> Replay:
-        """Replay every row through every layer under hosts [N, L, E]."""
+    def replay(self, hosts: np.ndarray, record: dict | None = None) -> Replay:
+        """Replay every row through every layer under hosts [N, L, E]. record: a dict that receives the
+        stand-ins taken, "kind" [R, L, K] (-1: run exactly, else the index into KINDS), and "quality" [R, L]."""
         R, L = self.num_rows, self.L
         lat = np.zeros((R, L))
         loc = np.zeros((R, L + 1), np.int64)
         left = np.zeros((R, L + 1))
         loc[:, 0] = self.home
-        left[:, 0] = self.budget * L
+        left[:, 0] = self.row_budget * L
         rows = np.arange(R)
+        parts = []
         for layer in range(L):
+            part = {} if record is not None else None
             lat[:, layer], loc[:, layer + 1], left[:, layer + 1] = self.step(hosts, layer, rows, loc[:, layer],
-                                                                               left[:, layer])
+                                                                               left[:, layer], record=part)
+            parts.append(part)
+        if record is not None:
+            record["kind"] = np.stack([p["kind"] for p in parts], axis=1)
+            record["quality"] = np.stack([p["quality"] for p in parts], axis=1)
         return Replay(latency_s=lat, location=loc, budget_left=left)
 
     def expected_latency(self, hosts: np.ndarray) -> float:
-        """Weighted mean per-token latency (seconds, MoE layers only) under hosts [N, L, E]."""
-        return float(self.weight @ self.replay(hosts).latency_s.sum(axis=1))
+        """Weighted mean per-token latency (seconds, the MoE layers' replay + the dense part) under hosts
+        [N, L, E]."""
+        return float(self.weight @ self.replay(hosts).latency_s.sum(axis=1)) + self.dense_token_s
+
+    def expected_parts(self, state: Replay) -> tuple[float, float]:
+        """(seconds, seconds): the expected per-token latency (dense part included) of the rows with budget (the
+        policy's) and of those without (exact execution), each on its own weight; nan for a part with no rows."""
+        tok = state.latency_s.sum(axis=1)
+        out = []
+        for rows in (self.row_budget > 0, self.row_budget <= 0):
+            w = self.weight[rows]
+            out.append(float(w @ tok[rows]) / float(w.sum()) + self.dense_token_s if w.sum() > 0 else float("nan"))
+        return out[0], out[1]
 
     def touched_rows(self, layer: int, experts) -> np.ndarray:
         """[R'] rows whose set at `layer` contains one of `experts` (or, with substitution, a group mate)."""
@@ -282,7 +347,7 @@ class PathModel:
         if len(experts) == 1 and self._touched.get((layer, *experts)) is not None:
             return self._touched[(layer, *experts)]
         key = (layer, *experts) if len(experts) == 1 else None
-        if self.budget > 0:
+        if self.budget > 0 and "sub" in self.kinds:
             for e in list(experts):
                 experts |= {int(m) for m in self.subs[layer, e] if m >= 0}
                 experts |= {int(m) for m in np.flatnonzero((self.subs[layer] == e).any(axis=1))}
@@ -447,14 +512,6 @@ class PathModel:
         state.latency_s[rows] = lat
         state.location[rows] = loc
         state.budget_left[rows] = left
-
-
-def _subsets(K: int) -> list[np.ndarray]:
-    """[K] bool masks of the substitution subsets tried: all non-empty ones for K <= 4, else each single slot
-    and all slots (the runtime enumerates prefixes there; this keeps the planner's replay cheap)."""
-    if K <= 4:
-        return [((bits >> np.arange(K)) & 1).astype(bool) for bits in range(1, 2 ** K)]
-    return [np.arange(K) == k for k in range(K)] + [np.ones(K, bool)]
 
 
 MIN_PATHS = 16  # paths per user group that the row cap never goes below
