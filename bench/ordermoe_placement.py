@@ -2,7 +2,9 @@
 
 Rows: exact and ordermoe policies on the `ordermoe` and `slimcaching` placements, edge8 in migrate mode
 and device-edge-cloud in home mode, on the demo's calibration profile of the default model and the
-routing of the demo's evaluation text (WikiText-2 test). Writes bench/results/ordermoe_placement.json.
+routing of the demo's evaluation text (WikiText-2 test). Beside each simulated mean, `model_ms` is what the
+planner's runtime model (`PathModel` at the planner's defaults) predicts for that policy on that placement.
+Writes bench/results/ordermoe_placement.json.
 
     PYTHONPATH=src python bench/ordermoe_placement.py [--cache-dir runs/cache] [--param key=value ...]
 

@@ -12,13 +12,19 @@ runtime's layer rule (docs/runtime.md, "Layer cost"), with no queues:
   first, where the token continues; the last layer adds the trip home;
 - an expert no usable node holds (no cloud, not yet covered) adds `miss_s` to the layer (additive, so the
   search sees the gain of covering each one);
-- optional substitution (budget > 0): a branch the token's node lacks may run that node's best-ranked
-  group member with the original gate, at quality cost gate x subst_err; each row gets budget x L for its
-  pass, and every layer takes the fastest subset of substitutable branches that fits what is left (the
-  ordermoe policy's myopic choice, H = 0, without its pacing weight).
+- stand-ins (budget > 0): the ordermoe policy's own myopic choice (H = 0, no pacing weight), through the
+  code it uses (`standins`): an action replaces a subset of the branches the token's node lacks (all
+  subsets for K <= 4, else the prefixes by latency) by each slot's cheapest allowed stand-in (the node's
+  best-ranked group mate, drop and renormalise, or zero; quality cost (gate x error) ** power); each row
+  gets budget x L for its pass and takes the fastest action whose cost fits what is left;
+- exact_share: every path is also replayed without budget (exact execution), at that share of the weight;
+- the dense part: L x the home's per-layer backbone seconds (`PlanProblem.dense_s`) per row, a constant
+  beside the replay (no placement changes it).
 
 Rows are decided layer by layer exactly as the runtime decides them, so with budget 0 the replay's layer
-latencies equal the `exact` policy's `Decision.latency_s` (tested against `edgemoe.runtime`).
+latencies equal the `exact` policy's `Decision.latency_s`, and with a budget its stand-ins, quality and
+latencies equal the ordermoe policy's at horizon 0 and no quality price (both tested against
+`edgemoe.runtime`).
 
 Incremental evaluation: a change of one node's experts at one layer only changes rows whose Top-K set at
 that layer meets the changed experts (or, with substitution, their group mates); among those, only the
