@@ -190,6 +190,10 @@ def test_search_is_deterministic_fits_and_records_its_facts():
     assert p["mode"] == "migrate" and p["algorithm"] == "search" and p["budget"] == 0.05
     assert p["expected_latency_ms"] <= p["greedy_latency_ms"] + 1e-9 <= p["empty_latency_ms"]
     assert p["evaluations"] <= p["max_evals"] + 8
+    # the objective weighs the policy's rows and the exact rows; the policy is never slower in the model
+    assert p["substitutes"] == "sub,drop,zero" and p["quality_power"] == 2.0 and p["exact_share"] == 0.25
+    assert p["expected_policy_ms"] <= p["expected_exact_ms"]
+    assert p["expected_latency_ms"] == pytest.approx(0.75 * p["expected_policy_ms"] + 0.25 * p["expected_exact_ms"])
 
 
 def test_bad_params_are_named():
@@ -202,6 +206,10 @@ def test_bad_params_are_named():
         plan_ordermoe(problem, init="random")
     with pytest.raises(EdgeMoEError, match="budget"):
         plan_ordermoe(problem, budget=-1.0)
+    with pytest.raises(EdgeMoEError, match="substitutes"):
+        plan_ordermoe(problem, substitutes="sub,teleport")
+    with pytest.raises(EdgeMoEError, match="exact_share"):
+        plan_ordermoe(problem, exact_share=1.5)
 
 
 @pytest.mark.parametrize("init", ["successive", "greedy"])
@@ -313,3 +321,21 @@ def test_exact_share_replays_each_path_with_and_without_budget():
     assert capped <= 1000 and capped == 2 * PathModel(problem, "home", 100, 0.05, subs, max_rows=500).num_rows
     with pytest.raises(EdgeMoEError, match="exact_share"):
         PathModel(problem, "home", 24, 0.05, subs, exact_share=1.5)
+
+
+def test_the_dense_part_is_the_runtimes():
+    """plan_problem prices one layer's dense work per node as the runtime's default context charges it, and the
+    model adds L of them on each row's home."""
+    from edgemoe.plan import plan_problem
+    from edgemoe.profile import synthetic_profile
+    from edgemoe.runtime import make_context
+
+    profile = synthetic_profile(num_layers=3, num_experts=8, top_k=2, num_tokens=400, seed=4)
+    problem = plan_problem(profile, "device-edge-cloud", domain_fallback=True)
+    placement = plan(problem, "lfu")
+    ctx = make_context(profile, "device-edge-cloud", placement, mode="home", domain_fallback=True)
+    np.testing.assert_allclose(problem.dense_s, ctx.dense_s(np.arange(problem.num_nodes)), rtol=1e-12)
+    model = PathModel(problem, "home", 24)
+    assert model.dense_token_s == pytest.approx(float(model.weight @ (3 * problem.dense_s[model.home])))
+    assert model.expected_latency(placement.hosts) == pytest.approx(
+        float(model.weight @ model.replay(placement.hosts).latency_s.sum(axis=1)) + model.dense_token_s)

@@ -40,7 +40,15 @@ import numpy as np
 from edgemoe.errors import EdgeMoEError
 
 from .base import PlanProblem
-from .standins import KINDS, MAX_ENUM_K, QUALITY_POWER, check_kinds, choose_stand_ins, prefix_masks, subset_bits
+from .standins import (
+    KINDS,
+    MAX_ENUM_K,
+    QUALITY_POWER,
+    check_kinds,
+    choose_stand_ins,
+    prefix_masks,
+    subset_bits,
+)
 
 MODES = ("migrate", "home")
 MISS_FACTOR = 10.0  # an unreachable expert costs 10x the slowest real call (SlimCaching objective's penalty)
