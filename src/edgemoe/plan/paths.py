@@ -46,6 +46,7 @@ from .standins import (
     QUALITY_POWER,
     check_kinds,
     choose_stand_ins,
+    max_over_kept,
     prefix_masks,
     subset_bits,
 )
@@ -257,6 +258,38 @@ class PathModel:
         ar = np.arange(R)
         return done[ar, pick] + penalty, cand[ar, pick]
 
+    def _finish_actions(self, layer, rows, loc, experts, node, miss, mask, order, is_sub, sub):
+        """([R', M] layer seconds, [R', M] next location) of every action at once: action m runs slot k exactly
+        on node [R', K] unless mask [R', M, K] (every subset, order None, or the prefixes in `order` [R', K]:
+        `standins.max_over_kept`); a masked slot runs sub [R', K] at the token's node where is_sub [R', M, K],
+        else not at all. The same sums and maxima as `_finish` on each action alone: the max over kept exact
+        slots, and the max over substitutes of (compute at the token's node) plus the one transfer from there
+        (rounding is monotone, so that is the max of the sums); a substitute's node is the token's,
+        candidate 0, which wins that tie, so a masked slot is no candidate."""
+        R, K = experts.shape
+        ready_x = self.xfer[loc[:, None], node] + self.compute[node, layer, experts]  # [R', K]
+        here = self.xfer[loc, loc]  # [R'] (0: the token's own node)
+        ready_s = here[:, None] + self.compute[loc[:, None], layer, np.maximum(sub, 0)]  # [R', K]
+        sub_ready = np.where(is_sub, ready_s[:, None, :], -np.inf).max(axis=2)  # [R', M]
+        penalty = self.miss_s * miss.sum(axis=1)
+        if self.mode == "home":
+            back = np.where(miss, -np.inf, ready_x + self.xfer[node, loc[:, None]])
+            lat = np.maximum(max_over_kept(back[:, :, None], mask, order)[:, :, 0], sub_ready + here[:, None])
+            lat = np.maximum(lat, 0.0) + penalty[:, None]
+            return lat, np.broadcast_to(loc[:, None], lat.shape).copy()
+        node = np.where(miss, loc[:, None], node)
+        cand = np.concatenate([loc[:, None], node], axis=1)  # [R', K+1]
+        arrive = np.where(miss[:, :, None], -np.inf, ready_x[:, :, None] + self.xfer[node[:, :, None], cand[:, None, :]])
+        done = max_over_kept(arrive, mask, order)  # [R', M, K+1]
+        np.maximum(done, sub_ready[:, :, None] + self.xfer[loc[:, None], cand][:, None, :], out=done)
+        np.maximum(done, 0.0, out=done)
+        if layer == self.L - 1:
+            done = done + self.xfer[cand, self.home[rows][:, None]][:, None, :]
+        done[:, :, 1:][mask] = np.inf  # a slot not run exactly is no candidate
+        pick = done.argmin(axis=2)  # [R', M]
+        lat = np.take_along_axis(done, pick[..., None], 2)[..., 0] + penalty[:, None]
+        return lat, np.take_along_axis(cand, pick, 1)
+
     def _step_standins(self, hosts, layer, rows, loc, left, experts, gates, node, miss, flip, record=None):
         """The ordermoe policy's myopic stand-in choice (H = 0, no pacing weight): among the actions that replace
         a subset of the replaceable branches (those the token's node lacks and some usable node holds) by their
@@ -284,36 +317,31 @@ class PathModel:
         # only these rows have a choice (a row without budget has none: the runtime's has_budget rule)
         some = np.flatnonzero(replaceable.any(axis=1) & (self.row_budget[rows] > 0))
         if some.size:
-            if K <= self.max_enum_k:
-                mask = np.broadcast_to(subset_bits(K)[None, 1:], (some.size, 2 ** K - 1, K))  # every non-empty subset
+            if K <= self.max_enum_k:  # every subset (action 0: none, never taken here)
+                order, mask = None, np.broadcast_to(subset_bits(K)[None], (some.size, 2 ** K, K))
             else:  # the runtime's prefixes by remote latency (without its queue load: the replay has none)
                 ready = self.xfer[loc[some, None], node[some]] + self.compute[node[some], layer, experts[some]]
-                mask = prefix_masks(ready, replaceable[some])[1][:, 1:]
+                order, mask = prefix_masks(ready, replaceable[some])
             lay = np.full(some.size, layer)
             kind, cost = choose_stand_ins(lay, experts[some], gates[some], sub[some], sub_err[some], self.subst_err,
                                           mask, self.kinds, self.power)
             valid = ~(mask & (~replaceable[some][:, None, :] | ~np.isfinite(cost))).any(axis=2)  # [S', M]
             q = np.where(mask, np.where(np.isfinite(cost), cost, 0.0), 0.0).sum(axis=2)
             valid &= q <= left[some][:, None] + 1e-12
-            si, mi = np.nonzero(valid)  # by row, then action: the order the ties go by
-            if si.size:
-                r, m, kd = some[si], mask[si, mi], kind[si, mi]
-                is_sub = m & (kd == 0)
-                e2 = np.where(is_sub, sub[r], experts[r])
-                n2 = np.where(m, loc[r, None], node[r])  # a substitute runs at the token's node
-                lat, nxt = self._finish(layer, rows[r], loc[r], e2, n2, miss[r], skip=m & ~is_sub)
-                q = q[si, mi]
-                score = lat + 1e-9 * q  # the policy's cost with alpha = 1, beta = 0: seconds + EPS x quality
-                cut = np.flatnonzero(np.r_[True, si[1:] != si[:-1]])
-                low = np.minimum.reduceat(score, cut)  # [rows with a valid action]
-                group = np.repeat(np.arange(cut.size), np.diff(np.r_[cut, si.size]))
-                first = np.minimum.reduceat(np.where(score == low[group], np.arange(si.size), si.size), cut)
-                r = r[first]
+            valid[:, 0] = False  # action 0 is the exact execution, already in best_*
+            if valid.any():
+                is_sub = mask & (kind == 0)
+                lat, nxt = self._finish_actions(layer, rows[some], loc[some], experts[some], node[some], miss[some],
+                                                mask, order, is_sub, sub[some])
+                # the policy's cost with alpha = 1, beta = 0: seconds + EPS x quality; the first least action
+                score = np.where(valid, lat + 1e-9 * q, np.inf)  # [S', M]
+                pick = score.argmin(axis=1)
+                ar = np.arange(some.size)
                 # kept only if strictly better than no stand-in (action 0, first in the runtime's argmin)
-                better = score[first] < best_lat[r] + 1e-9 * best_q[r]
-                first, r = first[better], r[better]
-                best_lat[r], best_nxt[r], best_q[r] = lat[first], nxt[first], q[first]
-                kind_taken[r] = np.where(m[first], kd[first], -1)
+                better = score[ar, pick] < best_lat[some] + 1e-9 * best_q[some]
+                r, ar, pick = some[better], ar[better], pick[better]
+                best_lat[r], best_nxt[r], best_q[r] = lat[ar, pick], nxt[ar, pick], q[ar, pick]
+                kind_taken[r] = np.where(mask[ar, pick], kind[ar, pick], -1)
         if record is not None:
             record["kind"], record["quality"] = kind_taken, best_q
         return best_lat, best_nxt, left - best_q

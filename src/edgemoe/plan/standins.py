@@ -47,6 +47,28 @@ def prefix_masks(ready: np.ndarray, replaceable: np.ndarray) -> tuple[np.ndarray
     return order, rank[:, None, :] < np.arange(K + 1)[None, :, None]
 
 
+def max_over_kept(x: np.ndarray, mask: np.ndarray, order: np.ndarray | None) -> np.ndarray:
+    """[R, M, G] max over the slots k that action m keeps (mask[r, m, k] false) of x[r, k, g] (-inf: none kept).
+
+    x: [R, K, G]. Enumerated subsets (order None, mask = `subset_bits` for every row): the max over every
+    subset of slots is built once by adding one slot at a time (2^K - 1 maxima of [R, G]), and action m keeps
+    the complement of m, i.e. subset 2^K - 1 - m. Prefixes (order [R, K]: slot replaced i-th): action j keeps
+    the slots ranked j and later, a running max from the end. Max is exact, so this equals the direct max."""
+    R, K, G = x.shape
+    if order is None:
+        M = 2 ** K
+        sub = np.empty((R, M, G))
+        sub[:, 0] = -np.inf
+        for m in range(1, M):
+            low = (m & -m).bit_length() - 1
+            np.maximum(sub[:, m & (m - 1)], x[:, low], out=sub[:, m])
+        return sub[:, ::-1]
+    ranked = np.take_along_axis(x, order[:, :, None], 1)  # [R, K, G] by replacement rank
+    out = np.full((R, K + 1, G), -np.inf)
+    out[:, :K] = np.maximum.accumulate(ranked[:, ::-1], axis=1)[:, ::-1]
+    return out
+
+
 def choose_stand_ins(layer: np.ndarray, topk: np.ndarray, gates: np.ndarray, sub: np.ndarray, sub_err: np.ndarray,
                      subst_err: np.ndarray, mask: np.ndarray, kinds: tuple[str, ...],
                      power: float = QUALITY_POWER) -> tuple[np.ndarray, np.ndarray]:
