@@ -11,11 +11,21 @@ Model (ALGORITHMS.md §2.3, §6 note 2; decisions in docs/planners-slimcaching.m
 - the expectation runs over each user's observed Top-K sets: tokens of the user's domain in
   `profile.topk`, weighted by `user_weight`. Expert id -1 in `topk` means "no expert" (used when several
   models share a problem, see `slim_multimodel`); it costs nothing.
+
+Load-aware variant (`charged_model`, SlimCaching's `remote_charge` option; docs/planners-slimcaching.md,
+"Remote-call charge"): each call served by an edge server n other than the user's home also costs
+factor_n x its service time (compute_s) there, summed over the K calls (not maxed). The paper's max-over-K
+objective values a local copy only when it completes a whole Top-K set, so it is indifferent to how many
+remote calls a set makes; every remote call, though, occupies a shared server's FIFO and delays the jobs
+behind it, in an M/M/1 queue at utilisation rho by about its service time x rho / (1 - rho): the factor.
+"home-load" estimates rho per node from the demand homed there (`home_load_factor`). Devices, the cloud
+(elastic) and the miss penalty carry no charge. With remote_charge 0 (the default) the objective is the
+paper's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -83,6 +93,8 @@ class SlimModel:
     weight: np.ndarray  # [U] user_weight
     domain: np.ndarray  # [U] user_domain
     layers: tuple[LayerSets, ...]  # [L]
+    edge_charge: np.ndarray | None = None  # [U, S, L, E] remote-call charge on each edge server (None: paper)
+    marginal: np.ndarray | None = None  # [U, L, E] expected calls per token (`marginal_prob`), with edge_charge
 
     @property
     def num_users(self) -> int:
@@ -105,6 +117,98 @@ class SlimModel:
     def node_users(self, node: int) -> np.ndarray:
         """[U_n] users that can use `node` for at least one expert."""
         return np.flatnonzero(np.isfinite(self.node_call(node)).any(axis=(1, 2)))
+
+
+HOME_LOAD_RHO_MAX = 0.9  # "home-load" charge: cap of the estimated utilisation (rho / (1 - rho) <= 9)
+
+
+def home_load_factor(problem: PlanProblem) -> np.ndarray:
+    """[N] remote-call charge factor rho_n / (1 - rho_n) of the "home-load" estimate.
+
+    rho_n = min(HOME_LOAD_RHO_MAX, D_n / max D) with D_n the user_weight of the users homed at node n: in
+    a closed loop every user keeps a request in flight and its home runs its dense work and local experts,
+    so a node's load grows with the demand homed there and the node with the most demand is taken as
+    saturated (capped at 0.9). A node nobody lives on gets no charge.
+    """
+    demand = np.bincount(np.asarray(problem.user_home, dtype=np.int64), np.asarray(problem.user_weight, float),
+                         minlength=len(problem.node_kind))
+    rho = np.minimum(HOME_LOAD_RHO_MAX, demand / demand.max()) if demand.max() > 0 else demand
+    return rho / (1.0 - rho)
+
+
+def charged_model(model: SlimModel, problem: PlanProblem, remote_charge) -> SlimModel:
+    """`model` with the remote-call charge (module docstring): factor_n x compute_s of every call a user
+    sends to an edge server n other than its home. remote_charge: one factor for every node, [N] factors,
+    or "home-load" (`home_load_factor`); 0 returns `model` itself (the paper's objective)."""
+    if isinstance(remote_charge, str):
+        if remote_charge != "home-load":
+            raise EdgeMoEError(f"slimcaching: remote_charge={remote_charge!r}; expected a number >= 0, one per "
+                               "node, or 'home-load'")
+        remote_charge = home_load_factor(problem)
+    try:
+        factor = np.broadcast_to(np.asarray(remote_charge, dtype=np.float64), (len(problem.node_kind),))
+    except (ValueError, TypeError):
+        factor = np.array([np.nan])
+    if not (np.isfinite(factor) & (factor >= 0)).all():
+        raise EdgeMoEError(f"slimcaching: remote_charge must be finite numbers >= 0 (one, or one per node), "
+                           f"or 'home-load'; got {remote_charge!r}")
+    if not factor.any():
+        return model
+    compute = np.asarray(problem.compute_s, dtype=np.float64)[model.edge_nodes]  # [S, L, E]
+    home = np.asarray(problem.user_home, dtype=np.int64)
+    remote = home[:, None] != model.edge_nodes[None, :]  # [U, S]
+    charge = (remote * factor[model.edge_nodes][None, :])[:, :, None, None] * compute[None]
+    return replace(model, edge_charge=charge, marginal=marginal_prob(model, compute.shape[2]))
+
+
+def serving_charge(model: SlimModel, hosts: np.ndarray, users: np.ndarray | None = None) -> np.ndarray | None:
+    """[U', L, E] remote-call charge of each user's call of each expert under `hosts` [N, L, E]: the charge of
+    the server `expert_latency` picks (the fastest holder; ties go to the base, then edge servers in
+    order, then the device, as np.minimum keeps the earlier). None for a model without a charge."""
+    if model.edge_charge is None:
+        return None
+    users = np.arange(model.num_users) if users is None else np.asarray(users, dtype=np.int64)
+    tau = model.base_call[users].copy()
+    chg = np.zeros_like(tau)
+    for j, node in enumerate(model.edge_nodes):
+        call = np.where(hosts[node].astype(bool)[None], model.edge_call[users, j], np.inf)
+        better = call < tau
+        tau = np.where(better, call, tau)
+        chg = np.where(better, model.edge_charge[users, j], chg)
+    rows = np.flatnonzero(model.device_node[users] >= 0)
+    if rows.size:
+        owners = users[rows]
+        held = hosts[model.device_node[owners]].astype(bool)
+        better = np.where(held, model.device_call[owners], np.inf) < tau[rows]
+        chg[rows] = np.where(better, 0.0, chg[rows])
+    return chg
+
+
+def node_charge(model: SlimModel, node: int, users: np.ndarray) -> np.ndarray | None:
+    """[U', L, E] charge of `users`' calls served on `node` (zeros on a device). None without a charge."""
+    if model.edge_charge is None:
+        return None
+    hit = np.flatnonzero(model.edge_nodes == node)
+    if hit.size:
+        return model.edge_charge[users, hit[0]]
+    return np.zeros((len(users),) + model.edge_charge.shape[2:])
+
+
+def charge_per_user(model: SlimModel, chg: np.ndarray | None, users: np.ndarray | None = None,
+                    layers: np.ndarray | None = None) -> np.ndarray:
+    """[U'] expected remote-call charge per token (sum over calls) from chg [U', L, E]; zeros when None.
+    layers: only those layers (chg still [U', L, E])."""
+    if chg is None:
+        return np.zeros(model.num_users if users is None else len(users))
+    marginal = model.marginal if users is None else model.marginal[np.asarray(users, dtype=np.int64)]
+    if layers is not None:
+        marginal, chg = marginal[:, layers], chg[:, layers]
+    return (marginal * chg).sum(axis=(1, 2))
+
+
+def charged_objective(model: SlimModel, tau: np.ndarray, chg: np.ndarray | None) -> float:
+    """User-weighted expected per-token latency plus the remote-call charge (the paper's when chg is None)."""
+    return float(model.weight @ (latency_per_user_from_tau(model, tau) + charge_per_user(model, chg)))
 
 
 def layer_sets(topk: np.ndarray, domain: np.ndarray, num_domains: int, num_experts: int) -> tuple[LayerSets, ...]:

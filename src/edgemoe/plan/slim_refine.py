@@ -26,7 +26,15 @@ import numpy as np
 
 from .base import PlanProblem
 from .maxconv import solve_layers
-from .objective import SlimModel, expert_latency, latency_per_user_from_tau, marginal_prob
+from .objective import (
+    SlimModel,
+    charge_per_user,
+    charged_objective,
+    expert_latency,
+    marginal_prob,
+    node_charge,
+    serving_charge,
+)
 from .slim_values import free_units, set_gains, value_table
 
 DP_PAIRS_PER_CELL = 8  # work units: one user-set cell of a value table ~ 8 (budget, budget) pairs of the DP
@@ -57,6 +65,7 @@ class Block:
     capacity_bytes: int
     related: np.ndarray  # [R] other nodes whose caches change this block's tables
     is_edge: bool
+    charge: np.ndarray | None = None  # [U_n, L, E] remote-call charge of a call on the node (None: paper)
 
 
 def dp_work(num_layers: int, capacity: int) -> int:
@@ -86,6 +95,7 @@ class BlockSearch:
         self.problem, self.model, self.settings, self.coverage = problem, model, settings, coverage
         self.hosts = hosts.copy()
         self.tau = expert_latency(model, self.hosts)  # [U, L, E]
+        self.chg = serving_charge(model, self.hosts)  # [U, L, E] remote-call charges, None for the paper's
         self.blocks = {b.node: b for b in blocks}
         self.edge_nodes = model.edge_nodes
         self.tables: dict[tuple[int, int], dict[bytes, tuple]] = {}
@@ -97,7 +107,12 @@ class BlockSearch:
         self.exact_tables = True
 
     def objective(self) -> float:
-        return float(self.model.weight @ latency_per_user_from_tau(self.model, self.tau))
+        return charged_objective(self.model, self.tau, self.chg)
+
+    def users_cost(self, users: np.ndarray, layers: np.ndarray, tau: np.ndarray, chg: np.ndarray | None) -> float:
+        """sum_u w_u (expected latency of `layers` + their remote-call charge) for `users`; tau, chg [U', L, E]."""
+        latency = sum(users_layer_latency(self.model, users, layer, tau[:, layer]) for layer in layers)
+        return latency + float(self.model.weight[users] @ charge_per_user(self.model, chg, users, layers))
 
     def fixed(self, node: int) -> np.ndarray:
         """[L, E] copies `node` must keep: sole edge copies when coverage is required."""
@@ -111,17 +126,20 @@ class BlockSearch:
         own = np.packbits(fixed, axis=1)
         return [others[layer].tobytes() + own[layer].tobytes() for layer in range(L)]
 
-    def _table(self, block: Block, layer: int, key: bytes, tau_free: np.ndarray | None):
+    def _table(self, block: Block, layer: int, key: bytes, tau_free: np.ndarray | None,
+               chg_free: np.ndarray | None = None):
         """(table [C+1], candidates, picks [C+1, c]) of one layer at the block's full capacity C.
 
-        From the cache, or built from tau_free [U_n, L, E]. V(c) does not depend on C, so a block with
+        From the cache, or built from tau_free [U_n, L, E] (and chg_free, its charges). V(c) does not depend on C, so a block with
         reserved (coverage) copies just uses the first entries.
         """
         cache = self.tables.setdefault((block.node, layer), {})
         entry = cache.get(key)
         if entry is None:
             g = set_gains(tau_free[:, layer], block.call[:, layer], self.model.user_set_prob(layer)[block.users],
-                          self.model.weight[block.users], self.model.layers[layer].sets)
+                          self.model.weight[block.users], self.model.layers[layer].sets,
+                          None if chg_free is None else chg_free[:, layer],
+                          None if chg_free is None else block.charge[:, layer])
             table, pick, exact = value_table(g, block.units[layer, g.candidates], block.capacity,
                                              self.settings.enum_max, self.settings.beam_width)
             self.exact_tables &= exact
@@ -147,12 +165,13 @@ class BlockSearch:
         L = block.units.shape[0]
         capacity = min(free_units(block.capacity_bytes, self.problem.expert_bytes[fixed].sum(), block.unit),
                        block.capacity)
-        tau_free = None
+        tau_free = chg_free = None
         if any(keys[layer] not in self.tables.get((node, layer), {}) for layer in range(L)):
             trial = self.hosts.copy()
             trial[node] = fixed
             tau_free = expert_latency(self.model, trial, block.users)
-        entries = [self._table(block, layer, keys[layer], tau_free) for layer in range(L)]
+            chg_free = serving_charge(self.model, trial, block.users)
+        entries = [self._table(block, layer, keys[layer], tau_free, chg_free) for layer in range(L)]
         tables = np.stack([e[0][: capacity + 1] for e in entries])
         budgets, _ = solve_layers(tables, self.settings.maxconv, self.settings.epsilon)
         self.work += dp_work(L, capacity)
@@ -172,15 +191,18 @@ class BlockSearch:
         if layers.size == 0:
             return False
         users = self.blocks[node].users
-        before = sum(users_layer_latency(self.model, users, layer, self.tau[users, layer]) for layer in layers)
+        before = self.users_cost(users, layers, self.tau[users], None if self.chg is None else self.chg[users])
         old = self.hosts[node].copy()
         self.hosts[node] = held
         tau_new = expert_latency(self.model, self.hosts, users)
-        after = sum(users_layer_latency(self.model, users, layer, tau_new[:, layer]) for layer in layers)
+        chg_new = serving_charge(self.model, self.hosts, users)
+        after = self.users_cost(users, layers, tau_new, chg_new)
         if not force and after >= before - REL_TOL * max(abs(before), 1e-300):
             self.hosts[node] = old
             return False
         self.tau[users] = tau_new
+        if chg_new is not None:
+            self.chg[users] = chg_new
         return True
 
     def exhausted(self) -> bool:
@@ -199,9 +221,15 @@ class BlockSearch:
                 return sweep
         return max_sweeps
 
-    def restore(self, hosts: np.ndarray, tau: np.ndarray) -> None:
+    def restore(self, hosts: np.ndarray, tau: np.ndarray, chg: np.ndarray | None = None) -> None:
         self.hosts[...] = hosts
         self.tau[...] = tau
+        if chg is not None:
+            self.chg[...] = chg
+
+    def state(self) -> tuple:
+        """(hosts, tau, chg) copies, for `restore`."""
+        return self.hosts.copy(), self.tau.copy(), None if self.chg is None else self.chg.copy()
 
 
 def kick_scores(search: BlockSearch, block: Block, weighted_prob: np.ndarray) -> np.ndarray:
@@ -261,7 +289,7 @@ def make_blocks(problem: PlanProblem, model: SlimModel, nodes: list[int], covera
         users = np.flatnonzero(serves[i])
         blocks.append(Block(node=n, users=users, call=model.node_call(n)[users], capacity=capacity, units=units,
                             unit=unit, capacity_bytes=int(problem.capacity_bytes[n]),
-                            related=nodes_arr[shared[i]], is_edge=bool(edge[i])))
+                            related=nodes_arr[shared[i]], is_edge=bool(edge[i]), charge=node_charge(model, n, users)))
     return blocks
 
 
@@ -275,7 +303,7 @@ def refine(problem: PlanProblem, model: SlimModel, hosts: np.ndarray, order: lis
     search.max_work = max_work
     start_objective = search.objective()
     sweeps = search.settle(order)
-    best_value, best_hosts, best_tau = search.objective(), search.hosts.copy(), search.tau.copy()
+    best_value, best = search.objective(), search.state()
     settled = best_value
     rng = np.random.default_rng(seed)
     weighted_prob = marginal_prob(model, problem.expert_bytes.shape[1]) * model.weight[:, None, None]
@@ -289,14 +317,14 @@ def refine(problem: PlanProblem, model: SlimModel, hosts: np.ndarray, order: lis
             search.settle(rest + [node])
             value = search.objective()
             if value < best_value - REL_TOL * best_value:
-                best_value, best_hosts, best_tau = value, search.hosts.copy(), search.tau.copy()
+                best_value, best = value, search.state()
                 accepted += 1
                 continue
-        search.restore(best_hosts, best_tau)
+        search.restore(*best)
     info = {"refine_start_s": start_objective, "refine_settled_s": settled, "refine_sweeps": sweeps,
             "kicks": kicks, "kicks_run": done, "kicks_accepted": accepted,
             "refine_stopped_by": "work" if done < kicks and kickable else "kicks", "refine_work": search.work,
             "refine_max_work": max_work,
             "block_solves": search.block_solves, "tables_built": search.tables_built,
             "refine_exact_tables": search.exact_tables}
-    return best_hosts, info
+    return best[0], info

@@ -26,10 +26,14 @@ from .baselines import ensure_coverage, global_demand, resolve_coverage
 from .maxconv import solve_layers
 from .objective import (
     SlimModel,
+    charged_model,
+    charged_objective,
     expert_latency,
     latency_per_user_from_tau,
+    node_charge,
     require_covered,
     require_servable,
+    serving_charge,
     slim_model,
 )
 from .slim_k1 import cache_nodes, greedy_k1, slimcaching_k1
@@ -59,10 +63,12 @@ def block_order(problem: PlanProblem, model: SlimModel, order: str) -> list[int]
 
 
 def solve_block(model: SlimModel, tau: np.ndarray, call: np.ndarray, users: np.ndarray, capacity: int,
-                units: np.ndarray, maxconv: str, epsilon: float, enum_max: int, beam_width: int):
+                units: np.ndarray, maxconv: str, epsilon: float, enum_max: int, beam_width: int,
+                chg: np.ndarray | None = None, call_chg: np.ndarray | None = None):
     """Best cache [L, E] bool of one node with the others fixed.
 
-    tau, call: [U_n, L, E] seconds for the node's users without it / on it. Returns (held, info).
+    tau, call: [U_n, L, E] seconds for the node's users without it / on it; chg, call_chg: [U_n, L, E] their
+    remote-call charges (None: the paper's objective). Returns (held, info).
     """
     L, E = units.shape
     tables = np.zeros((L, capacity + 1))
@@ -70,7 +76,8 @@ def solve_block(model: SlimModel, tau: np.ndarray, call: np.ndarray, users: np.n
     exact = True
     for layer in range(L):
         g = set_gains(tau[:, layer], call[:, layer], model.user_set_prob(layer)[users], model.weight[users],
-                      model.layers[layer].sets)
+                      model.layers[layer].sets, None if chg is None else chg[:, layer],
+                      None if chg is None else call_chg[:, layer])
         table, pick, table_exact = value_table(g, units[layer, g.candidates], capacity, enum_max, beam_width)
         tables[layer] = table
         picks.append((g.candidates, pick))
@@ -109,14 +116,16 @@ def successive(problem: PlanProblem, model: SlimModel, passes: int = 1, order: s
     """
     hosts = empty_hosts(problem) if start is None else start.copy()
     tau = expert_latency(model, hosts)  # [U, L, E]
+    chg = serving_charge(model, hosts)  # [U, L, E] or None (paper objective)
     blocks = block_order(problem, model, order)
     users_of = {n: model.node_users(n) for n in blocks}
     if near is not None:
         users_of = nearest_users(problem, users_of, near)
     calls = {n: model.node_call(n)[users_of[n]] for n in blocks}
+    call_chg = {n: node_charge(model, n, users_of[n]) for n in blocks}
     methods: dict[str, int] = {}
     all_exact = True
-    history = [float(model.weight @ latency_per_user_from_tau(model, tau))]
+    history = [charged_objective(model, tau, chg)]
     best_hosts = hosts.copy()
     for _ in range(passes):
         for n in blocks:
@@ -128,18 +137,23 @@ def successive(problem: PlanProblem, model: SlimModel, passes: int = 1, order: s
             if hosts[n].any():  # a later pass: take the node's own cache out before re-solving it
                 hosts[n] = fixed
                 tau[users] = expert_latency(model, hosts, users)
+                if chg is not None:
+                    chg[users] = serving_charge(model, hosts, users)
             unit, grid, units = capacity_grid(problem.expert_bytes, int(problem.capacity_bytes[n]), max_units)
             room = min(free_units(problem.capacity_bytes[n], problem.expert_bytes[fixed].sum(), unit), grid)
-            held, info = solve_block(model, tau[users], calls[n], users, room, units,
-                                     maxconv, epsilon, enum_max, beam_width)
+            held, info = solve_block(model, tau[users], calls[n], users, room, units, maxconv, epsilon, enum_max,
+                                     beam_width, None if chg is None else chg[users], call_chg[n])
             methods[info["method"]] = methods.get(info["method"], 0) + 1
             all_exact &= info["exact_tables"]
             hosts[n] = held | fixed
-            tau[users] = np.minimum(tau[users], np.where(held[None], calls[n], np.inf))
+            served = np.where(held[None], calls[n], np.inf)
+            if chg is not None:
+                chg[users] = np.where(served < tau[users], call_chg[n], chg[users])
+            tau[users] = np.minimum(tau[users], served)
         if coverage:
             cover_edges(problem, hosts)
-            tau = expert_latency(model, hosts)
-        history.append(float(model.weight @ latency_per_user_from_tau(model, tau)))
+            tau, chg = expert_latency(model, hosts), serving_charge(model, hosts)
+        history.append(charged_objective(model, tau, chg))
         if history[-1] <= min(history[:-1]):
             best_hosts = hosts.copy()
         if history[-1] >= history[-2] * (1 - 1e-9):
@@ -186,7 +200,8 @@ def slimcaching(problem: PlanProblem, *, algorithm: str = "auto", passes: int = 
                 maxconv: str = "auto", epsilon: float = 0.1, enum_max: int = 12, beam_width: int = 8,
                 max_units: int = MAX_UNITS, warm_start: str = "empty", refine: bool = True, kicks: int = 256,
                 forced: int = 2, seed: int = 0, refine_work: float = REFINE_WORK_PASSES,
-                k1_seeds: int = 3, k1_max_seeds: int = 5000, coverage: bool | None = None) -> Placement:
+                k1_seeds: int = 3, k1_max_seeds: int = 5000, coverage: bool | None = None,
+                remote_charge: float | str | list = 0.0) -> Placement:
     """SlimCaching placement of `problem` (devices and edge servers).
 
     algorithm: "auto" (K = 1 -> "greedy-k1", then with `refine` the block passes and the refinement
@@ -204,11 +219,18 @@ def slimcaching(problem: PlanProblem, *, algorithm: str = "auto", passes: int = 
     k1_seeds, k1_max_seeds (greedy-k1, unequal sizes): partial enumeration with seeds of up to k1_seeds items
     per node, fewer when a node would need more than k1_max_seeds seeds (`slim_k1`).
     coverage: give every expert an edge-server copy; default (None) exactly when there is no cloud.
+    remote_charge: the load-aware variant (objective.charged_model): every call sent to an edge server n other
+    than the user's home also costs factor_n x its service time there, summed over the set's calls; a number
+    (every node), one per node, or "home-load" (factor rho / (1 - rho) from the demand homed at each node).
+    The passes and the refinement optimise that charged objective (K = 1: the greedy start stays the
+    paper's); 0 (default) is the paper's objective. It needs passes > 1 to act on blocks solved before the
+    nodes their misses go to (docs/planners-slimcaching.md, "Remote-call charge"). `objective_s` is always
+    the paper's objective; `charged_objective_s` is beside it.
     """
     start = time.perf_counter()
     cover = resolve_coverage(problem, coverage)
     require_servable(problem, "slimcaching", cover)
-    model = slim_model(problem)
+    model = charged_model(slim_model(problem), problem, remote_charge)
     warm = None
     if warm_start == "sum-greedy":
         warm = greedy_k1(problem, model, "ratio")
@@ -241,7 +263,7 @@ def slimcaching(problem: PlanProblem, *, algorithm: str = "auto", passes: int = 
             # K = 1 blocks have modular, exact tables, so block passes from the greedy result only improve
             # it; the better of the two is kept, so the guarantee of the greedy result still holds.
             polished, polish_info = improve(hosts)
-            before, after = (float(model.weight @ latency_per_user_from_tau(model, expert_latency(model, h)))
+            before, after = (charged_objective(model, expert_latency(model, h), serving_charge(model, h))
                              for h in (hosts, polished))
             info.update(polish_objective_s=after, greedy_objective_s=before, polished=after < before)
             if after < before:
@@ -254,7 +276,10 @@ def slimcaching(problem: PlanProblem, *, algorithm: str = "auto", passes: int = 
     if cover:
         cover_edges(problem, hosts)
         require_covered(problem, hosts, "slimcaching")
-    objective = float(model.weight @ latency_per_user_from_tau(model, expert_latency(model, hosts)))
-    info.update(objective_s=objective, epsilon=epsilon, maxconv=maxconv, enum_max=enum_max, beam_width=beam_width,
+    tau = expert_latency(model, hosts)
+    objective = float(model.weight @ latency_per_user_from_tau(model, tau))
+    info.update(objective_s=objective, remote_charge=remote_charge if isinstance(remote_charge, (int, float, str))
+                else [float(v) for v in remote_charge],
+                charged_objective_s=charged_objective(model, tau, serving_charge(model, hosts)), epsilon=epsilon, maxconv=maxconv, enum_max=enum_max, beam_width=beam_width,
                 refine=refine and (algorithm == "successive" or polish), coverage=cover, plan_seconds=time.perf_counter() - start)
     return make_placement(problem, "slimcaching", hosts, **info)
