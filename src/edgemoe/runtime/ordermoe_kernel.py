@@ -50,7 +50,18 @@ def _steered_pick(base, cand, meet, xfer, mask, stand_node, sub_ready, location,
     lat_out = np.empty(R)
     node = np.empty((R, K), np.int64)
     arrive = np.empty((K, G))
+    # all 2^K subsets (`subset_bits`; the only mask with 2^K actions, prefixes included when K <= 1): the max
+    # over every kept set built one slot at a time, as `max_over_kept` does; action m keeps the complement of m
+    enumerated = M == 1 << K
+    kept_max = np.empty((M, G))
+    to_meet = np.empty(G)  # xfer[c, g]: a substitute's output to the meeting node
+    home_leg = np.zeros(G)  # the trip home after the last layer
     for r in range(R):
+        c = location[r]
+        for g in range(G):
+            to_meet[g] = xfer[c, meet[r, g]]
+            if last[r]:
+                home_leg[g] = xfer[meet[r, g], home[r]]
         # each exact slot on the candidate whose output reaches g first (numpy: min over J of the sums)
         for k in range(K):
             for g in range(G):
@@ -60,7 +71,15 @@ def _steered_pick(base, cand, meet, xfer, mask, stand_node, sub_ready, location,
                     if v < best:
                         best = v
                 arrive[k, g] = best
-        c = location[r]
+        if enumerated:
+            for g in range(G):
+                kept_max[0, g] = -np.inf
+            for s in range(1, M):
+                low = 0
+                while not (s >> low) & 1:
+                    low += 1
+                for g in range(G):
+                    kept_max[s, g] = max(kept_max[s & (s - 1), g], arrive[low, g])
         best_cost = np.inf
         best_a = 0  # numpy's argmin of an all-inf row
         best_lat = np.nan
@@ -68,18 +87,22 @@ def _steered_pick(base, cand, meet, xfer, mask, stand_node, sub_ready, location,
             if not feasible[r, m]:
                 continue
             for g in range(G):
-                lat = -np.inf
-                for k in range(K):
-                    if not mask[r, m, k] and arrive[k, g] > lat:
-                        lat = arrive[k, g]
-                lat = max(lat, sub_ready[r, m] + xfer[c, meet[r, g]])
+                if enumerated:
+                    lat = kept_max[M - 1 - m, g]
+                else:
+                    lat = -np.inf
+                    for k in range(K):
+                        if not mask[r, m, k] and arrive[k, g] > lat:
+                            lat = arrive[k, g]
+                lat = max(lat, sub_ready[r, m] + to_meet[g])
                 lat = max(lat, 0.0)
                 if last[r]:
-                    lat = lat + xfer[meet[r, g], home[r]]
-                sec = lat
-                if use_table:
-                    sec = lat + table[part[r, m] + meet[r, g] * stride]
-                cost = alpha[r] * sec + qterm[r, m]
+                    lat = lat + home_leg[g]
+                # the look-ahead is >= 0 and rounding is monotone: an action whose cost without it is no
+                # better than the best so far cannot win (skips the table read, changes no pick)
+                cost = alpha[r] * lat + qterm[r, m]
+                if use_table and (alpha[r] < 0 or cost < best_cost):
+                    cost = alpha[r] * (lat + table[part[r, m] + meet[r, g] * stride]) + qterm[r, m]
                 if cost < best_cost:
                     best_cost, best_a, best_lat = cost, m * G + g, lat
         m, g = best_a // G, best_a % G
@@ -88,9 +111,9 @@ def _steered_pick(base, cand, meet, xfer, mask, stand_node, sub_ready, location,
             for k in range(K):
                 if not mask[r, m, k] and arrive[k, g] > lat:
                     lat = arrive[k, g]
-            lat = max(max(lat, sub_ready[r, m] + xfer[c, meet[r, g]]), 0.0)
+            lat = max(max(lat, sub_ready[r, m] + to_meet[g]), 0.0)
             if last[r]:
-                lat = lat + xfer[meet[r, g], home[r]]
+                lat = lat + home_leg[g]
             best_lat = lat
         pick[r], lat_out[r] = best_a, best_lat
         # each slot's node: a replaced slot's stand-in node, else the candidate that reaches g first (first on ties)
