@@ -56,15 +56,23 @@ def _steered_pick(base, cand, meet, xfer, mask, stand_node, sub_ready, location,
     kept_max = np.empty((M, G))
     to_meet = np.empty(G)  # xfer[c, g]: a substitute's output to the meeting node
     home_leg = np.zeros(G)  # the trip home after the last layer
+    # a meeting node named twice (the token's node, exact's choice among the shortlisted replicas) gives
+    # equal costs, so its later copy never wins the first-index argmin: it is skipped
+    dup = np.zeros(G, np.bool_)
+    seen = np.full(xfer.shape[0], -1, np.int64)  # row that last named each node
     for r in range(R):
         c = location[r]
         for g in range(G):
+            dup[g] = seen[meet[r, g]] == r
+            seen[meet[r, g]] = r
             to_meet[g] = xfer[c, meet[r, g]]
             if last[r]:
                 home_leg[g] = xfer[meet[r, g], home[r]]
         # each exact slot on the candidate whose output reaches g first (numpy: min over J of the sums)
         for k in range(K):
             for g in range(G):
+                if dup[g]:
+                    continue
                 best = np.inf
                 for j in range(J):
                     v = base[r, k, j] + xfer[cand[r, k, j], meet[r, g]]
@@ -79,6 +87,8 @@ def _steered_pick(base, cand, meet, xfer, mask, stand_node, sub_ready, location,
                 while not (s >> low) & 1:
                     low += 1
                 for g in range(G):
+                    if dup[g]:
+                        continue
                     kept_max[s, g] = max(kept_max[s & (s - 1), g], arrive[low, g])
         best_cost = np.inf
         best_a = 0  # numpy's argmin of an all-inf row
@@ -87,6 +97,8 @@ def _steered_pick(base, cand, meet, xfer, mask, stand_node, sub_ready, location,
             if not feasible[r, m]:
                 continue
             for g in range(G):
+                if dup[g]:
+                    continue
                 if enumerated:
                     lat = kept_max[M - 1 - m, g]
                 else:
