@@ -39,7 +39,7 @@ from edgemoe.plan.standins import (  # shared with the planner's runtime model (
 
 from .baselines import exact_decision
 from .context import RuntimeContext
-from .ordermoe_kernel import shortlist_candidates, steered_pick
+from .ordermoe_kernel import shortlist_candidates, steered_inputs, steered_pick
 from .policy import (
     Decision,
     Policy,
@@ -181,6 +181,13 @@ def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, 
     # -- steered: candidate runners per slot [R, K, J] and meeting nodes [R, G]
     xfer, comp = ctx.xfer_s, ctx.compute_s
     short, real = shortlist_candidates(replica_shortlist(ctx, "fallback"), layer, location, topk, steer_replicas)
+    N = ctx.num_nodes
+    if not steered_latency:  # for the compiled decision: the values below, in one compiled call
+        cand, base, meet, sub_first = steered_inputs(layer, location, topk, node_x, short, real, usable, xfer, load, comp,
+                                                     is_sub, ready_sub, N <= STEER_ALL_NODES)
+        return Options(mask=mask, valid_m=valid, experts=experts, node_m=stand_node, zeroed=zeroed, quality_m=quality,
+                       next_mg=np.broadcast_to(meet[:, None, :], (R, M, meet.shape[1])), latency_mg=None, meet=meet,
+                       cand=cand, cand_ready=base, xfer_s=xfer, sub_ready=sub_first)
     cand = np.concatenate([node_x[:, :, None], short], axis=2)  # exact's own choice first
     ok = np.concatenate([np.ones((R, K, 1), bool), real], axis=2)
     ok &= np.take_along_axis(usable[:, None, :], cand.reshape(R, 1, -1), 2).reshape(cand.shape)
@@ -189,7 +196,6 @@ def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, 
     lk = layer[:, None, None]
     base = xfer[location[:, None, None], cand] + load[cand] + comp[cand, lk, topk[:, :, None]]  # [R, K, J]
     base = np.where(ok, base, np.inf)
-    N = ctx.num_nodes
     if N <= STEER_ALL_NODES:  # every node it may use (location first)
         meet = np.concatenate([location[:, None], np.broadcast_to(np.arange(N), (R, N))], 1)
         meet = np.where(np.take_along_axis(usable, meet, 1), meet, location[:, None])
@@ -197,10 +203,6 @@ def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, 
         meet = np.concatenate([location[:, None], cand.reshape(R, K * J)], axis=1)  # [R, G]
     G = meet.shape[1]
     sub_first = np.where(is_sub, ready_sub[:, None, :], -np.inf).max(axis=2)  # [R, M]
-    if not steered_latency:
-        return Options(mask=mask, valid_m=valid, experts=experts, node_m=stand_node, zeroed=zeroed, quality_m=quality,
-                       next_mg=np.broadcast_to(meet[:, None, :], (R, M, G)), latency_mg=None, meet=meet, cand=cand,
-                       cand_ready=base, xfer_s=xfer, sub_ready=sub_first)
     # each exact slot on the candidate whose output reaches g first: [R, K, G]
     exact_arr = (base[..., None] + xfer.reshape(-1).take(cand[..., None] * N + meet[:, None, None, :])).min(axis=2)
     # the layer ends when the last kept output reaches g: max over exact slots, and over substitutes, whose

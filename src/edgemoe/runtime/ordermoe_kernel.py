@@ -33,6 +33,60 @@ def shortlist_candidates(table, layer: np.ndarray, location: np.ndarray, experts
 
 
 @njit(cache=True)
+def _steered_inputs(layer, location, topk, node_x, short, real, usable, xfer, load, comp, is_sub, ready_sub,
+                    all_nodes):  # pragma: no cover - compiled (the numpy twin is tested)
+    """`layer_options`' steered candidates, their ready times and the meeting nodes, in one call (the same
+    values: the same sums in the same order).
+
+    layer, location: [R]; topk, node_x: [R, K]; short, real: [R, K, S] shortlisted replicas; usable: [R, N];
+    xfer [N, N]; load [N]; comp [N, L, E]; is_sub [R, M, K]; ready_sub [R, K]; all_nodes: meet at any usable
+    node (else at the token's node or a candidate). Returns (cand, base [R, K, 1 + S], meet [R, G], sub_first [R, M])."""
+    R, K, S = short.shape
+    J = S + 1
+    N = xfer.shape[0]
+    M = is_sub.shape[1]
+    G = 1 + N if all_nodes else 1 + K * J
+    cand = np.empty((R, K, J), np.int64)
+    base = np.empty((R, K, J))
+    meet = np.empty((R, G), np.int64)
+    sub_first = np.empty((R, M))
+    for r in range(R):
+        c, lr = location[r], layer[r]
+        for k in range(K):
+            for j in range(J):
+                n = node_x[r, k] if j == 0 else short[r, k, j - 1]
+                ok = (j == 0 or real[r, k, j - 1]) and usable[r, n]  # exact's own choice first
+                if not ok:
+                    n = node_x[r, k]
+                cand[r, k, j] = n
+                base[r, k, j] = xfer[c, n] + load[n] + comp[n, lr, topk[r, k]] if ok else np.inf
+        meet[r, 0] = c
+        if all_nodes:
+            for n in range(N):
+                meet[r, 1 + n] = n if usable[r, n] else c
+        else:
+            for k in range(K):
+                for j in range(J):
+                    meet[r, 1 + k * J + j] = cand[r, k, j]
+        for m in range(M):
+            v = -np.inf
+            for k in range(K):
+                if is_sub[r, m, k] and ready_sub[r, k] > v:
+                    v = ready_sub[r, k]
+            sub_first[r, m] = v
+    return cand, base, meet, sub_first
+
+
+def steered_inputs(layer, location, topk, node_x, short, real, usable, xfer, load, comp, is_sub, ready_sub,
+                   all_nodes: bool):
+    """(cand [R, K, J], base [R, K, J], meet [R, G], sub_first [R, M]): see `_steered_inputs`."""
+    c = np.ascontiguousarray
+    return _steered_inputs(c(layer, np.int64), c(location, np.int64), c(topk, np.int64), c(node_x, np.int64),
+                           c(short, np.int64), c(real), c(usable), c(xfer, float), c(load, float), c(comp, float),
+                           c(is_sub), c(ready_sub, float), bool(all_nodes))
+
+
+@njit(cache=True)
 def _steered_pick(base, cand, meet, xfer, mask, stand_node, sub_ready, location, home, last, feasible, qterm, alpha,
                   part, stride, table, use_table):  # pragma: no cover - compiled (the numpy twin is tested)
     """Per row r: the action a = m * G + g of least cost, its layer seconds and the node of each slot.
