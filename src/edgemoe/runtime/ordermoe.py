@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgemoe.errors import EdgeMoEError
+from edgemoe.jit import HAVE_NUMBA
 from edgemoe.plan.standins import (  # shared with the planner's runtime model (edgemoe.plan.paths)
     KINDS,
     MAX_ENUM_K,
@@ -38,6 +39,7 @@ from edgemoe.plan.standins import (  # shared with the planner's runtime model (
 
 from .baselines import exact_decision
 from .context import RuntimeContext
+from .ordermoe_kernel import shortlist_candidates, steered_inputs, steered_pick
 from .policy import (
     Decision,
     Policy,
@@ -52,6 +54,7 @@ EPS_S_PER_Q = 1e-9  # tie-break: between equally fast actions, spend no budget
 STEER_REPLICAS = 4  # replicas per branch (besides exact's own choice) that a steered decision considers
 TABLE_CHUNK_CELLS = 1 << 22  # rows x actions x levels per block when the look-ahead tables are built
 STEER_ALL_NODES = 16  # up to this many nodes, a steered decision may meet at any node; beyond, at a replica
+COMPILED_STEER = HAVE_NUMBA  # steered decisions by `ordermoe_kernel` (same picks and bits; False: the numpy path)
 
 
 @dataclass(frozen=True)
@@ -69,11 +72,12 @@ class Options:
     zeroed: np.ndarray  # [R, M, K] bool: not run and zeroed (else, when not run, dropped and renormalised)
     quality_m: np.ndarray  # [R, M]
     next_mg: np.ndarray  # [R, M, G] where the token continues from (steered: a broadcast view of `meet`)
-    latency_mg: np.ndarray  # [R, M, G] layer seconds
+    latency_mg: np.ndarray | None  # [R, M, G] layer seconds (None: steered, left to the compiled decision)
     meet: np.ndarray | None = None  # [R, G] steered: meeting node of each choice
     cand: np.ndarray | None = None  # [R, K, J] steered: candidate replicas of each slot (exact's choice first)
     cand_ready: np.ndarray | None = None  # [R, K, J] steered: when each candidate's output exists (inf: unusable)
     xfer_s: np.ndarray | None = None  # [N, N] steered: the context's transfer times
+    sub_ready: np.ndarray | None = None  # [R, M] steered: when the action's last substitute is ready (-inf: none)
 
     @property
     def G(self) -> int:
@@ -134,7 +138,7 @@ def stand_in_costs(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray,
 def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, home: np.ndarray, usable: np.ndarray,
                   topk: np.ndarray, gates: np.ndarray, load: np.ndarray, max_enum_k: int = MAX_ENUM_K,
                   kinds: tuple[str, ...] = KINDS, steer: bool = False, steer_replicas: int = STEER_REPLICAS,
-                  power: float = QUALITY_POWER) -> Options:
+                  power: float = QUALITY_POWER, steered_latency: bool = True) -> Options:
     """Every action for R rows (layer, location, home [R]; usable [R, N]; topk, gates [R, K]; load [N]).
 
     An action replaces a subset X of the non-local slots by their cheapest stand-in (`stand_in_costs`) and
@@ -144,6 +148,7 @@ def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, 
     `steer_replicas` statically cheapest), and each exact slot runs on the replica whose output reaches g
     first; the token continues from g (which may hold none of this layer's experts: it is positioned for
     the next layers). A = M subsets unsteered, M x G steered with G = 1 + K (steer_replicas + 1).
+    steered_latency False: a steered result leaves latency_mg None (`ordermoe_kernel.steered_pick` walks it).
     """
     R, K = topk.shape
     node_x = choose_replicas(ctx, layer, location, usable, topk, load, "fallback")
@@ -175,7 +180,14 @@ def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, 
                        next_mg=nxt[:, :, None], latency_mg=lat[:, :, None])
     # -- steered: candidate runners per slot [R, K, J] and meeting nodes [R, G]
     xfer, comp = ctx.xfer_s, ctx.compute_s
-    short, real = replica_shortlist(ctx, "fallback").candidates(layer, location, topk, steer_replicas)
+    short, real = shortlist_candidates(replica_shortlist(ctx, "fallback"), layer, location, topk, steer_replicas)
+    N = ctx.num_nodes
+    if not steered_latency:  # for the compiled decision: the values below, in one compiled call
+        cand, base, meet, sub_first = steered_inputs(layer, location, topk, node_x, short, real, usable, xfer, load, comp,
+                                                     is_sub, ready_sub, N <= STEER_ALL_NODES)
+        return Options(mask=mask, valid_m=valid, experts=experts, node_m=stand_node, zeroed=zeroed, quality_m=quality,
+                       next_mg=np.broadcast_to(meet[:, None, :], (R, M, meet.shape[1])), latency_mg=None, meet=meet,
+                       cand=cand, cand_ready=base, xfer_s=xfer, sub_ready=sub_first)
     cand = np.concatenate([node_x[:, :, None], short], axis=2)  # exact's own choice first
     ok = np.concatenate([np.ones((R, K, 1), bool), real], axis=2)
     ok &= np.take_along_axis(usable[:, None, :], cand.reshape(R, 1, -1), 2).reshape(cand.shape)
@@ -184,20 +196,19 @@ def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, 
     lk = layer[:, None, None]
     base = xfer[location[:, None, None], cand] + load[cand] + comp[cand, lk, topk[:, :, None]]  # [R, K, J]
     base = np.where(ok, base, np.inf)
-    N = ctx.num_nodes
     if N <= STEER_ALL_NODES:  # every node it may use (location first)
         meet = np.concatenate([location[:, None], np.broadcast_to(np.arange(N), (R, N))], 1)
         meet = np.where(np.take_along_axis(usable, meet, 1), meet, location[:, None])
     else:
         meet = np.concatenate([location[:, None], cand.reshape(R, K * J)], axis=1)  # [R, G]
     G = meet.shape[1]
+    sub_first = np.where(is_sub, ready_sub[:, None, :], -np.inf).max(axis=2)  # [R, M]
     # each exact slot on the candidate whose output reaches g first: [R, K, G]
     exact_arr = (base[..., None] + xfer.reshape(-1).take(cand[..., None] * N + meet[:, None, None, :])).min(axis=2)
     # the layer ends when the last kept output reaches g: max over exact slots, and over substitutes, whose
     # arrival is (load + compute at the token's node) + xfer[c, g]: the max of the first term plus the second
     # (rounding is monotone, so this is the max of the sums)
     lat = max_over_kept(exact_arr, mask, order)  # [R, M, G]
-    sub_first = np.where(is_sub, ready_sub[:, None, :], -np.inf).max(axis=2)  # [R, M]
     np.maximum(lat, sub_first[:, :, None] + xfer[location[:, None], meet][:, None, :], out=lat)
     np.maximum(lat, 0.0, out=lat)
     last = layer == ctx.num_layers - 1
@@ -524,25 +535,33 @@ class OrderMoEPolicy(Policy):
             return dec
         loc = state.location
         opt = layer_options(ctx, layer, loc, state.home, ctx.usable[state.user], topk, gates, load, self.max_enum_k,
-                            self.kinds, self.steer, self.steer_replicas, self.power)
+                            self.kinds, self.steer, self.steer_replicas, self.power, steered_latency=not COMPILED_STEER)
         # per subset [T, M]: quality, what is left, feasibility, budget level; per action [T, M, G]: the rest
         quality = opt.quality_m
         left = state.budget_left[:, None] - quality  # [T, M]
         feasible = opt.valid_m & (left >= -1e-12) & (~opt.mask.any(axis=2) | has_budget[:, None])
-        T, M, G = opt.latency_mg.shape
-        seconds = opt.latency_mg
+        _, N, C, m = self.lookahead.stacked.shape
+        part = None
         if self.horizon > 0:  # (with H = 0 the tables are zeros: adding them changes no bit)
             key = self.lookahead.keys.keys(layer, topk, gates)
-            _, N, C, m = self.lookahead.stacked.shape
             # flat index (((l + 1) N + next) C + key) m + level, split into its per-subset and per-node terms
             ahead = np.maximum(left, 0.0)
             if self.pace:  # the next H layers are priced with their paced share of what is left, not all of it
                 ahead = ahead * self.pace_share(layer)[:, None]
             part = ((layer + 1) * (N * C * m) + key * m)[:, None] + self.grid.index(ahead)  # [T, M]
-            flat = part[:, :, None] + opt.next_mg * (C * m)
-            seconds = seconds + self.lookahead.stacked.reshape(-1).take(flat)  # [T, M, G]
         beta = self.beta(layer, state)
-        cost = self.alpha[state.user][:, None, None] * seconds + ((beta + EPS_S_PER_Q)[:, None] * quality)[:, :, None]
+        alpha = self.alpha[state.user]
+        qterm = (beta + EPS_S_PER_Q)[:, None] * quality  # [T, M]
+        if opt.latency_mg is None:  # steered, compiled: the same sums and argmin, row by row
+            pick, lat, node = steered_pick(opt, part, C * m, self.lookahead.stacked.reshape(-1), loc, state.home,
+                                           layer == ctx.num_layers - 1, feasible, qterm, alpha)
+            self._track(load)
+            return pick_decision(opt, pick, loc, lat, node)
+        T, M, G = opt.latency_mg.shape
+        seconds = opt.latency_mg
+        if part is not None:
+            seconds = seconds + self.lookahead.stacked.reshape(-1).take(part[:, :, None] + opt.next_mg * (C * m))
+        cost = alpha[:, None, None] * seconds + qterm[:, :, None]
         cost[~feasible] = np.inf
         pick = cost.reshape(T, M * G).argmin(axis=1)  # action 0 (no substitution) is always feasible
         self._track(load)
@@ -553,13 +572,17 @@ class OrderMoEPolicy(Policy):
         self.queue_pressure += self.ewma * (mean_load / (mean_load + self.rt_med) - self.queue_pressure)
 
 
-def pick_decision(opt: Options, pick: np.ndarray, location: np.ndarray) -> Decision:
-    """The Decision made of action `pick` [T] of each row of `opt`."""
+def pick_decision(opt: Options, pick: np.ndarray, location: np.ndarray, latency_s: np.ndarray | None = None,
+                  node: np.ndarray | None = None) -> Decision:
+    """The Decision made of action `pick` [T] of each row of `opt` (latency_s [T], node [T, K]: the picked
+    actions' seconds and nodes when the caller has them, as `ordermoe_kernel.steered_pick` does)."""
     rows = np.arange(len(pick))
     m, g = np.divmod(pick, opt.G)
-    mask = opt.mask[rows, m]
-    node = opt.node_m[rows, m] if opt.meet is None else np.where(mask, opt.node_m[rows, m], opt.exact_node(rows, g))
+    if node is None:
+        mask = opt.mask[rows, m]
+        node = opt.node_m[rows, m] if opt.meet is None else np.where(mask, opt.node_m[rows, m], opt.exact_node(rows, g))
     zeroed = opt.zeroed[rows, m]
     return Decision(experts=opt.experts[rows, m], node=node, location=location.copy(),
                     next_location=opt.next_mg[rows, m, g], quality_cost=opt.quality_m[rows, m],
-                    latency_s=opt.latency_mg[rows, m, g], zeroed=zeroed if zeroed.any() else None)
+                    latency_s=opt.latency_mg[rows, m, g] if latency_s is None else latency_s,
+                    zeroed=zeroed if zeroed.any() else None)

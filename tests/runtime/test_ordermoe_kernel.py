@@ -1,0 +1,77 @@
+"""The compiled steered decision (`ordermoe_kernel`) decides exactly as the numpy path it replaces: every
+Decision field equal, bit for bit, on small random deployments in both modes, with enumerated (K <= max_enum_k)
+and prefix (K > max_enum_k) action sets, H = 0 (steered without look-ahead), 1 and 2, with and without budgets
+and load; and its shortlist lookup returns `ReplicaShortlist.candidates`' values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgemoe.jit import HAVE_NUMBA
+from edgemoe.runtime import make_policy
+from edgemoe.runtime import ordermoe as om
+from edgemoe.runtime.ordermoe_kernel import shortlist_candidates
+from edgemoe.runtime.policy import replica_shortlist
+
+from .test_ordermoe_equivalence import assert_same, context, decisions
+
+
+def both_paths(monkeypatch, ctx, profile, rows, users, load, params):
+    """(compiled, numpy) decisions of one policy configuration over every layer."""
+    out = []
+    for compiled in (True, False):
+        monkeypatch.setattr(om, "COMPILED_STEER", compiled)
+        out.append(decisions(make_policy("ordermoe", ctx, **params), profile, ctx, rows, users, load))
+    return out
+
+
+@pytest.mark.skipif(not HAVE_NUMBA, reason="without numba the numpy path is the only one")
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("mode", ["migrate", "home"])
+@pytest.mark.parametrize("horizon", [0, 1, 2])
+def test_compiled_steered_decision_equals_numpy(monkeypatch, seed, mode, horizon):
+    profile, ctx = context(seed, mode)
+    rng = np.random.default_rng(1000 + 10 * seed + horizon)
+    rows = rng.integers(0, profile.num_tokens, 33)
+    users = rng.integers(0, ctx.num_users, 33)
+    for budget in (0.0, 0.01, 0.1, 1.0):
+        load = rng.exponential(0.01, ctx.num_nodes) if rng.integers(2) else None
+        # max_enum_k below K: prefix actions (K + 1 of them) instead of all 2^K subsets
+        params = dict(budget=budget, horizon=horizon, steer=True, max_enum_k=int(rng.choice([1, 2, 4])),
+                      substitutes=str(rng.choice(["sub,drop,zero", "sub", "drop,zero"])))
+        compiled, reference = both_paths(monkeypatch, ctx, profile, rows, users, load, params)
+        assert_same(compiled, reference)
+
+
+def test_the_steered_decision_takes_the_compiled_path_when_numba_is_there(monkeypatch):
+    """Guards the test above: with COMPILED_STEER the steered options come without their [R, M, G] latency."""
+    profile, ctx = context(0, "migrate")
+    seen = []
+    real = om.steered_pick
+
+    def spy(*args, **kwargs):
+        seen.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(om, "steered_pick", spy)
+    monkeypatch.setattr(om, "COMPILED_STEER", True)
+    rows = np.arange(10)
+    decisions(make_policy("ordermoe", ctx, horizon=2, budget=0.1), profile, ctx, rows, rows % ctx.num_users, None)
+    assert len(seen) == ctx.num_layers
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_shortlist_candidates_equal_the_tables_method(seed):
+    profile, ctx = context(seed, "migrate")
+    rng = np.random.default_rng(seed)
+    R = 50
+    layer = rng.integers(0, ctx.num_layers, R)
+    location = rng.integers(0, ctx.num_nodes, R)
+    experts = profile.topk[rng.integers(0, profile.num_tokens, R), layer].astype(np.int64)  # [R, K]
+    table = replica_shortlist(ctx, "fallback")
+    for m in (1, 4, 100):
+        got = shortlist_candidates(table, layer, location, experts, m)
+        want = table.candidates(layer, location, experts, m)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a, b)
