@@ -43,6 +43,9 @@ class ExactPolicy(Policy):
     def __init__(self, ctx, budget=0.0):
         super().__init__(ctx, budget=budget)
 
+    def compiled_rule(self):
+        return self._own_rule(ExactPolicy, "exact")
+
     def choose(self, layer, topk, gates, state, load):
         return exact_decision(self.ctx, layer, topk, state, load, cloud="fallback", use_load=True)
 
@@ -55,6 +58,9 @@ class SlimCachingPolicy(Policy):
     def __init__(self, ctx, budget=0.0):
         super().__init__(ctx, budget=budget)
 
+    def compiled_rule(self):
+        return self._own_rule(SlimCachingPolicy, "slimcaching")
+
     def choose(self, layer, topk, gates, state, load):
         return exact_decision(self.ctx, layer, topk, state, load, cloud="candidate", use_load=False)
 
@@ -66,6 +72,9 @@ class DropPolicy(Policy):
 
     def __init__(self, ctx, budget=0.0):
         super().__init__(ctx, budget=budget)
+
+    def compiled_rule(self):
+        return self._own_rule(DropPolicy, "drop")
 
     def choose(self, layer, topk, gates, state, load):
         ctx, loc = self.ctx, state.location

@@ -148,6 +148,18 @@ class Policy:
 
     wants_feedback = False  # backends call `observe` only when True (it costs them bookkeeping)
 
+    def compiled_rule(self) -> str | None:
+        """Name of a compiled rule (`edgemoe.runtime.waves.RULES`) that makes exactly this policy's decisions,
+        for the simulator's fast engine to run in its compiled loop instead of calling `decide` per wave; None
+        (default): the engine calls `decide`. A policy returning a name must decide by that rule alone."""
+        return None
+
+    def _own_rule(self, cls, name: str) -> str | None:
+        """`name` when neither `choose` nor `decide` is overridden below `cls` (a subclass deciding otherwise
+        must not inherit the rule)."""
+        same = type(self).choose is cls.choose and type(self).decide is Policy.decide
+        return name if same else None
+
     def observe(self, users, latency_s, estimate_s=None, spent=None, granted=None) -> None:
         """Feedback from a backend about n finished passes (or layers): users [n] int; latency_s [n] measured
         seconds; estimate_s [n] the policy's own estimate of the same (sum of `Decision.latency_s`); spent /

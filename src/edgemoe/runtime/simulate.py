@@ -25,11 +25,12 @@ from __future__ import annotations
 import numpy as np
 
 from edgemoe.errors import EdgeMoEError
+from edgemoe.jit import HAVE_NUMBA
 from edgemoe.eval.metrics import DecisionTally, RunMetrics, latency_summary_ms
 
 from .context import RuntimeContext
 from .policy import Decision, Policy
-from .waves import WaveEngine
+from .waves import RULES, WaveEngine
 from .workload import Scenario, Trace, Workload, build_scenario
 
 DEFAULT_WINDOW_S = 1e-3  # fast engine's wave width: about the compute time of a few expert calls
@@ -189,13 +190,24 @@ def make_jobs(ctx: RuntimeContext, layer, dec, row_pass: np.ndarray, row_start: 
 # ------------------------------------------------------------------------------------------- fast engine
 
 
-def run_fast(ctx: RuntimeContext, policy: Policy, trace: Trace, sc: Scenario, window_s: float) -> Run:
+def run_fast(ctx: RuntimeContext, policy: Policy, trace: Trace, sc: Scenario, window_s: float,
+             compiled: bool = True) -> Run:
     """Windowed-wave engine (see the module docstring): per wave one policy call (numpy) for all its rows
-    and one compiled call (`edgemoe.runtime.waves`) for the jobs, the FIFO queues and the bookkeeping."""
+    and one compiled call (`edgemoe.runtime.waves`) for the jobs, the FIFO queues and the bookkeeping.
+
+    A policy with a compiled rule (`Policy.compiled_rule`: exact, slimcaching, drop) is decided inside the
+    compiled loop instead, many waves per call (the same decisions, bit for bit); compiled=False forces the
+    per-wave policy call (tests compare the two)."""
     run = Run(ctx, sc)
     state = policy.start(sc.row_user, tokens=sc.row_trace)
     run.budget_total = float(state.budget_total.sum())
     engine = WaveEngine(ctx, sc, run, window_s)
+    rule = compiled_rule(policy) if compiled else None
+    if rule is not None:
+        prefill = sc.pass_prefill
+        engine.run_rule(rule, ctx, state, trace,
+                        lambda dec, topk, layer, home, row_pass: run.tally.add(dec, topk, layer, home, prefill[row_pass]))
+        return run
     feedback = Feedback(policy, sc, state, run, dense_s=engine.pass_dense)
     tally = _TallyBuffer(run.tally, sc.pass_prefill)
     wave = engine.first()
@@ -212,6 +224,17 @@ def run_fast(ctx: RuntimeContext, policy: Policy, trace: Trace, sc: Scenario, wi
     tally.flush()
     feedback.flush(force=True)
     return run
+
+
+def compiled_rule(policy: Policy) -> str | None:
+    """The policy's compiled decision rule (`edgemoe.runtime.waves.RULES`) when the fast engine can use it:
+    numba present, the policy names a known rule and wants no feedback (the compiled loop gives none)."""
+    rule = policy.compiled_rule()
+    if rule is None or not HAVE_NUMBA or getattr(policy, "wants_feedback", False):
+        return None
+    if rule not in RULES:
+        raise EdgeMoEError(f"{type(policy).__name__}.compiled_rule() = {rule!r}; expected one of {sorted(RULES)} or None")
+    return rule
 
 
 class _TallyBuffer:

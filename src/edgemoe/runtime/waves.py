@@ -19,6 +19,8 @@ import numpy as np
 
 from edgemoe.jit import njit
 
+from .policy import Decision
+
 _I = np.int64
 
 
@@ -466,24 +468,227 @@ class WaveEngine:
 
     def step(self, row_pass, row_layer, home, dec):
         """Queue the jobs of `dec` (the Decision for the last wave's rows) and run to the next wave."""
-        need = int(self.counters[1]) + dec.node.size  # pending + new jobs (the merge first moves them to row 0)
-        if need > self.jobs_f.shape[0]:
-            more = max(need, 2 * self.jobs_f.shape[0]) - self.jobs_f.shape[0]
-            self.jobs_f = np.concatenate([self.jobs_f, np.zeros((more, 3))])
-            self.jobs_i = np.concatenate([self.jobs_i, np.zeros((more, 3), _I)])
+        self._job_room(dec.node.size)
         return self._step(True, row_pass, row_layer, home.astype(_I, copy=False), dec.node.astype(_I, copy=False),
                           dec.experts.astype(_I, copy=False), dec.location.astype(_I, copy=False),
                           dec.next_location.astype(_I, copy=False))
 
-    def _step(self, has_wave, row_pass, row_layer, home, node, experts, loc, nxt):
+    def _job_room(self, new_jobs: int) -> None:
+        """Grow the job queue to hold the pending jobs and `new_jobs` more (the merge first moves them to row 0)."""
+        need = int(self.counters[1]) + int(new_jobs)
+        if need > self.jobs_f.shape[0]:
+            more = max(need, 2 * self.jobs_f.shape[0]) - self.jobs_f.shape[0]
+            self.jobs_f = np.concatenate([self.jobs_f, np.zeros((more, 3))])
+            self.jobs_i = np.concatenate([self.jobs_i, np.zeros((more, 3), _I)])
+
+    def _state_args(self):
         run = self.run
+        return (self.window, self.times, self.layer, self.start_t, self.done_t, self.outstanding, run.pass_begin,
+                run.pass_end, self.mark, self.stamp, *self.scenario_args, *self.cost_args, self.node_free,
+                run.node_busy, self.ready_ids, self.ready_t, self.ready_stage, self.first_stage, self.pass_home,
+                self.pass_dense, self.backbone_free, self.jobs_f, self.jobs_i, self.counters, self.load)
+
+    def _step(self, has_wave, row_pass, row_layer, home, node, experts, loc, nxt):
+        (window, times, layer, start_t, done_t, outstanding, pass_begin, pass_end, mark, stamp, *rest) = self._state_args()
         ids, rows, rpass, rlayer, rtok, self.stamp, more = _wave_step(
-            has_wave, self.window, self.times, self.ids, row_pass, row_layer, home, node, experts, loc, nxt,
-            self.layer, self.start_t, self.done_t, self.outstanding, run.pass_begin, run.pass_end, self.mark,
-            self.stamp, *self.scenario_args, *self.cost_args, self.node_free, run.node_busy, self.ready_ids,
-            self.ready_t, self.ready_stage, self.first_stage, self.pass_home, self.pass_dense, self.backbone_free,
-            self.jobs_f, self.jobs_i, self.counters, self.load)
+            has_wave, window, times, self.ids, row_pass, row_layer, home, node, experts, loc, nxt, layer, start_t,
+            done_t, outstanding, pass_begin, pass_end, mark, stamp, *rest)
         if not more:
             return None
         self.ids = ids
         return rows, rpass, rlayer, rtok, self.load
+
+    def run_rule(self, rule: str, ctx, state, trace, count, chunk_rows: int = 1 << 16) -> None:
+        """Run the whole simulation with a compiled decision rule (RULES) in place of the policy's `decide`.
+
+        state: the policy's TokenState of every row (location, layer, top-1 updated in place); count(dec,
+        topk, layer, home, row_pass) receives the decisions in chunks of >= chunk_rows rows (the last smaller).
+        """
+        K = ctx.top_k
+        zero = self._no_rows
+        wave = self._step(False, zero, zero, zero, self._no_slots, self._no_slots, zero, zero)
+        if wave is None:
+            return
+        rows, rpass, rlayer, rtok, _ = wave
+        ids = self.ids
+        xfer = self.cost_args[0]
+        rt = xfer + xfer.T  # the round trip xfer[c, n] + xfer[n, c] of choose_replicas, the same sum
+        hold_ptr, hold_node = holder_lists(ctx.hosts)
+        rule_args = (RULES[rule], rows, rpass, rlayer, rtok, trace.topk, trace.gates, state.user, state.home,
+                     state.location, state.layer, state.prev_top1, np.zeros(ctx.num_nodes), ctx.usable, ctx.hosts, rt,
+                     ctx.compute_s, hold_ptr, hold_node, ctx.is_cloud, ctx.mode == "migrate")
+        cap = 0
+        while True:
+            if len(rows) > cap or cap == 0:  # decision buffers: a chunk plus the wave that ends it
+                cap = max(2 * chunk_rows, 2 * len(rows))
+                buf = (np.empty((cap, K), _I), np.empty((cap, K), _I), np.empty(cap, _I), np.empty(cap, _I),
+                       np.empty(cap), np.empty((cap, K), _I), np.empty(cap, _I), np.empty(cap, _I), np.empty(cap, _I))
+            self._job_room(len(rows) * K)
+            rule_args = (rule_args[0], rows, rpass, rlayer, rtok, *rule_args[5:])
+            (window, times, layer, start_t, done_t, outstanding, pass_begin, pass_end, mark, stamp,
+             *rest) = self._state_args()
+            ids, rows, rpass, rlayer, rtok, self.stamp, more, b = _drive(
+                chunk_rows, rule_args[0], ids, *rule_args[1:], *buf, window, times, layer, start_t, done_t,
+                outstanding, pass_begin, pass_end, mark, stamp, *rest)
+            if b:
+                experts, node, loc, nxt, lat, topk, lv, home, row_pass = (a[:b] for a in buf)
+                count(Decision(experts=experts, node=node, location=loc, next_location=nxt, quality_cost=np.zeros(b),
+                               latency_s=lat), topk, lv, home, row_pass)
+            if not more:
+                return
+
+
+# ------------------------------------------------------------------- compiled decisions (exact, slimcaching, drop)
+#
+# Policies whose decision is a fixed rule of the context (`Policy.compiled_rule`) are decided inside the
+# compiled loop too (`_drive`): a whole chunk of waves runs without coming back to Python. The rules repeat
+# `edgemoe.runtime.policy`'s arithmetic operation for operation (choose_replicas, branch_ready_s,
+# meeting_node), so each row gets the same node, meeting node and latency, bit for bit (tests pin it).
+
+RULES = {"exact": 0, "slimcaching": 1, "drop": 2}  # rule name -> code of `_decide_rows`
+
+
+def holder_lists(hosts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CSR of the nodes holding each (layer, expert): ([L * E + 1] start, [nnz] node, ascending per entry)."""
+    N, L, E = hosts.shape
+    held = np.moveaxis(np.asarray(hosts, bool), 0, -1).reshape(L * E, N)  # [(l, e), n]
+    ptr = np.zeros(L * E + 1, _I)
+    ptr[1:] = np.cumsum(held.sum(axis=1))
+    return ptr, np.nonzero(held)[1].astype(_I)  # row-major nonzero: per (l, e), nodes in ascending order
+
+
+@njit(cache=True, inline="always")
+def _best_replica(cloud_fallback, has_cloud, loc, user, le, e_layer, e_id, usable, rt, compute, load, hold_ptr,
+                  hold_node, is_cloud):
+    """`choose_replicas`' node for one slot whose token's node lacks the expert: the first holder (ascending
+    index) with the least (round trip + compute) + load among the usable ones; under the "fallback" cloud
+    rule the cloud only when no usable non-cloud node holds it (np.argmin's first-index tie-break)."""
+    best_all, arg_all = np.inf, 0
+    best_edge, arg_edge = np.inf, -1
+    for i in range(hold_ptr[le], hold_ptr[le + 1]):
+        n = hold_node[i]
+        if not usable[user, n]:
+            continue
+        c = rt[loc, n] + compute[n, e_layer, e_id] + load[n]
+        if c < best_all:
+            best_all, arg_all = c, n
+        if not is_cloud[n]:
+            if arg_edge < 0 or c < best_edge:
+                best_edge, arg_edge = c, n
+    if cloud_fallback and has_cloud and arg_edge >= 0:
+        return arg_edge
+    return arg_all
+
+
+@njit(cache=True)
+def _decide_rows(rule, rows, rpass, rlayer, rtok, topk_tab, gates_tab, st_user, st_home, st_loc, st_layer, st_top1,
+                 load, zero_load, usable, hosts, rt, xfer, compute, hold_ptr, hold_node, is_cloud, migrate, num_layers,
+                 out_experts, out_node, out_loc, out_next, out_lat, out_topk, out_layer, out_home, out_pass, b):
+    """Decide the T rows of one wave by `rule` (RULES) into the buffers' rows b .. b + T and update the token
+    state (location, next layer, top-1) as `Policy.decide` does.
+
+    rt: [N, N] round trip xfer + xfer.T; zero_load: [N] zeros (the load slimcaching sees). The arithmetic is
+    that of `exact_decision` / `DropPolicy.choose`: branch ready = (xfer + load) + compute, meeting node by
+    the earliest finish among (token's node, slot nodes) with the trip home after the last layer.
+    """
+    K = topk_tab.shape[2]
+    E = compute.shape[2]
+    has_cloud = False
+    for n in range(is_cloud.shape[0]):
+        if is_cloud[n]:
+            has_cloud = True
+    seen = zero_load if rule == 1 else load
+    ready = np.empty(K)
+    for t in range(rows.shape[0]):
+        r, lv, tok = rows[t], rlayer[t], rtok[t]
+        o = b + t
+        loc, home = st_loc[r], st_home[r]
+        for k in range(K):
+            e = topk_tab[tok, lv, k]
+            out_topk[o, k] = e
+            if hosts[loc, lv, e]:
+                node = loc
+            elif rule == 2:
+                node = -1
+            else:
+                node = _best_replica(rule == 0, has_cloud, loc, st_user[r], lv * E + e, lv, e, usable, rt, compute,
+                                     seen, hold_ptr, hold_node, is_cloud)
+            out_node[o, k] = node
+            out_experts[o, k] = e if node >= 0 else -1
+            ready[k] = (xfer[loc, node] + seen[node]) + compute[node, lv, e] if node >= 0 else -np.inf
+        if not migrate or K == 0:  # outputs return to the token's node
+            nxt = loc
+            lat = 0.0
+            for k in range(K):
+                node = out_node[o, k]
+                v = ready[k] + (xfer[node, loc] if node >= 0 else 0.0)
+                if v > lat:
+                    lat = v
+        else:  # earliest finish among the token's node and the slot nodes (first wins ties)
+            nxt, lat = loc, np.inf
+            for g in range(K + 1):
+                c = loc if g == 0 else out_node[o, g - 1]
+                if c < 0:
+                    continue
+                done = -np.inf
+                for k in range(K):
+                    node = out_node[o, k]
+                    v = ready[k] + xfer[node if node > 0 else 0, c]
+                    if v > done:
+                        done = v
+                if done < 0.0:  # np.maximum(done, 0.0)
+                    done = 0.0
+                done = done + (xfer[c, home] if lv == num_layers - 1 else 0.0)
+                if done < lat:
+                    nxt, lat = c, done
+        out_loc[o] = loc
+        out_next[o] = nxt
+        out_lat[o] = lat
+        out_layer[o] = lv
+        out_home[o] = home
+        out_pass[o] = rpass[t]
+        st_loc[r] = nxt
+        st_layer[r] += 1
+        best = 0
+        for k in range(1, K):
+            if gates_tab[tok, lv, k] > gates_tab[tok, lv, best]:
+                best = k
+        st_top1[r] = topk_tab[tok, lv, best] if K else -1
+
+
+@njit(cache=True)
+def _drive(chunk_rows, rule, wave, rows, rpass, rlayer, rtok, topk_tab, gates_tab, st_user, st_home, st_loc, st_layer,
+           st_top1, zero_load, usable, hosts, rt, compute, hold_ptr, hold_node, is_cloud, migrate, out_experts, out_node,
+           out_loc, out_next, out_lat, out_topk, out_layer, out_home, out_pass,
+           window, times, layer, start_t, done_t, outstanding, pass_begin, pass_end, mark, stamp, pass_next,
+           pass_request, pass_row_start, pass_row_count, request_next, request_first_pass, request_arrival, closed,
+           think_s, row_trace, xfer, call1, flops, nbytes, peak, mem_bw, overhead, num_layers, node_free, node_busy,
+           ready_ids, ready_t, ready_stage, first_stage, pass_home, pass_dense, backbone_free, jobs_f, jobs_i, counters,
+           load):
+    """Decide (`_decide_rows`) and run (`_wave_step`) waves, starting from the picked wave (wave, rows, ...),
+    until the run ends, the decision buffers hold >= chunk_rows rows, or the next wave does not fit in the
+    decision buffers or the job queue. Returns (next wave's ids, rows, pass, layer, token, stamp, more, rows
+    in the buffers); the caller counts the buffered decisions, makes room if needed, and calls again."""
+    K = topk_tab.shape[2]
+    b = 0
+    more = True
+    while True:
+        T = rows.shape[0]
+        if b + T > out_pass.shape[0] or counters[1] + T * K > jobs_f.shape[0]:
+            break
+        _decide_rows(rule, rows, rpass, rlayer, rtok, topk_tab, gates_tab, st_user, st_home, st_loc, st_layer,
+                     st_top1, load, zero_load, usable, hosts, rt, xfer, compute, hold_ptr, hold_node, is_cloud, migrate,
+                     num_layers, out_experts, out_node, out_loc, out_next, out_lat, out_topk, out_layer, out_home,
+                     out_pass, b)
+        e = b + T
+        wave, rows, rpass, rlayer, rtok, stamp, more = _wave_step(
+            True, window, times, wave, out_pass[b:e], out_layer[b:e], out_home[b:e], out_node[b:e], out_experts[b:e],
+            out_loc[b:e], out_next[b:e], layer, start_t, done_t, outstanding, pass_begin, pass_end, mark, stamp,
+            pass_next, pass_request, pass_row_start, pass_row_count, request_next, request_first_pass,
+            request_arrival, closed, think_s, row_trace, xfer, call1, flops, nbytes, peak, mem_bw, overhead,
+            num_layers, node_free, node_busy, ready_ids, ready_t, ready_stage, first_stage, pass_home, pass_dense,
+            backbone_free, jobs_f, jobs_i, counters, load)
+        b = e
+        if not more or b >= chunk_rows:
+            break
+    return wave, rows, rpass, rlayer, rtok, stamp, more, b
