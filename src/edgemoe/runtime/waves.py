@@ -24,7 +24,7 @@ from .policy import Decision
 _I = np.int64
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _push_jobs(dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc, dec_next, start_t, done_t,
                outstanding, pass_begin, layer, wave_ids, xfer, call1, flops, nbytes, peak, mem_bw, overhead, num_layers,
                jobs_f, jobs_i, counters):
@@ -79,7 +79,7 @@ def _push_jobs(dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc, de
     _merge(jobs_f, jobs_i, counters, new_f, new_i, n)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _merge(jobs_f, jobs_i, counters, new_f, new_i, m):
     """Merge m new jobs (in creation order) into the sorted queue, from the back; equal arrivals keep the
     older job first (its seq is smaller)."""
@@ -170,7 +170,7 @@ def one_token_calls(flops, nbytes, peak, mem_bw, overhead):
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _serve(t0, horizon, windowed, jobs_f, jobs_i, counters, node_free, node_busy, done_t, outstanding, touched,
            n_touched):
     """Pop the jobs arriving before the horizon (at t0 with window 0) and serve them FIFO per node.
@@ -205,7 +205,7 @@ def _serve(t0, horizon, windowed, jobs_f, jobs_i, counters, node_free, node_busy
     return n_touched
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _advance(touched, n_touched, n_decided, mark, stamp, outstanding, layer, done_t, pass_end, pass_next, pass_request,
              request_next, request_first_pass, request_arrival, closed, think_s, num_layers, ready_ids, ready_t,
              ready_stage, first_stage, counters):
@@ -269,7 +269,7 @@ def _advance(touched, n_touched, n_decided, mark, stamp, outstanding, layer, don
     counters[0] = nr
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _dense_stage(t0, horizon, windowed, ready_ids, ready_t, ready_stage, nr, layer, pass_begin, pass_home, pass_dense,
                  backbone_free):
     """Serve the ready entries at stage 0 before the horizon (at t0 for window 0) on their homes' backbone
@@ -302,7 +302,7 @@ def _dense_stage(t0, horizon, windowed, ready_ids, ready_t, ready_stage, nr, lay
         ready_stage[i] = 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _pick(window, jobs_f, counters, ready_ids, ready_t, ready_stage, start_t, node_free, load, times, layer, pass_begin,
           pass_home, pass_dense, backbone_free):
     """Next wave: t0 = earliest pending time; serve the dense work due before t0 + window (`_dense_stage`),
@@ -350,7 +350,7 @@ def _pick(window, jobs_f, counters, ready_ids, ready_t, ready_stage, start_t, no
     return ids, True
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _rows(ids, layer, pass_row_start, pass_row_count, row_trace):
     """([Q] rows of the passes `ids` in order, [Q] their pass, [Q] the pass's layer, [Q] trace token)."""
     total = 0
@@ -373,15 +373,24 @@ def _rows(ids, layer, pass_row_start, pass_row_count, row_trace):
     return rows, rpass, rlayer, rtok
 
 
-@njit(cache=True)
-def _wave_step(has_wave, window, times, wave_ids, dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc,
-               dec_next, layer, start_t, done_t, outstanding, pass_begin, pass_end, mark, stamp, pass_next,
-               pass_request, pass_row_start, pass_row_count, request_next, request_first_pass, request_arrival,
-               closed, think_s, row_trace, xfer, call1, flops, nbytes, peak, mem_bw, overhead, num_layers, node_free,
-               node_busy, ready_ids, ready_t, ready_stage, first_stage, pass_home, pass_dense, backbone_free, jobs_f,
-               jobs_i, counters, load):
+@njit(cache=True, inline="always")
+def _wave_step(has_wave, stamp, wave_ids, dec, passes, nodes, scenario, cost):
     """Finish the current wave (jobs of its decision, FIFO service, advance) and pick the next wave with
-    decisions; waves without decisions are run through here. Returns (ids, rows, pass, layer, token, more)."""
+    decisions; waves without decisions are run through here. Returns (ids, rows, pass, layer, token, stamp,
+    more).
+
+    The arrays come in groups (`WaveEngine` builds them): dec (the wave's decision: [T] pass, layer, home,
+    [T, K] node, expert, [T] location, next location), passes, nodes, scenario and cost. Grouped, every call
+    here has few arguments, so numba inlines it (CPython passes a call of more than 30 arguments as *args,
+    which numba's inliner refuses) and a wave pays no per-call reference counting of ~50 arrays.
+    """
+    dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc, dec_next = dec
+    layer, start_t, done_t, outstanding, pass_begin, pass_end, mark, pass_home, pass_dense = passes
+    (window, times, first_stage, node_free, node_busy, ready_ids, ready_t, ready_stage, backbone_free, jobs_f, jobs_i,
+     counters, load) = nodes
+    (pass_next, pass_request, pass_row_start, pass_row_count, request_next, request_first_pass, request_arrival, closed,
+     think_s, row_trace) = scenario
+    xfer, call1, flops, nbytes, peak, mem_bw, overhead, num_layers = cost
     windowed = window > 0
     if has_wave:
         _push_jobs(dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc, dec_next, start_t, done_t,
@@ -407,6 +416,12 @@ def _wave_step(has_wave, window, times, wave_ids, dec_pass, dec_layer, dec_home,
             rows, rpass, rlayer, rtok = _rows(ids, layer, pass_row_start, pass_row_count, row_trace)
             return ids, rows, rpass, rlayer, rtok, stamp, True
         has_wave = True
+
+
+@njit(cache=True)
+def _wave_call(has_wave, stamp, wave_ids, dec, passes, nodes, scenario, cost):
+    """`_wave_step` as a call of its own (the per-wave entry of the numpy policy path)."""
+    return _wave_step(has_wave, stamp, wave_ids, dec, passes, nodes, scenario, cost)
 
 
 class WaveEngine:
@@ -481,18 +496,18 @@ class WaveEngine:
             self.jobs_f = np.concatenate([self.jobs_f, np.zeros((more, 3))])
             self.jobs_i = np.concatenate([self.jobs_i, np.zeros((more, 3), _I)])
 
-    def _state_args(self):
+    def _groups(self):
+        """(passes, nodes, scenario, cost): the engine's arrays in `_wave_step`'s groups."""
         run = self.run
-        return (self.window, self.times, self.layer, self.start_t, self.done_t, self.outstanding, run.pass_begin,
-                run.pass_end, self.mark, self.stamp, *self.scenario_args, *self.cost_args, self.node_free,
-                run.node_busy, self.ready_ids, self.ready_t, self.ready_stage, self.first_stage, self.pass_home,
-                self.pass_dense, self.backbone_free, self.jobs_f, self.jobs_i, self.counters, self.load)
+        passes = (self.layer, self.start_t, self.done_t, self.outstanding, run.pass_begin, run.pass_end, self.mark,
+                  self.pass_home, self.pass_dense)
+        nodes = (self.window, self.times, self.first_stage, self.node_free, run.node_busy, self.ready_ids, self.ready_t,
+                 self.ready_stage, self.backbone_free, self.jobs_f, self.jobs_i, self.counters, self.load)
+        return passes, nodes, self.scenario_args, self.cost_args
 
     def _step(self, has_wave, row_pass, row_layer, home, node, experts, loc, nxt):
-        (window, times, layer, start_t, done_t, outstanding, pass_begin, pass_end, mark, stamp, *rest) = self._state_args()
-        ids, rows, rpass, rlayer, rtok, self.stamp, more = _wave_step(
-            has_wave, window, times, self.ids, row_pass, row_layer, home, node, experts, loc, nxt, layer, start_t,
-            done_t, outstanding, pass_begin, pass_end, mark, stamp, *rest)
+        ids, rows, rpass, rlayer, rtok, self.stamp, more = _wave_call(
+            has_wave, self.stamp, self.ids, (row_pass, row_layer, home, node, experts, loc, nxt), *self._groups())
         if not more:
             return None
         self.ids = ids
@@ -514,9 +529,9 @@ class WaveEngine:
         xfer = self.cost_args[0]
         rt = xfer + xfer.T  # the round trip xfer[c, n] + xfer[n, c] of choose_replicas, the same sum
         hold_ptr, hold_node = holder_lists(ctx.hosts)
-        rule_args = (RULES[rule], rows, rpass, rlayer, rtok, trace.topk, trace.gates, state.user, state.home,
-                     state.location, state.layer, state.prev_top1, np.zeros(ctx.num_nodes), ctx.usable, ctx.hosts, rt,
-                     ctx.compute_s, hold_ptr, hold_node, ctx.is_cloud, ctx.mode == "migrate")
+        tables = (trace.topk, trace.gates, state.user, state.home, state.location, state.layer, state.prev_top1,
+                  np.zeros(ctx.num_nodes), ctx.usable, ctx.hosts, rt, ctx.compute_s, hold_ptr, hold_node, ctx.is_cloud,
+                  ctx.mode == "migrate")
         cap = 0
         while True:
             if len(rows) > cap or cap == 0:  # decision buffers: a chunk plus the wave that ends it
@@ -524,12 +539,8 @@ class WaveEngine:
                 buf = (np.empty((cap, K), _I), np.empty((cap, K), _I), np.empty(cap, _I), np.empty(cap, _I),
                        np.empty(cap), np.empty((cap, K), _I), np.empty(cap, _I), np.empty(cap, _I), np.empty(cap, _I))
             self._job_room(len(rows) * K)
-            rule_args = (rule_args[0], rows, rpass, rlayer, rtok, *rule_args[5:])
-            (window, times, layer, start_t, done_t, outstanding, pass_begin, pass_end, mark, stamp,
-             *rest) = self._state_args()
             ids, rows, rpass, rlayer, rtok, self.stamp, more, b = _drive(
-                chunk_rows, rule_args[0], ids, *rule_args[1:], *buf, window, times, layer, start_t, done_t,
-                outstanding, pass_begin, pass_end, mark, stamp, *rest)
+                chunk_rows, RULES[rule], self.stamp, (ids, rows, rpass, rlayer, rtok), tables, buf, *self._groups())
             if b:
                 experts, node, loc, nxt, lat, topk, lv, home, row_pass = (a[:b] for a in buf)
                 count(Decision(experts=experts, node=node, location=loc, next_location=nxt, quality_cost=np.zeros(b),
@@ -580,17 +591,20 @@ def _best_replica(cloud_fallback, has_cloud, loc, user, le, e_layer, e_id, usabl
     return arg_all
 
 
-@njit(cache=True)
-def _decide_rows(rule, rows, rpass, rlayer, rtok, topk_tab, gates_tab, st_user, st_home, st_loc, st_layer, st_top1,
-                 load, zero_load, usable, hosts, rt, xfer, compute, hold_ptr, hold_node, is_cloud, migrate, num_layers,
-                 out_experts, out_node, out_loc, out_next, out_lat, out_topk, out_layer, out_home, out_pass, b):
+@njit(cache=True, inline="always")
+def _decide_rows(rule, rows, rpass, rlayer, rtok, tables, load, xfer, num_layers, out, b):
     """Decide the T rows of one wave by `rule` (RULES) into the buffers' rows b .. b + T and update the token
     state (location, next layer, top-1) as `Policy.decide` does.
 
-    rt: [N, N] round trip xfer + xfer.T; zero_load: [N] zeros (the load slimcaching sees). The arithmetic is
+    tables: (trace topk [Q, L, K], gates, token state user, home, location, layer, top-1 [R], [N] zeros (the
+    load slimcaching sees), usable [U, N], hosts [N, L, E], rt [N, N] round trip xfer + xfer.T, compute
+    [N, L, E], holder lists (`holder_lists`), is_cloud [N], migrate); out: the decision buffers. The arithmetic is
     that of `exact_decision` / `DropPolicy.choose`: branch ready = (xfer + load) + compute, meeting node by
     the earliest finish among (token's node, slot nodes) with the trip home after the last layer.
     """
+    (topk_tab, gates_tab, st_user, st_home, st_loc, st_layer, st_top1, zero_load, usable, hosts, rt, compute, hold_ptr,
+     hold_node, is_cloud, migrate) = tables
+    out_experts, out_node, out_loc, out_next, out_lat, out_topk, out_layer, out_home, out_pass = out
     K = topk_tab.shape[2]
     E = compute.shape[2]
     has_cloud = False
@@ -657,38 +671,28 @@ def _decide_rows(rule, rows, rpass, rlayer, rtok, topk_tab, gates_tab, st_user, 
 
 
 @njit(cache=True)
-def _drive(chunk_rows, rule, wave, rows, rpass, rlayer, rtok, topk_tab, gates_tab, st_user, st_home, st_loc, st_layer,
-           st_top1, zero_load, usable, hosts, rt, compute, hold_ptr, hold_node, is_cloud, migrate, out_experts, out_node,
-           out_loc, out_next, out_lat, out_topk, out_layer, out_home, out_pass,
-           window, times, layer, start_t, done_t, outstanding, pass_begin, pass_end, mark, stamp, pass_next,
-           pass_request, pass_row_start, pass_row_count, request_next, request_first_pass, request_arrival, closed,
-           think_s, row_trace, xfer, call1, flops, nbytes, peak, mem_bw, overhead, num_layers, node_free, node_busy,
-           ready_ids, ready_t, ready_stage, first_stage, pass_home, pass_dense, backbone_free, jobs_f, jobs_i, counters,
-           load):
-    """Decide (`_decide_rows`) and run (`_wave_step`) waves, starting from the picked wave (wave, rows, ...),
-    until the run ends, the decision buffers hold >= chunk_rows rows, or the next wave does not fit in the
-    decision buffers or the job queue. Returns (next wave's ids, rows, pass, layer, token, stamp, more, rows
-    in the buffers); the caller counts the buffered decisions, makes room if needed, and calls again."""
-    K = topk_tab.shape[2]
+def _drive(chunk_rows, rule, stamp, wave, tables, out, passes, nodes, scenario, cost):
+    """Decide (`_decide_rows`) and run (`_wave_step`) waves, starting from the picked wave (ids, rows, pass,
+    layer, token), until the run ends, the decision buffers `out` hold >= chunk_rows rows, or the next wave
+    does not fit in them or in the job queue. Returns (next wave's ids, rows, pass, layer, token, stamp, more,
+    rows in the buffers); the caller counts the buffered decisions, makes room if needed, and calls again."""
+    ids, rows, rpass, rlayer, rtok = wave
+    out_experts, out_node, out_loc, out_next, out_lat, out_topk, out_layer, out_home, out_pass = out
+    load, jobs_f, counters = nodes[12], nodes[9], nodes[11]
+    xfer, num_layers = cost[0], cost[7]
+    K = tables[0].shape[2]
     b = 0
     more = True
     while True:
         T = rows.shape[0]
         if b + T > out_pass.shape[0] or counters[1] + T * K > jobs_f.shape[0]:
             break
-        _decide_rows(rule, rows, rpass, rlayer, rtok, topk_tab, gates_tab, st_user, st_home, st_loc, st_layer,
-                     st_top1, load, zero_load, usable, hosts, rt, xfer, compute, hold_ptr, hold_node, is_cloud, migrate,
-                     num_layers, out_experts, out_node, out_loc, out_next, out_lat, out_topk, out_layer, out_home,
-                     out_pass, b)
+        _decide_rows(rule, rows, rpass, rlayer, rtok, tables, load, xfer, num_layers, out, b)
         e = b + T
-        wave, rows, rpass, rlayer, rtok, stamp, more = _wave_step(
-            True, window, times, wave, out_pass[b:e], out_layer[b:e], out_home[b:e], out_node[b:e], out_experts[b:e],
-            out_loc[b:e], out_next[b:e], layer, start_t, done_t, outstanding, pass_begin, pass_end, mark, stamp,
-            pass_next, pass_request, pass_row_start, pass_row_count, request_next, request_first_pass,
-            request_arrival, closed, think_s, row_trace, xfer, call1, flops, nbytes, peak, mem_bw, overhead,
-            num_layers, node_free, node_busy, ready_ids, ready_t, ready_stage, first_stage, pass_home, pass_dense,
-            backbone_free, jobs_f, jobs_i, counters, load)
+        dec = (out_pass[b:e], out_layer[b:e], out_home[b:e], out_node[b:e], out_experts[b:e], out_loc[b:e],
+               out_next[b:e])
+        ids, rows, rpass, rlayer, rtok, stamp, more = _wave_step(True, stamp, ids, dec, passes, nodes, scenario, cost)
         b = e
         if not more or b >= chunk_rows:
             break
-    return wave, rows, rpass, rlayer, rtok, stamp, more, b
+    return ids, rows, rpass, rlayer, rtok, stamp, more, b
