@@ -132,3 +132,33 @@ def test_fast_engine_with_window_0_is_the_reference(small_deployments, seed, dep
     np.testing.assert_allclose(fast.node_busy, ref.node_busy, rtol=1e-12, atol=1e-15)
     for field in ("slots", "remote", "substituted", "dropped", "token_layers", "prefill_bytes", "decode_bytes"):
         assert getattr(fast.tally, field) == getattr(ref.tally, field), field
+
+
+@pytest.mark.parametrize("policy", ["exact", "slimcaching", "drop"])
+@pytest.mark.parametrize("mode", ["migrate", "home"])
+@pytest.mark.parametrize("window", [0.0, 1e-3])
+def test_compiled_rule_is_the_policy_call_bit_for_bit(small_deployments, policy, mode, window):
+    # The compiled loop decides by the policy's rule; the per-wave policy call is the definition.
+    profile, contexts = small_deployments
+    ctx = contexts["generated", mode]
+    trace = Trace.from_profile(profile)
+    wl = Workload(num_requests=30, prompt_tokens=5, gen_tokens=4, arrival="closed", seed=11)
+    sc = build_scenario(ctx.user_weight, ctx.user_domain, trace, wl)
+    assert make_policy(policy, ctx).compiled_rule() == policy
+    compiled = run_fast(ctx, make_policy(policy, ctx), trace, sc, window)
+    plain = run_fast(ctx, make_policy(policy, ctx), trace, sc, window, compiled=False)
+    for field in ("pass_begin", "pass_end", "request_arrival", "node_busy"):
+        np.testing.assert_array_equal(getattr(compiled, field), getattr(plain, field), err_msg=field)
+    assert compiled.tally == plain.tally
+
+
+def test_a_policy_deciding_otherwise_does_not_inherit_the_compiled_rule(small_deployments):
+    from edgemoe.runtime.baselines import ExactPolicy
+
+    class Tweaked(ExactPolicy):
+        def choose(self, layer, topk, gates, state, load):
+            return super().choose(layer, topk, gates, state, load * 2)
+
+    _, contexts = small_deployments
+    assert Tweaked(contexts["edge8", "migrate"]).compiled_rule() is None
+    assert make_policy("ordermoe", contexts["edge8", "migrate"]).compiled_rule() is None

@@ -528,9 +528,9 @@ class WaveEngine:
         ids = self.ids
         xfer = self.cost_args[0]
         rt = xfer + xfer.T  # the round trip xfer[c, n] + xfer[n, c] of choose_replicas, the same sum
-        hold_ptr, hold_node = holder_lists(ctx.hosts)
+        hold_ptr, hold_node, hold_compute = holder_lists(ctx.hosts, ctx.compute_s)
         tables = (trace.topk, trace.gates, state.user, state.home, state.location, state.layer, state.prev_top1,
-                  np.zeros(ctx.num_nodes), ctx.usable, ctx.hosts, rt, ctx.compute_s, hold_ptr, hold_node, ctx.is_cloud,
+                  np.zeros(ctx.num_nodes), ctx.usable, ctx.hosts, rt, ctx.compute_s, hold_ptr, hold_node, hold_compute, ctx.is_cloud,
                   ctx.mode == "migrate")
         cap = 0
         while True:
@@ -559,36 +559,15 @@ class WaveEngine:
 RULES = {"exact": 0, "slimcaching": 1, "drop": 2}  # rule name -> code of `_decide_rows`
 
 
-def holder_lists(hosts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """CSR of the nodes holding each (layer, expert): ([L * E + 1] start, [nnz] node, ascending per entry)."""
+def holder_lists(hosts: np.ndarray, compute_s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CSR of the nodes holding each (layer, expert): ([L * E + 1] start, [nnz] node, ascending per entry,
+    [nnz] the node's compute seconds of that expert, contiguous for the replica search)."""
     N, L, E = hosts.shape
     held = np.moveaxis(np.asarray(hosts, bool), 0, -1).reshape(L * E, N)  # [(l, e), n]
     ptr = np.zeros(L * E + 1, _I)
     ptr[1:] = np.cumsum(held.sum(axis=1))
-    return ptr, np.nonzero(held)[1].astype(_I)  # row-major nonzero: per (l, e), nodes in ascending order
-
-
-@njit(cache=True, inline="always")
-def _best_replica(cloud_fallback, has_cloud, loc, user, le, e_layer, e_id, usable, rt, compute, load, hold_ptr,
-                  hold_node, is_cloud):
-    """`choose_replicas`' node for one slot whose token's node lacks the expert: the first holder (ascending
-    index) with the least (round trip + compute) + load among the usable ones; under the "fallback" cloud
-    rule the cloud only when no usable non-cloud node holds it (np.argmin's first-index tie-break)."""
-    best_all, arg_all = np.inf, 0
-    best_edge, arg_edge = np.inf, -1
-    for i in range(hold_ptr[le], hold_ptr[le + 1]):
-        n = hold_node[i]
-        if not usable[user, n]:
-            continue
-        c = rt[loc, n] + compute[n, e_layer, e_id] + load[n]
-        if c < best_all:
-            best_all, arg_all = c, n
-        if not is_cloud[n]:
-            if arg_edge < 0 or c < best_edge:
-                best_edge, arg_edge = c, n
-    if cloud_fallback and has_cloud and arg_edge >= 0:
-        return arg_edge
-    return arg_all
+    le, node = np.nonzero(held)  # row-major: per (l, e), nodes in ascending order
+    return ptr, node.astype(_I), np.moveaxis(compute_s, 0, -1).reshape(L * E, N)[le, node].astype(float)
 
 
 @njit(cache=True, inline="always")
@@ -598,12 +577,13 @@ def _decide_rows(rule, rows, rpass, rlayer, rtok, tables, load, xfer, num_layers
 
     tables: (trace topk [Q, L, K], gates, token state user, home, location, layer, top-1 [R], [N] zeros (the
     load slimcaching sees), usable [U, N], hosts [N, L, E], rt [N, N] round trip xfer + xfer.T, compute
-    [N, L, E], holder lists (`holder_lists`), is_cloud [N], migrate); out: the decision buffers. The arithmetic is
+    [N, L, E], holder lists and their compute seconds (`holder_lists`), is_cloud [N], migrate); out: the decision
+    buffers. The arithmetic is
     that of `exact_decision` / `DropPolicy.choose`: branch ready = (xfer + load) + compute, meeting node by
     the earliest finish among (token's node, slot nodes) with the trip home after the last layer.
     """
     (topk_tab, gates_tab, st_user, st_home, st_loc, st_layer, st_top1, zero_load, usable, hosts, rt, compute, hold_ptr,
-     hold_node, is_cloud, migrate) = tables
+     hold_node, hold_compute, is_cloud, migrate) = tables
     out_experts, out_node, out_loc, out_next, out_lat, out_topk, out_layer, out_home, out_pass = out
     K = topk_tab.shape[2]
     E = compute.shape[2]
@@ -624,9 +604,23 @@ def _decide_rows(rule, rows, rpass, rlayer, rtok, tables, load, xfer, num_layers
                 node = loc
             elif rule == 2:
                 node = -1
-            else:
-                node = _best_replica(rule == 0, has_cloud, loc, st_user[r], lv * E + e, lv, e, usable, rt, compute,
-                                     seen, hold_ptr, hold_node, is_cloud)
+            else:  # choose_replicas: the first holder (ascending index) with the least (round trip + compute) +
+                # load among the usable ones; "fallback" (exact): the cloud only when no usable non-cloud node
+                # holds it (np.argmin's first-index tie-break). Written out here: an inlined call with array
+                # arguments would reference-count them per slot.
+                u, le = st_user[r], lv * E + e
+                best_all, arg_all = np.inf, 0
+                best_edge, arg_edge = np.inf, -1
+                for i in range(hold_ptr[le], hold_ptr[le + 1]):
+                    n = hold_node[i]
+                    if not usable[u, n]:
+                        continue
+                    c = rt[loc, n] + hold_compute[i] + seen[n]
+                    if c < best_all:
+                        best_all, arg_all = c, n
+                    if not is_cloud[n] and (arg_edge < 0 or c < best_edge):
+                        best_edge, arg_edge = c, n
+                node = arg_edge if rule == 0 and has_cloud and arg_edge >= 0 else arg_all
             out_node[o, k] = node
             out_experts[o, k] = e if node >= 0 else -1
             ready[k] = (xfer[loc, node] + seen[node]) + compute[node, lv, e] if node >= 0 else -np.inf
