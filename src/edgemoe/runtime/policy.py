@@ -45,16 +45,19 @@ class TokenState:
 
     def take(self, rows: np.ndarray) -> TokenState:
         """A copy holding only `rows` ([T'] indices)."""
-        return TokenState(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
+        return TokenState(*[getattr(self, name)[rows] for name in _STATE_FIELDS])
 
     def put(self, rows: np.ndarray, part: TokenState) -> None:
         """Write `part` (from `take(rows)`) back into this state."""
-        for f in fields(self):
-            getattr(self, f.name)[rows] = getattr(part, f.name)
+        for name in _STATE_FIELDS:
+            getattr(self, name)[rows] = getattr(part, name)
 
     @property
     def budget_left(self) -> np.ndarray:
         return self.budget_total - self.budget_used
+
+
+_STATE_FIELDS = tuple(f.name for f in fields(TokenState))  # in declaration order (dataclasses.fields per call is slow)
 
 
 @dataclass(frozen=True)
@@ -208,9 +211,9 @@ def _choose_replicas_full(ctx: RuntimeContext, layer: np.ndarray, location: np.n
                           experts: np.ndarray, load: np.ndarray, cloud: str) -> np.ndarray:
     """[T, K] cheapest usable replica by brute force over all N nodes (the definition)."""
     lk = layer[:, None]
-    held = np.moveaxis(ctx.hosts[:, lk, experts], 0, -1) & usable[:, None, :]  # [T, K, N]
+    held = ctx.hosts[:, lk, experts].transpose(1, 2, 0) & usable[:, None, :]  # [T, K, N] (moveaxis 0 -> -1)
     rt = ctx.xfer_s[location] + ctx.xfer_s[:, location].T  # [T, N]
-    cost = rt[:, None, :] + np.moveaxis(ctx.compute_s[:, lk, experts], 0, -1) + load[None, None, :]
+    cost = rt[:, None, :] + ctx.compute_s[:, lk, experts].transpose(1, 2, 0) + load[None, None, :]
     if cloud == "fallback" and ctx.is_cloud.any():
         edge_held = held & ~ctx.is_cloud[None, None, :]
         held = np.where(edge_held.any(axis=2, keepdims=True), edge_held, held)
@@ -278,8 +281,9 @@ class ReplicaShortlist:
         _, L, E, size = self.node.shape
         m = min(int(m), size)
         flat = (location * L + layer)[:, None] * E + experts  # [R, K]
-        node = self.node.reshape(-1, size)[:, :m].take(flat, axis=0)
-        real = np.isfinite(self.static.reshape(-1, size)[:, :m].take(flat, axis=0))
+        # take rows first, then cut to m: `take` on the cut (non-contiguous) view would copy the whole table
+        node = self.node.reshape(-1, size).take(flat, axis=0)[..., :m]
+        real = np.isfinite(self.static.reshape(-1, size).take(flat, axis=0)[..., :m])
         return node, real
 
     def pick(self, layer: np.ndarray, location: np.ndarray, experts: np.ndarray, load: np.ndarray):
