@@ -137,8 +137,15 @@ def test_fast_engine_with_window_0_is_the_reference(small_deployments, seed, dep
 @pytest.mark.parametrize("policy", ["exact", "slimcaching", "drop"])
 @pytest.mark.parametrize("mode", ["migrate", "home"])
 @pytest.mark.parametrize("window", [0.0, 1e-3])
-def test_compiled_rule_is_the_policy_call_bit_for_bit(small_deployments, policy, mode, window):
-    # The compiled loop decides by the policy's rule; the per-wave policy call is the definition.
+@pytest.mark.parametrize("sorted_search", [True, False])
+def test_compiled_rule_is_the_policy_call_bit_for_bit(small_deployments, policy, mode, window, sorted_search,
+                                                      monkeypatch):
+    # The compiled loop decides by the policy's rule; the per-wave policy call is the definition. Both
+    # replica searches: sorted per location (every node usable) and the plain scan of the holders.
+    from edgemoe.runtime import waves
+
+    if not sorted_search:
+        monkeypatch.setattr(waves, "SORTED_MAX_CELLS", 0)
     profile, contexts = small_deployments
     ctx = contexts["generated", mode]
     trace = Trace.from_profile(profile)

@@ -529,9 +529,17 @@ class WaveEngine:
         xfer = self.cost_args[0]
         rt = xfer + xfer.T  # the round trip xfer[c, n] + xfer[n, c] of choose_replicas, the same sum
         hold_ptr, hold_node, hold_compute = holder_lists(ctx.hosts, ctx.compute_s)
+        # Every node usable (no device nodes): the search runs over per-location candidate lists sorted by
+        # static cost (round trip + compute), built on first use, and stops early (`_decide_rows`).
+        cand_ptr, cand_node, cand_compute = holder_lists(ctx.hosts, ctx.compute_s,
+                                                         ctx.is_cloud if rule == "exact" else None)
+        N = ctx.num_nodes
+        sorted_on = bool(ctx.usable.all()) and N * max(cand_node.size, 1) <= SORTED_MAX_CELLS
+        shape = (N, cand_node.size) if sorted_on else (1, 1)
         tables = (trace.topk, trace.gates, state.user, state.home, state.location, state.layer, state.prev_top1,
-                  np.zeros(ctx.num_nodes), ctx.usable, ctx.hosts, rt, ctx.compute_s, hold_ptr, hold_node, hold_compute, ctx.is_cloud,
-                  ctx.mode == "migrate")
+                  np.zeros(N), ctx.usable, ctx.hosts, rt, ctx.compute_s, hold_ptr, hold_node, hold_compute,
+                  ctx.is_cloud, ctx.mode == "migrate", sorted_on, cand_ptr, cand_node, cand_compute, np.zeros(N, bool),
+                  np.zeros(shape), np.zeros(shape, _I))
         cap = 0
         while True:
             if len(rows) > cap or cap == 0:  # decision buffers: a chunk plus the wave that ends it
@@ -559,15 +567,42 @@ class WaveEngine:
 RULES = {"exact": 0, "slimcaching": 1, "drop": 2}  # rule name -> code of `_decide_rows`
 
 
-def holder_lists(hosts: np.ndarray, compute_s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+SORTED_MAX_CELLS = 1 << 22  # per-location sorted candidate tables: N x candidates cells at most (64 MiB)
+
+
+def holder_lists(hosts: np.ndarray, compute_s: np.ndarray, is_cloud: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """CSR of the nodes holding each (layer, expert): ([L * E + 1] start, [nnz] node, ascending per entry,
-    [nnz] the node's compute seconds of that expert, contiguous for the replica search)."""
+    [nnz] the node's compute seconds of that expert, contiguous for the replica search).
+
+    is_cloud: given, the candidates of the "fallback" rule when every node is usable: the non-cloud holders
+    if there are any, else the (cloud) holders."""
     N, L, E = hosts.shape
     held = np.moveaxis(np.asarray(hosts, bool), 0, -1).reshape(L * E, N)  # [(l, e), n]
+    if is_cloud is not None and is_cloud.any():
+        edge = held & ~is_cloud
+        held = np.where(edge.any(axis=1, keepdims=True), edge, held)
     ptr = np.zeros(L * E + 1, _I)
     ptr[1:] = np.cumsum(held.sum(axis=1))
     le, node = np.nonzero(held)  # row-major: per (l, e), nodes in ascending order
     return ptr, node.astype(_I), np.moveaxis(compute_s, 0, -1).reshape(L * E, N)[le, node].astype(float)
+
+
+@njit(cache=True)
+def _sort_candidates(loc, rt, cand_ptr, cand_node, cand_compute, srt_static, srt_node):
+    """Row `loc` of the sorted search's tables: each (layer, expert)'s candidates by static cost rt[loc, n] +
+    compute (the brute force's first sum), ties in ascending node order (stable sort of ascending lists)."""
+    for le in range(cand_ptr.shape[0] - 1):
+        a, z = cand_ptr[le], cand_ptr[le + 1]
+        if z == a:
+            continue
+        vals = np.empty(z - a)
+        for i in range(a, z):
+            vals[i - a] = rt[loc, cand_node[i]] + cand_compute[i]
+        order = np.argsort(vals, kind="mergesort")
+        for j in range(z - a):
+            srt_static[loc, a + j] = vals[order[j]]
+            srt_node[loc, a + j] = cand_node[a + order[j]]
 
 
 @njit(cache=True, inline="always")
@@ -577,13 +612,15 @@ def _decide_rows(rule, rows, rpass, rlayer, rtok, tables, load, xfer, num_layers
 
     tables: (trace topk [Q, L, K], gates, token state user, home, location, layer, top-1 [R], [N] zeros (the
     load slimcaching sees), usable [U, N], hosts [N, L, E], rt [N, N] round trip xfer + xfer.T, compute
-    [N, L, E], holder lists and their compute seconds (`holder_lists`), is_cloud [N], migrate); out: the decision
-    buffers. The arithmetic is
+    [N, L, E], holder lists and their compute seconds (`holder_lists`), is_cloud [N], migrate, then the sorted
+    search's parts: on, the rule's candidate lists (`holder_lists`), [N] built, [N, C] static cost and node
+    per location); out: the decision buffers. The arithmetic is
     that of `exact_decision` / `DropPolicy.choose`: branch ready = (xfer + load) + compute, meeting node by
     the earliest finish among (token's node, slot nodes) with the trip home after the last layer.
     """
     (topk_tab, gates_tab, st_user, st_home, st_loc, st_layer, st_top1, zero_load, usable, hosts, rt, compute, hold_ptr,
-     hold_node, hold_compute, is_cloud, migrate) = tables
+     hold_node, hold_compute, is_cloud, migrate, sorted_on, cand_ptr, cand_node, cand_compute, srt_built, srt_static,
+     srt_node) = tables
     out_experts, out_node, out_loc, out_next, out_lat, out_topk, out_layer, out_home, out_pass = out
     K = topk_tab.shape[2]
     E = compute.shape[2]
@@ -609,6 +646,27 @@ def _decide_rows(rule, rows, rpass, rlayer, rtok, tables, load, xfer, num_layers
                 # holds it (np.argmin's first-index tie-break). Written out here: an inlined call with array
                 # arguments would reference-count them per slot.
                 u, le = st_user[r], lv * E + e
+                if sorted_on and rule != 2:
+                    if not srt_built[loc]:
+                        _sort_candidates(loc, rt, cand_ptr, cand_node, cand_compute, srt_static, srt_node)
+                        srt_built[loc] = True
+                    # ascending static cost s (ties: lower node first); total = s + load >= s, so once s exceeds
+                    # the best total no later candidate can reach it; equal totals go to the lower node index
+                    best, node = np.inf, -1
+                    for i in range(cand_ptr[le], cand_ptr[le + 1]):
+                        s = srt_static[loc, i]
+                        if s > best:
+                            break
+                        n = srt_node[loc, i]
+                        c = s + seen[n]
+                        if c < best or (c == best and n < node):
+                            best, node = c, n
+                    if node < 0:
+                        node = 0
+                    out_node[o, k] = node
+                    out_experts[o, k] = e
+                    ready[k] = (xfer[loc, node] + seen[node]) + compute[node, lv, e]
+                    continue
                 best_all, arg_all = np.inf, 0
                 best_edge, arg_edge = np.inf, -1
                 for i in range(hold_ptr[le], hold_ptr[le + 1]):
