@@ -14,6 +14,7 @@ up (compiled or loaded from numba's cache) before anything is timed. Writes benc
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -64,6 +65,7 @@ def main() -> None:
             engines = [("fast", 1e-3)] + ([("reference", 0.0)] if with_ref else [])
             for engine, window in engines:
                 pol = make_policy(policy, ctx, **params)
+                load = os.getloadavg()[0]
                 t, cpu = time.perf_counter(), time.process_time()
                 m = simulate(ctx, pol, trace, wl, engine=engine, window_s=window)
                 wall, cpu = time.perf_counter() - t, time.process_time() - cpu
@@ -72,19 +74,24 @@ def main() -> None:
                        "events_per_s": m.token_layers / wall, "cpu_s": cpu,
                        "events_per_cpu_s": m.token_layers / cpu, "latency_ms_mean": m.latency_ms["mean"],
                        "latency_ms_p99": m.latency_ms["p99"], "ttft_ms_mean": m.ttft_ms["mean"],
-                       "simulated_s": m.makespan_s}
+                       "simulated_s": m.makespan_s, "load_average_1min": round(load, 2)}
                 rows.append(row)
                 print(f"{label:40s} {policy:9s} {engine:9s} {m.token_layers:9d} events {wall:7.2f} s "
                       f"{row['events_per_s']:11.0f} ev/s ({row['events_per_cpu_s']:9.0f} per CPU s)  mean {m.latency_ms['mean']:7.2f} ms  "
                       f"p99 {m.latency_ms['p99']:7.2f} ms", flush=True)
     best = max(rows, key=lambda r: r["events_per_s"])
+    best_cpu = max(rows, key=lambda r: r["events_per_cpu_s"])
     atomic_write_json(RESULTS / "simulator.json", {
         "benchmark": "simulator", "quick": args.quick, "target_events_per_s": 1e6,
-        "best": best, "meets_target": best["events_per_s"] >= 1e6, "rows": rows,
+        "best": best, "meets_target": best["events_per_s"] >= 1e6,
+        # issue 10's paper-scale target, in CPU time (the machine is shared: wall time moves with the load)
+        "target_events_per_cpu_s": 2e6, "best_cpu": best_cpu,
+        "meets_cpu_target": best_cpu["events_per_cpu_s"] >= 2e6, "rows": rows,
         "environment": environment(),
     })
     print(f"\nbest {best['events_per_s']:.0f} token-layer events/s ({best['scenario']}, {best['policy']}); "
-          f"target >= 1M: {'met' if best['events_per_s'] >= 1e6 else 'MISSED'}")
+          f"target >= 1M: {'met' if best['events_per_s'] >= 1e6 else 'MISSED'}; best {best_cpu['events_per_cpu_s']:.0f} "
+          f"per CPU s, target >= 2M: {'met' if best_cpu['events_per_cpu_s'] >= 2e6 else 'MISSED'}")
 
 
 if __name__ == "__main__":
