@@ -15,7 +15,9 @@ Two engines give the same model:
 - `engine="fast"` (default): windowed waves. Each wave takes the earliest pending time t0, decides every
   pass whose layer starts before t0 + window (one vectorised policy call, rows at different layers), and
   serves every job arriving before t0 + window in per-node FIFO order. The bookkeeping of a wave (jobs,
-  queues, passes) is one compiled call (`edgemoe.runtime.waves`); the policy call stays numpy. With window 0
+  queues, passes) is one compiled call (`edgemoe.runtime.waves`); the policy call stays numpy, except for
+  policies with a compiled rule (exact, slimcaching, drop: `Policy.compiled_rule`), decided inside the
+  compiled loop with the same arithmetic, bit for bit (tests/runtime/test_sim_pinned.py). With window 0
   it is the reference's event order and arithmetic (tested equal); a window w lets jobs arriving within w of
   each other be served out of arrival order, so waits can be off by about w (tested against the reference).
 """
@@ -25,8 +27,8 @@ from __future__ import annotations
 import numpy as np
 
 from edgemoe.errors import EdgeMoEError
-from edgemoe.jit import HAVE_NUMBA
 from edgemoe.eval.metrics import DecisionTally, RunMetrics, latency_summary_ms
+from edgemoe.jit import HAVE_NUMBA
 
 from .context import RuntimeContext
 from .policy import Decision, Policy

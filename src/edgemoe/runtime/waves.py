@@ -3,9 +3,15 @@
 `WaveEngine` keeps every pass, job and node array of one run and advances it one wave at a time in a single
 compiled call (`_wave_step`): it turns the wave's decision into jobs, serves the jobs that arrive within the
 wave in per-node FIFO order, moves finished passes on, and picks the passes the next wave decides. The
-policy call in between stays in numpy (`edgemoe.runtime.simulate.run_fast`). The model and the wave rule
-are those of the module docstring of `edgemoe.runtime.simulate`; this module only makes them cheap: per
-wave one compiled call instead of ~100 numpy calls, so a wave of a few rows costs microseconds.
+policy call in between stays in numpy (`edgemoe.runtime.simulate.run_fast`), except for policies with a
+compiled rule (`Policy.compiled_rule`: exact, slimcaching, drop), which `_drive` decides in the compiled loop
+too (`_decide_rows`), a chunk of waves per call. The model and the wave rule are those of the module
+docstring of `edgemoe.runtime.simulate`; this module only makes them cheap.
+
+Speed notes (measured with perf): numba reference-counts every array argument of a real call and of an
+inlined call, so the per-wave parts take grouped arrays (tuples) and are inlined once per wave, and the hot
+inner loops call nothing with array arguments. CPython passes a call of more than 30 arguments as *args,
+which numba cannot inline: keep calls between compiled functions under that.
 
 Numbers: the event order is that of the earlier numpy formulation (same waves, same ready-list order, same
 job seq), and the FIFO recursion is the reference engine's sequential `finish = max(free, arrival) +
