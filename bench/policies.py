@@ -3,7 +3,7 @@
     python bench/policies.py [--quick]
 
 One `decide` call per layer for T token rows (T = batch x sequence rows, as the local backend calls it),
-on a synthetic profile and a placement by the `ordermoe` planner, in both token-location modes, without
+on a synthetic profile and a placement by the `ordermoe` planner (capped at PLAN_EVALS evaluations), in both token-location modes, without
 and with a load vector. Reports the median over repeats of (wall time of the L calls) / (T x L), and the same in
 CPU time of this process (`cpu_us_per_token_layer`; the host is shared, so CPU time is the steadier figure); table
 build time (look-ahead tables) is reported separately, and so is the oracle's `start` (its dynamic program over
@@ -32,6 +32,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 POLICIES = [("exact", {}), ("drop", {}), ("slimcaching", {}), ("ordermoe(H=0)", {"horizon": 0}),
             ("ordermoe(H=2)", {"horizon": 2}), ("ordermoe(H=3)", {"horizon": 3}), ("oracle", {})]
 TARGET_US = 10.0
+PLAN_EVALS = 500  # the ordermoe planner's evaluations per setup (its default is 4000)
 
 
 def setups(quick: bool):
@@ -74,7 +75,9 @@ def main() -> None:
     for label, profile, cluster in setups(args.quick):
         if only and not any(x in label for x in only):
             continue
-        placement = plan(plan_problem(profile, cluster, domain_fallback=True), "ordermoe")
+        # a capped search: the decision's cost depends on how replicas spread, not on the last percent of the
+        # placement's quality, and the full search costs minutes per setup here
+        placement = plan(plan_problem(profile, cluster, domain_fallback=True), "ordermoe", max_evals=PLAN_EVALS)
         for mode in ("migrate", "home"):
             ctx = make_context(profile, cluster, placement, mode=mode, domain_fallback=True)
             rng = np.random.default_rng(0)
