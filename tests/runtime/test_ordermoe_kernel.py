@@ -1,7 +1,7 @@
 """The compiled steered decision (`ordermoe_kernel`) decides exactly as the numpy path it replaces: every
 Decision field equal, bit for bit, on small random deployments in both modes, with enumerated (K <= max_enum_k)
 and prefix (K > max_enum_k) action sets, H = 0 (steered without look-ahead), 1 and 2, with and without budgets
-and load; and its shortlist lookup returns `ReplicaShortlist.candidates`' values."""
+and load."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ import pytest
 from edgemoe.jit import HAVE_NUMBA
 from edgemoe.runtime import make_policy
 from edgemoe.runtime import ordermoe as om
-from edgemoe.runtime.ordermoe_kernel import shortlist_candidates
-from edgemoe.runtime.policy import replica_shortlist
 
 from .test_ordermoe_equivalence import assert_same, context, decisions
 
@@ -59,19 +57,3 @@ def test_the_steered_decision_takes_the_compiled_path_when_numba_is_there(monkey
     rows = np.arange(10)
     decisions(make_policy("ordermoe", ctx, horizon=2, budget=0.1), profile, ctx, rows, rows % ctx.num_users, None)
     assert len(seen) == ctx.num_layers
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_shortlist_candidates_equal_the_tables_method(seed):
-    profile, ctx = context(seed, "migrate")
-    rng = np.random.default_rng(seed)
-    R = 50
-    layer = rng.integers(0, ctx.num_layers, R)
-    location = rng.integers(0, ctx.num_nodes, R)
-    experts = profile.topk[rng.integers(0, profile.num_tokens, R), layer].astype(np.int64)  # [R, K]
-    table = replica_shortlist(ctx, "fallback")
-    for m in (1, 4, 100):
-        got = shortlist_candidates(table, layer, location, experts, m)
-        want = table.candidates(layer, location, experts, m)
-        for a, b in zip(got, want, strict=True):
-            np.testing.assert_array_equal(a, b)

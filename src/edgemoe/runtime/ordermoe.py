@@ -39,7 +39,7 @@ from edgemoe.plan.standins import (  # shared with the planner's runtime model (
 
 from .baselines import exact_decision
 from .context import RuntimeContext
-from .ordermoe_kernel import shortlist_candidates, steered_inputs, steered_pick
+from .ordermoe_kernel import steered_inputs, steered_pick
 from .policy import (
     Decision,
     Policy,
@@ -180,7 +180,7 @@ def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, 
                        next_mg=nxt[:, :, None], latency_mg=lat[:, :, None])
     # -- steered: candidate runners per slot [R, K, J] and meeting nodes [R, G]
     xfer, comp = ctx.xfer_s, ctx.compute_s
-    short, real = shortlist_candidates(replica_shortlist(ctx, "fallback"), layer, location, topk, steer_replicas)
+    short, real = replica_shortlist(ctx, "fallback").candidates(layer, location, topk, steer_replicas)
     N = ctx.num_nodes
     if not steered_latency:  # for the compiled decision: the values below, in one compiled call
         cand, base, meet, sub_first = steered_inputs(layer, location, topk, node_x, short, real, usable, xfer, load, comp,

@@ -17,22 +17,6 @@ import numpy as np
 from edgemoe.jit import njit
 
 
-def shortlist_candidates(table, layer: np.ndarray, location: np.ndarray, experts: np.ndarray, m: int):
-    """([R, K, m] node, [R, K, m] bool real): `ReplicaShortlist.candidates`, the same values.
-
-    That method slices the table's columns before `take`, which copies the whole [N * L * E, m] slice on
-    every call (0.4 ms on 64 servers, L=16, E=32: 6 us per token-layer at 64 rows); indexing the rows
-    first copies only the R x K rows asked for. table: a `ReplicaShortlist`; layer, location: [R]; experts: [R, K].
-    """
-    table.ensure(location)
-    _, L, E, size = table.node.shape
-    m = min(int(m), size)
-    flat = (location * L + layer)[:, None] * E + experts  # [R, K]
-    node = table.node.reshape(-1, size)[flat, :m]
-    real = np.isfinite(table.static.reshape(-1, size)[flat, :m])
-    return node, real
-
-
 @njit(cache=True)
 def _steered_inputs(layer, location, topk, node_x, short, real, usable, xfer, load, comp, is_sub, ready_sub,
                     all_nodes):  # pragma: no cover - compiled (the numpy twin is tested)
