@@ -8,6 +8,9 @@ compiled rule (`Policy.compiled_rule`: exact, slimcaching, drop), which `_drive`
 too (`_decide_rows`), a chunk of waves per call. The model and the wave rule are those of the module
 docstring of `edgemoe.runtime.simulate`; this module only makes them cheap.
 
+Pending jobs wait in a calendar queue (`JobQueue`): adding a job and taking the due ones cost O(1) a job, where
+the sorted queue kept before merged every wave's jobs into all pending ones (O(pending) a wave).
+
 Speed notes (measured with perf): numba reference-counts every array argument of a real call and of an
 inlined call, so the per-wave parts take grouped arrays (tuples) and are inlined once per wave, and the hot
 inner loops call nothing with array arguments. CPython passes a call of more than 30 arguments as *args,
@@ -33,12 +36,10 @@ _I = np.int64
 @njit(cache=True, inline="always")
 def _push_jobs(dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc, dec_next, start_t, done_t,
                outstanding, pass_begin, layer, wave_ids, xfer, call1, flops, nbytes, peak, mem_bw, overhead, num_layers,
-               jobs_f, jobs_i, counters):
-    """Jobs of one wave's decision (T rows, K slots; rows grouped by pass) merged into the pending queue.
-
-    The queue (rows counters[5] .. + counters[1] of jobs_f [C, 3] arrival, service, back and jobs_i [C, 3]
-    pass, node, seq) is kept sorted by (arrival, seq), the FIFO order of every node. A pass's slots for the
-    same expert on the same node share one batched call: each is charged roofline(count) / count.
+               queue, counters):
+    """Jobs of one wave's decision (T rows, K slots; rows grouped by pass) added to the pending queue
+    (`_enqueue`), each with arrival, service, trip back (jobs_f) and pass, node, seq (jobs_i). A pass's slots for
+    the same expert on the same node share one batched call: each is charged roofline(count) / count.
     """
     T, K = dec_node.shape
     E = flops.shape[1]
@@ -82,37 +83,42 @@ def _push_jobs(dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc, de
         outstanding[p] += n - first_job
         r = r_end
     counters[2] = seq
-    _merge(jobs_f, jobs_i, counters, new_f, new_i, n)
+    _enqueue(queue, counters, new_f, new_i, n)
 
 
 @njit(cache=True, inline="always")
-def _merge(jobs_f, jobs_i, counters, new_f, new_i, m):
-    """Merge m new jobs (in creation order) into the sorted queue, from the back; equal arrivals keep the
-    older job first (its seq is smaller)."""
-    if m == 0:
-        return
-    head, n = counters[5], counters[1]
-    if head + n + m > jobs_f.shape[0]:  # no room after the live queue: move it to the front
-        for i in range(n):
-            for c in range(3):
-                jobs_f[i, c] = jobs_f[head + i, c]
-                jobs_i[i, c] = jobs_i[head + i, c]
-        head = counters[5] = 0
-    order = np.argsort(new_f[:m, 0], kind="mergesort")  # stable: ties in creation order
-    i, j, k = head + n - 1, m - 1, head + n + m - 1
-    while j >= 0:
-        if i >= head and jobs_f[i, 0] > new_f[order[j], 0]:
-            for c in range(3):
-                jobs_f[k, c] = jobs_f[i, c]
-                jobs_i[k, c] = jobs_i[i, c]
-            i -= 1
+def _enqueue(queue, counters, new_f, new_i, m):
+    """Add m new jobs (in creation order, which is seq order) to the calendar queue.
+
+    The queue (`JobQueue`) is a pool of job slots (jobs_f [C, 3], jobs_i [C, 3], a stack of free slots) and a
+    ring of B time buckets of width w: bucket floor(arrival / w) mod B holds a linked list of its jobs in seq
+    order. Every pending arrival lies in [t0, t0 + window + max transfer), fewer than B - 1 buckets (the ring
+    size is chosen so), so the ring never folds two live buckets into one. Adding is O(1) a job: no job moves.
+    """
+    jobs_f, jobs_i, job_next, free_slots, head, tail, width = queue[0], queue[1], queue[2], queue[3], queue[4], queue[5], queue[6]
+    B = head.shape[0]
+    nfree = counters[3]
+    for j in range(m):
+        nfree -= 1
+        slot = free_slots[nfree]
+        for c in range(3):
+            jobs_f[slot, c] = new_f[j, c]
+            jobs_i[slot, c] = new_i[j, c]
+        job_next[slot] = -1
+        b = _bucket(new_f[j, 0], width) % B
+        if head[b] < 0:
+            head[b] = slot
         else:
-            for c in range(3):
-                jobs_f[k, c] = new_f[order[j], c]
-                jobs_i[k, c] = new_i[order[j], c]
-            j -= 1
-        k -= 1
-    counters[1] = n + m
+            job_next[tail[b]] = slot
+        tail[b] = slot
+    counters[3] = nfree
+    counters[1] += m
+
+
+@njit(cache=True, inline="always")
+def _bucket(t, width):
+    """Absolute index of the time bucket holding t (floor: monotone in t)."""
+    return int(np.floor(t / width))
 
 
 @njit(cache=True, inline="always")  # called per pass: a real call's refcounting would dominate
@@ -177,38 +183,100 @@ def one_token_calls(flops, nbytes, peak, mem_bw, overhead):
 
 
 @njit(cache=True, inline="always")
-def _serve(t0, horizon, windowed, jobs_f, jobs_i, counters, node_free, node_busy, done_t, outstanding, touched,
-           n_touched):
-    """Pop the jobs arriving before the horizon (at t0 with window 0) and serve them FIFO per node.
+def _serve(t0, horizon, windowed, queue, counters, node_free, node_busy, done_t, outstanding, touched, n_touched):
+    """Take the jobs arriving before the horizon (at t0 with window 0) out of the queue and serve them FIFO per
+    node: finish = max(node free, arrival) + service, in (arrival, seq) order.
 
-    The queue is sorted by (arrival, seq), each node's FIFO order; finish = max(node free, arrival) + service.
-    Popped passes are appended to `touched`; returns the new count.
+    Buckets are visited in time order and each one's due jobs sorted by arrival, stably: equal arrivals share
+    a bucket, whose list is in seq order, so the due jobs come out in (arrival, seq) order. Buckets are narrow
+    (`JobQueue`), so a bucket holds few jobs and the sort is an insertion sort. Popped passes are appended to
+    `touched`; returns the new count.
     """
-    head, n = counters[5], counters[1]
-    m = 0
-    while m < n:
-        a = jobs_f[head + m, 0]
-        if not ((a < horizon) if windowed else (a <= t0)):
-            break
-        m += 1
-    if m == 0:
+    jobs_f, jobs_i, job_next, free_slots, head, tail, width, due = queue
+    if counters[1] == 0:
         return n_touched
-    for j in range(head, head + m):
-        node = jobs_i[j, 1]
-        start = node_free[node] if node_free[node] > jobs_f[j, 0] else jobs_f[j, 0]
-        finish = start + jobs_f[j, 1]
+    B = head.shape[0]
+    b0 = _bucket(t0, width)
+    b1 = _bucket(horizon, width) if windowed else b0
+    if b1 > b0 + B - 1:
+        b1 = b0 + B - 1
+    m = 0
+    for ab in range(b0, b1 + 1):
+        b = ab % B
+        prev = -1
+        slot = head[b]
+        lo = m
+        while slot >= 0:
+            nxt = job_next[slot]
+            a = jobs_f[slot, 0]
+            if (a < horizon) if windowed else (a <= t0):
+                due[m] = slot
+                m += 1
+                if prev < 0:
+                    head[b] = nxt
+                else:
+                    job_next[prev] = nxt
+                if tail[b] == slot:
+                    tail[b] = prev
+            else:
+                prev = slot
+            slot = nxt
+        if m - lo > 32:  # a crowded bucket (many calls at one instant): merge sort, stable
+            arr = np.empty(m - lo)
+            for i in range(lo, m):
+                arr[i - lo] = jobs_f[due[i], 0]
+            order = np.argsort(arr, kind="mergesort")
+            seg = due[lo:m].copy()
+            for i in range(m - lo):
+                due[lo + i] = seg[order[i]]
+        else:  # insertion sort; strict > keeps equal arrivals in seq order
+            for i in range(lo + 1, m):
+                slot = due[i]
+                a = jobs_f[slot, 0]
+                j = i - 1
+                while j >= lo and jobs_f[due[j], 0] > a:
+                    due[j + 1] = due[j]
+                    j -= 1
+                due[j + 1] = slot
+    nfree = counters[3]
+    for i in range(m):
+        slot = due[i]
+        node = jobs_i[slot, 1]
+        start = node_free[node] if node_free[node] > jobs_f[slot, 0] else jobs_f[slot, 0]
+        finish = start + jobs_f[slot, 1]
         node_free[node] = finish
-        p = jobs_i[j, 0]
-        done = finish + jobs_f[j, 2]
+        p = jobs_i[slot, 0]
+        done = finish + jobs_f[slot, 2]
         if done > done_t[p]:
             done_t[p] = done
         outstanding[p] -= 1
-        node_busy[node] += jobs_f[j, 1]
+        node_busy[node] += jobs_f[slot, 1]
         touched[n_touched] = p
         n_touched += 1
-    counters[5] = head + m
-    counters[1] = n - m
+        free_slots[nfree] = slot
+        nfree += 1
+    counters[3] = nfree
+    counters[1] -= m
     return n_touched
+
+
+@njit(cache=True, inline="always")
+def _earliest_job(t_low, queue):
+    """Earliest pending arrival (inf when none): the first non-empty bucket from t_low, a lower bound of every
+    pending arrival, holds it."""
+    jobs_f, job_next, head, width = queue[0], queue[2], queue[4], queue[6]
+    B = head.shape[0]
+    b0 = _bucket(t_low, width)
+    for step in range(B):
+        slot = head[(b0 + step) % B]
+        if slot >= 0:
+            best = np.inf
+            while slot >= 0:
+                if jobs_f[slot, 0] < best:
+                    best = jobs_f[slot, 0]
+                slot = job_next[slot]
+            return best
+    return np.inf
 
 
 @njit(cache=True, inline="always")
@@ -309,7 +377,7 @@ def _dense_stage(t0, horizon, windowed, ready_ids, ready_t, ready_stage, nr, lay
 
 
 @njit(cache=True, inline="always")
-def _pick(window, jobs_f, counters, ready_ids, ready_t, ready_stage, start_t, node_free, load, times, layer, pass_begin,
+def _pick(window, queue, counters, ready_ids, ready_t, ready_stage, start_t, node_free, load, times, layer, pass_begin,
           pass_home, pass_dense, backbone_free):
     """Next wave: t0 = earliest pending time; serve the dense work due before t0 + window (`_dense_stage`),
     then take the passes ready to decide before t0 + window (at t0 for window 0).
@@ -323,8 +391,10 @@ def _pick(window, jobs_f, counters, ready_ids, ready_t, ready_stage, start_t, no
     for i in range(nr):
         if ready_t[i] < t0:
             t0 = ready_t[i]
-    if nj > 0 and jobs_f[counters[5], 0] < t0:  # the queue's head is its earliest arrival
-        t0 = jobs_f[counters[5], 0]
+    if nj > 0:  # every pending arrival is >= the last wave's t0
+        first = _earliest_job(times[0], queue)
+        if first < t0:
+            t0 = first
     horizon = t0 + window
     windowed = window > 0
     _dense_stage(t0, horizon, windowed, ready_ids, ready_t, ready_stage, nr, layer, pass_begin, pass_home, pass_dense,
@@ -392,8 +462,8 @@ def _wave_step(has_wave, stamp, wave_ids, dec, passes, nodes, scenario, cost):
     """
     dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc, dec_next = dec
     layer, start_t, done_t, outstanding, pass_begin, pass_end, mark, pass_home, pass_dense = passes
-    (window, times, first_stage, node_free, node_busy, ready_ids, ready_t, ready_stage, backbone_free, jobs_f, jobs_i,
-     counters, load) = nodes
+    (window, times, first_stage, node_free, node_busy, ready_ids, ready_t, ready_stage, backbone_free, queue, counters,
+     load) = nodes
     (pass_next, pass_request, pass_row_start, pass_row_count, request_next, request_first_pass, request_arrival, closed,
      think_s, row_trace) = scenario
     xfer, call1, flops, nbytes, peak, mem_bw, overhead, num_layers = cost
@@ -401,19 +471,19 @@ def _wave_step(has_wave, stamp, wave_ids, dec, passes, nodes, scenario, cost):
     if has_wave:
         _push_jobs(dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc, dec_next, start_t, done_t,
                    outstanding, pass_begin, layer, wave_ids, xfer, call1, flops, nbytes, peak, mem_bw, overhead,
-                   num_layers, jobs_f, jobs_i, counters)
+                   num_layers, queue, counters)
     ids = wave_ids
     while True:
         if has_wave:
             touched = np.empty(ids.shape[0] + counters[1], _I)  # decided passes + every job's pass
             touched[:ids.shape[0]] = ids
-            n_touched = _serve(times[0], times[1], windowed, jobs_f, jobs_i, counters, node_free, node_busy,
-                               done_t, outstanding, touched, ids.shape[0])
+            n_touched = _serve(times[0], times[1], windowed, queue, counters, node_free, node_busy, done_t,
+                               outstanding, touched, ids.shape[0])
             stamp += 1
             _advance(touched, n_touched, ids.shape[0], mark, stamp, outstanding, layer, done_t, pass_end, pass_next,
                      pass_request, request_next, request_first_pass, request_arrival, closed, think_s, num_layers,
                      ready_ids, ready_t, ready_stage, first_stage, counters)
-        ids, more = _pick(window, jobs_f, counters, ready_ids, ready_t, ready_stage, start_t, node_free, load, times,
+        ids, more = _pick(window, queue, counters, ready_ids, ready_t, ready_stage, start_t, node_free, load, times,
                           layer, pass_begin, pass_home, pass_dense, backbone_free)
         if not more:
             e = np.empty(0, _I)
@@ -428,6 +498,61 @@ def _wave_step(has_wave, stamp, wave_ids, dec, passes, nodes, scenario, cost):
 def _wave_call(has_wave, stamp, wave_ids, dec, passes, nodes, scenario, cost):
     """`_wave_step` as a call of its own (the per-wave entry of the numpy policy path)."""
     return _wave_step(has_wave, stamp, wave_ids, dec, passes, nodes, scenario, cost)
+
+
+class JobQueue:
+    """The pending expert jobs of a run: a calendar queue (`_enqueue`, `_serve`, `_earliest_job`).
+
+    Slots: jobs_f [C, 3] (arrival, service, trip back), jobs_i [C, 3] (pass, node, seq), next slot in the
+    bucket's list [C], and a stack of free slots (its height in counters[3]). Buckets: a ring of B list heads
+    and tails of width w. Every pending arrival lies in [t0, t0 + window + max transfer) (a pass starts
+    before its wave's horizon and its calls arrive one transfer later), so B = that span / w + 3 buckets
+    never fold two live buckets into one. Width w: about PER_BUCKET jobs a bucket if `in_flight` calls (users x
+    K) spread over the span, at most 1/16 of the window (a wave then pops whole buckets but its last), and no
+    narrower than span / MAX_BUCKETS (with window 0 a wave pops only its own instant). Narrow buckets keep
+    `_serve`'s per-bucket sort an insertion sort; the width changes the speed, never the result.
+    """
+
+    MAX_BUCKETS = 1 << 14
+    PER_BUCKET = 4
+
+    def __init__(self, window: float, max_xfer: float, in_flight: int, counters: np.ndarray, capacity: int = 1024):
+        if not np.isfinite(max_xfer):
+            raise ValueError("context xfer_s: every transfer time must be finite (a node pair with no link?)")
+        span = window + max_xfer
+        crowded = span * self.PER_BUCKET / max(in_flight, 1)
+        self.width = max(min(window / 16, crowded), span / (self.MAX_BUCKETS - 3)) or 1.0
+        buckets = int(np.ceil(span / self.width)) + 3
+        self.head = np.full(buckets, -1, _I)
+        self.tail = np.full(buckets, -1, _I)
+        self.counters = counters
+        self.jobs_f = np.zeros((0, 3))
+        self.jobs_i = np.zeros((0, 3), _I)
+        self.next = np.zeros(0, _I)
+        self.free = np.zeros(0, _I)
+        self.due = np.zeros(0, _I)
+        self.room(capacity)
+
+    def room(self, need: int) -> None:
+        """Grow the pool to >= need slots (at least doubling); the new slots go on the free stack."""
+        have = self.jobs_f.shape[0]
+        if need <= have:
+            return
+        more = max(need, 2 * have) - have
+        self.jobs_f = np.concatenate([self.jobs_f, np.zeros((more, 3))])
+        self.jobs_i = np.concatenate([self.jobs_i, np.zeros((more, 3), _I)])
+        self.next = np.concatenate([self.next, np.full(more, -1, _I)])
+        height = int(self.counters[3])
+        free = np.empty(have + more, _I)
+        free[:height] = self.free[:height]
+        free[height:height + more] = np.arange(have + more - 1, have - 1, -1)
+        self.free = free
+        self.counters[3] = height + more
+        self.due = np.empty(have + more, _I)
+
+    def arrays(self):
+        """The queue as the compiled functions take it."""
+        return self.jobs_f, self.jobs_i, self.next, self.free, self.head, self.tail, self.width, self.due
 
 
 class WaveEngine:
@@ -475,10 +600,10 @@ class WaveEngine:
         first = sc.request_first_pass[live].astype(_I)
         self.ready_ids[:first.size] = first
         self.ready_t[:first.size] = sc.request_arrival[live]
-        # ready passes, pending jobs, next job seq, (unused), (unused), first pending job's row
-        self.counters = np.array([first.size, 0, 0, 0, 0, 0], _I)
-        self.jobs_f = np.zeros((1024, 3))
-        self.jobs_i = np.zeros((1024, 3), _I)
+        # ready passes, pending jobs, next job seq, free job slots
+        self.counters = np.array([first.size, 0, 0, 0], _I)
+        in_flight = ctx.num_users * max(ctx.top_k, 1)
+        self.queue = JobQueue(self.window, float(ctx.xfer_s.max(initial=0.0)), in_flight, self.counters)
         self.ids = np.zeros(0, _I)
         self._no_rows = np.zeros(0, _I)
         self._no_slots = np.zeros((0, max(ctx.top_k, 1)), _I)
@@ -495,12 +620,7 @@ class WaveEngine:
                           dec.next_location.astype(_I, copy=False))
 
     def _job_room(self, new_jobs: int) -> None:
-        """Grow the job queue to hold the pending jobs and `new_jobs` more (the merge first moves them to row 0)."""
-        need = int(self.counters[1]) + int(new_jobs)
-        if need > self.jobs_f.shape[0]:
-            more = max(need, 2 * self.jobs_f.shape[0]) - self.jobs_f.shape[0]
-            self.jobs_f = np.concatenate([self.jobs_f, np.zeros((more, 3))])
-            self.jobs_i = np.concatenate([self.jobs_i, np.zeros((more, 3), _I)])
+        self.queue.room(int(self.counters[1]) + int(new_jobs))
 
     def _groups(self):
         """(passes, nodes, scenario, cost): the engine's arrays in `_wave_step`'s groups."""
@@ -508,7 +628,7 @@ class WaveEngine:
         passes = (self.layer, self.start_t, self.done_t, self.outstanding, run.pass_begin, run.pass_end, self.mark,
                   self.pass_home, self.pass_dense)
         nodes = (self.window, self.times, self.first_stage, self.node_free, run.node_busy, self.ready_ids, self.ready_t,
-                 self.ready_stage, self.backbone_free, self.jobs_f, self.jobs_i, self.counters, self.load)
+                 self.ready_stage, self.backbone_free, self.queue.arrays(), self.counters, self.load)
         return passes, nodes, self.scenario_args, self.cost_args
 
     def _step(self, has_wave, row_pass, row_layer, home, node, experts, loc, nxt):
@@ -736,7 +856,7 @@ def _drive(chunk_rows, rule, stamp, wave, tables, out, passes, nodes, scenario, 
     rows in the buffers); the caller counts the buffered decisions, makes room if needed, and calls again."""
     ids, rows, rpass, rlayer, rtok = wave
     out_experts, out_node, out_loc, out_next, out_lat, out_topk, out_layer, out_home, out_pass = out
-    load, jobs_f, counters = nodes[12], nodes[9], nodes[11]
+    load, jobs_f, counters = nodes[11], nodes[9][0], nodes[10]
     xfer, num_layers = cost[0], cost[7]
     K = tables[0].shape[2]
     b = 0
