@@ -6,7 +6,8 @@ One closed-loop request per user (16 prompt + 16 generated tokens: 31 rows x 32 
 events per request) on `generate(100, 1000)` with a 32-layer synthetic profile, an lfu placement, and the
 exact and ordermoe policies on the fast engine. Reports CPU seconds (process time, which the machine's load
 barely moves), wall seconds, the load average, and token-layer events per CPU second (issue target: the whole
-run within one minute, >= 2M events/s). Writes bench/results/sim_scale.json.
+run within one minute, >= 2M events/s). Each policy runs three times and the fastest is kept (as timeit does;
+the machine is shared). Writes bench/results/sim_scale.json.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from edgemoe.runtime.simulate import simulate
 from edgemoe.runtime.workload import Trace, Workload
 
 RESULTS = Path(__file__).resolve().parent / "results"
+REPEATS = 3
 
 
 def main() -> None:
@@ -37,12 +39,15 @@ def main() -> None:
     rows = []
     for policy in ("exact", "ordermoe"):
         load = os.getloadavg()[0]
-        c0, w0 = time.process_time(), time.perf_counter()
-        m = simulate(ctx, make_policy(policy, ctx), trace, Workload(1000, 16, 16, "closed"))
-        cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+        cpu = wall = float("inf")
+        for _ in range(REPEATS):
+            c0, w0 = time.process_time(), time.perf_counter()
+            m = simulate(ctx, make_policy(policy, ctx), trace, Workload(1000, 16, 16, "closed"))
+            cpu, wall = min(cpu, time.process_time() - c0), min(wall, time.perf_counter() - w0)
         rows.append({"policy": policy, "servers": 100, "users": 1000, "layers": 32, "token_layers": m.token_layers,
                      "cpu_s": round(cpu, 2), "wall_s": round(wall, 2), "load_average_1min": round(load, 2),
-                     "events_per_cpu_s": round(m.token_layers / cpu), "within_one_minute_cpu": cpu <= 60})
+                     "events_per_cpu_s": round(m.token_layers / cpu), "within_one_minute_cpu": cpu <= 60,
+                     "repeats": REPEATS})
         print(rows[-1])
     atomic_write_json(RESULTS / "sim_scale.json", {"what": __doc__.splitlines()[0], "target_events_per_s": 2e6,
                                                    "rows": rows, "environment": environment()})
