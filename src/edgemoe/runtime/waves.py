@@ -293,23 +293,23 @@ def _advance(touched, n_touched, n_decided, mark, stamp, outstanding, layer, don
     """
     if n_touched == n_decided:  # no job served: the decided passes in ready-list order (as numpy did)
         fin = touched[:n_touched].copy()
-        u = n_touched
-    else:  # by pass id (np.unique of decided + served passes)
-        uniq = np.empty(n_touched, _I)
-        u = 0
+        k = 0
+        for i in range(n_touched):
+            if outstanding[fin[i]] == 0:
+                fin[k] = fin[i]
+                k += 1
+        fin = fin[:k]
+    else:  # by pass id (np.unique of decided + served passes), the finished ones only: fewer to sort
+        fin = np.empty(n_touched, _I)
+        k = 0
         for i in range(n_touched):
             p = touched[i]
             if mark[p] != stamp:
                 mark[p] = stamp
-                uniq[u] = p
-                u += 1
-        fin = np.sort(uniq[:u])
-    k = 0
-    for i in range(u):
-        if outstanding[fin[i]] == 0:
-            fin[k] = fin[i]
-            k += 1
-    fin = fin[:k]
+                if outstanding[p] == 0:
+                    fin[k] = p
+                    k += 1
+        fin = np.sort(fin[:k])
     nr = counters[0]
     for i in range(k):
         p = fin[i]
