@@ -9,8 +9,8 @@ window 1 ms) and, where small enough, the exact reference engine, to show the sp
 Wall time is the headline (events_per_s); CPU time of this process is recorded too, because the machine is
 shared and wall time moves with the other processes' load. Each fast-engine run is repeated (`--repeat`, 3)
 and the fastest kept, as timeit does: the slower repeats measure the other processes on the host, not the
-simulator (every repeat gives the same result; the load average is recorded beside each row). The compiled part of the fast engine is warmed
-up (compiled or loaded from numba's cache) before anything is timed. Writes bench/results/simulator.json.
+simulator (every repeat gives the same result; the load average is recorded beside each row). The compiled
+part of the fast engine is warmed up (compiled or loaded from numba's cache) before anything is timed. Writes bench/results/simulator.json.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ import argparse
 import os
 import time
 from pathlib import Path
-
-import numpy as np
 
 from edgemoe.cluster import generate, load_cluster
 from edgemoe.eval.results import environment
@@ -70,8 +68,9 @@ def main() -> None:
             engines = [("fast", 1e-3)] + ([("reference", 0.0)] if with_ref else [])
             for engine, window in engines:
                 load = os.getloadavg()[0]
-                wall = cpu = np.inf
-                for _ in range(max(args.repeat, 1) if engine == "fast" else 1):
+                repeats = max(args.repeat, 1) if engine == "fast" else 1
+                wall = cpu = float("inf")
+                for _ in range(repeats):
                     pol = make_policy(policy, ctx, **params)
                     t, c = time.perf_counter(), time.process_time()
                     m = simulate(ctx, pol, trace, wl, engine=engine, window_s=window)
@@ -82,7 +81,7 @@ def main() -> None:
                        "events_per_cpu_s": m.token_layers / cpu, "latency_ms_mean": m.latency_ms["mean"],
                        "latency_ms_p99": m.latency_ms["p99"], "ttft_ms_mean": m.ttft_ms["mean"],
                        "simulated_s": m.makespan_s, "load_average_1min": round(load, 2),
-                       "repeats": max(args.repeat, 1) if engine == "fast" else 1}
+                       "repeats": repeats}
                 rows.append(row)
                 print(f"{label:40s} {policy:9s} {engine:9s} {m.token_layers:9d} events {wall:7.2f} s "
                       f"{row['events_per_s']:11.0f} ev/s ({row['events_per_cpu_s']:9.0f} per CPU s)  mean {m.latency_ms['mean']:7.2f} ms  "
