@@ -7,7 +7,7 @@ import pytest
 
 from edgemoe.plan import plan
 from edgemoe.plan.base import empty_hosts
-from edgemoe.plan.greedy import device_gains, edge_gains
+from edgemoe.plan.greedy import device_gains, edge_gains, set_contributions, true_objective_greedy
 from edgemoe.plan.objective import expected_latency, expert_latency, slim_model
 from edgemoe.plan.synthetic import synthetic_problem
 
@@ -64,3 +64,32 @@ def test_u_shaped_without_devices_starts_at_layer_zero():
     problem = synthetic_problem(seed=0, num_layers=4, num_experts=4, slots_per_server=8)
     hosts = plan(problem, "u-shaped").hosts
     assert hosts[0].all(axis=1).tolist() == [True, True, False, False]
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 3])
+def test_set_contributions_of_some_rows_equal_the_full_table_bit_for_bit(top_k):
+    """The incremental greedy recomputes only the sets holding the cached expert: a row computed alone must
+    be the same floats as in a full call, or the incremental and the full greedy could part on a tie."""
+    problem = synthetic_problem(seed=5, top_k=top_k, with_devices=True)
+    model = slim_model(problem)
+    hosts = empty_hosts(problem)
+    hosts[:-1] = np.random.default_rng(1).random(hosts[:-1].shape) < 0.3
+    tau = expert_latency(model, hosts)
+    owners = np.flatnonzero(model.device_node >= 0)
+    layer = 2
+    full = set_contributions(model, tau[:, layer], layer, owners)
+    M = model.layers[layer].sets.shape[0]
+    for rows in (np.array([0]), np.arange(M)[::2], np.array([M - 1, 0])):
+        part = set_contributions(model, tau[:, layer], layer, owners, rows)
+        for whole, some in zip(full, part, strict=True):
+            assert np.array_equal(whole[:, rows], some)
+
+
+@pytest.mark.parametrize("seed,top_k", [(0, 1), (1, 2), (2, 3), (3, 2)])
+def test_incremental_greedy_equals_recomputing_every_layer(seed, top_k):
+    problem = synthetic_problem(seed=seed, top_k=top_k, with_devices=True)
+    model = slim_model(problem)
+    kept, steps = true_objective_greedy(problem, model)
+    again, steps_again = true_objective_greedy(problem, model, cache_bytes=0)
+    assert steps == steps_again > 0
+    assert np.array_equal(kept, again)
