@@ -96,3 +96,20 @@ def test_stop_reason_reads_scipy_status_and_highs_message():
         status=4, message="The HiGHS status code was not recognized. (HiGHS Status 16: Solution limit reached)")) \
         == "node_limit"
     assert stop_reason(SimpleNamespace(status=4, message="something else")) == "other"
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("with_devices", [False, True])
+def test_lp_relaxation_bounds_the_optimum_from_below(seed, with_devices):
+    from edgemoe.plan.exact import lp_relaxation
+
+    problem = synthetic_problem(seed=seed, with_devices=with_devices, device_slots=1,
+                                **{**TINY, "num_layers": 1, "num_experts": 4})
+    best, _ = brute_force_best(problem)
+    frac, bound = lp_relaxation(problem)
+    assert bound <= best * (1 + 1e-7)
+    assert ((frac >= 0) & (frac <= 1)).all()
+    cache = np.array(problem.node_kind) != "cloud"
+    assert not frac[~cache].any()  # the cloud holds everything: not a variable
+    used = (frac * problem.expert_bytes[None]).sum(axis=(1, 2))  # fractional storage within capacity
+    assert (used[cache] <= problem.capacity_bytes[cache] * (1 + 1e-7)).all()

@@ -239,7 +239,7 @@ def test_fptas_block_within_epsilon_of_exact_dp(epsilon):
 VARIANTS = [
     {}, {"passes": 3}, {"order": "devices-first"}, {"order": "covered-weight"}, {"maxconv": "fptas", "epsilon": 0.2},
     {"maxconv": "naive"}, {"enum_max": 0, "beam_width": 3}, {"warm_start": "sum-greedy"}, {"algorithm": "greedy-k1"},
-    {"refine": False}, {"kicks": 6, "forced": 1, "seed": 3}, {"kicks": 6, "forced": 3, "enum_max": 0},
+    {"refine": False}, {"kicks": 6, "forced": 1, "seed": 3}, {"kicks": 6, "forced": 3, "enum_max": 0}, {"warm_start": "lp"},
 ]
 
 
@@ -458,3 +458,31 @@ def test_infeasible_without_a_cloud_is_a_clear_error(method):
                                                      problem.expert_bytes.max() + 1, problem.capacity_bytes))
     with pytest.raises(EdgeMoEError, match="cannot hold one copy"):
         plan(short, method)
+
+
+def test_round_fractional_keeps_an_integral_placement_and_fits_unequal_sizes():
+    from edgemoe.plan.slimcaching import round_fractional
+
+    problem = synthetic_problem(seed=4, with_devices=True, device_slots=2)
+    hosts = plan(problem, "lfu").hosts
+    cache = np.array(problem.node_kind) != "cloud"
+    integral = np.where(cache[:, None, None], hosts, False).astype(float)
+    assert np.array_equal(round_fractional(problem, integral)[cache], hosts[cache])
+    rng = np.random.default_rng(0)
+    uneven = replace(problem, expert_bytes=rng.integers(1, 10, size=problem.expert_bytes.shape) * 100_000)
+    rounded = round_fractional(uneven, rng.random(integral.shape))
+    used = (rounded * uneven.expert_bytes[None]).sum(axis=(1, 2))
+    assert (used[cache] <= uneven.capacity_bytes[cache]).all() and rounded[cache].any()
+    assert not round_fractional(uneven, np.zeros(integral.shape))[cache].any()  # the cloud still holds all
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_lp_start_is_never_worse_than_the_empty_start_and_sits_above_its_bound(seed):
+    problem = synthetic_problem(seed=seed, with_devices=True, num_layers=3)
+    empty = plan(problem, "slimcaching", warm_start="empty").params["objective_s"]
+    lp = plan(problem, "slimcaching", warm_start="lp").params
+    assert lp["objective_s"] <= empty + 1e-15
+    assert lp["lp_bound_s"] <= lp["objective_s"] * (1 + 1e-7)
+    assert lp["empty_start_objective_s"] == pytest.approx(empty, rel=1e-12)
+    with pytest.raises(EdgeMoEError, match="warm_start"):
+        plan(problem, "slimcaching", warm_start="ilp")
