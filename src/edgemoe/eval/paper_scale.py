@@ -22,9 +22,10 @@ PAPER_MIXTRAL_MEAN_MS = 187.0  # OrderMoE, Mixtral-8x7B mean latency on 8 hetero
 UNITS = ("latency = mean time of one decode step of one request (one generated token through every MoE layer), "
          "in ms of simulated time: expert calls by roofline on each server's GPU (bf16 weights), hidden states "
          "(bf16) over testbed8's links, FIFO queueing behind the other users' calls (16 users, one request in "
-         "flight each). The dense backbone (attention, "
-         "norms, embeddings, LM head) and KV-cache traffic are not simulated, so it is an expert-path lower bound "
-         "on a full token latency. OrderMoE's 187 ms does not state its unit of work (per token or per request); "
+         "flight each), and each layer's dense part at the request's home node (q, k, v, o projections and the "
+         "router, estimated from the model's hidden size by roofline: no model weights at hand). Attention over the "
+         "context, the LM head and KV-cache traffic are not simulated, so it is a lower bound on a full token "
+         "latency. OrderMoE's 187 ms does not state its unit of work (per token or per request); "
          "it is printed beside our per-token mean, and our per-request figure (TTFT + 15 decode steps) is given too")
 MODELS = (("mixtral-8x7b", "mixtral"), ("qwen1.5-moe-a2.7b", "olmoe"))  # (spec, counted model it is calibrated on)
 ORDERMOE_POLICY = {"budget": 0.05, "horizon": 2}
