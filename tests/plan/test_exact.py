@@ -113,3 +113,25 @@ def test_lp_relaxation_bounds_the_optimum_from_below(seed, with_devices):
     assert not frac[~cache].any()  # the cloud holds everything: not a variable
     used = (frac * problem.expert_bytes[None]).sum(axis=(1, 2))  # fractional storage within capacity
     assert (used[cache] <= problem.capacity_bytes[cache] * (1 + 1e-7)).all()
+
+
+@pytest.mark.parametrize("seed,objective,coverage", [(0, "slimcaching", None), (1, "sum", None),
+                                                      (2, "slimcaching", True), (3, "sum", True)])
+def test_program_size_counts_what_build_program_builds(seed, objective, coverage):
+    from edgemoe.plan.baselines import resolve_coverage
+    from edgemoe.plan.exact import build_program, program_size
+
+    problem = synthetic_problem(seed=seed, with_devices=True, num_layers=2, top_k=1 + seed % 3)
+    cover = resolve_coverage(problem, coverage)
+    b, _ = build_program(problem, objective, cover)
+    assert program_size(problem, objective, cover) == (len(b.cost), len(b.vals))
+
+
+def test_a_program_over_max_nonzeros_is_refused_before_it_is_built():
+    from edgemoe.plan.exact import lp_relaxation
+
+    problem = synthetic_problem(seed=0, with_devices=True, num_layers=2)
+    with pytest.raises(EdgeMoEError, match="max_nonzeros=100"):
+        plan(problem, "exact", max_nonzeros=100)
+    with pytest.raises(EdgeMoEError, match="warm_start='lp'.*max_nonzeros"):
+        lp_relaxation(problem, max_nonzeros=100)

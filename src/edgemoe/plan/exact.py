@@ -39,6 +39,7 @@ from .slim_k1 import cache_nodes
 
 OBJECTIVES = ("slimcaching", "sum")
 NODE_LIMIT = 10_000  # default branch-and-bound node budget (deterministic)
+MAX_NONZEROS = 5_000_000  # default cap on the program's constraint nonzeros (~1 GB to build; see program_size)
 TIME_LIMIT_S = 600.0  # default wall-clock safety cap (seconds); not meant to bind
 
 
@@ -94,12 +95,14 @@ class _Builder:
 
 @register("exact")
 def exact(problem: PlanProblem, *, objective: str = "slimcaching", node_limit: int = NODE_LIMIT,
-          mip_rel_gap: float = 1e-6, time_limit: float = TIME_LIMIT_S, coverage: bool | None = None) -> Placement:
+          mip_rel_gap: float = 1e-6, time_limit: float = TIME_LIMIT_S, coverage: bool | None = None,
+          max_nonzeros: float = MAX_NONZEROS) -> Placement:
     """Optimal placement for `objective` in OBJECTIVES, or the best found within `node_limit` nodes.
 
     mip_rel_gap: stop once proven optimal within this relative gap. node_limit: branch-and-bound nodes
     (deterministic). time_limit: wall-clock safety cap in seconds only (see the module docstring).
     coverage: require an edge-server copy of every expert; default (None) exactly when there is no cloud.
+    max_nonzeros: refuse (EdgeMoEError) a program with more constraint nonzeros than this (`program_size`).
 
     Placement.params reports the solver status, `stopped_by` ("optimal", "node_limit", "time_limit" or
     "other"), `proven_optimal` (optimality proven within mip_rel_gap), `deterministic`, the MIP gap, the
@@ -109,6 +112,7 @@ def exact(problem: PlanProblem, *, objective: str = "slimcaching", node_limit: i
         raise EdgeMoEError(f"exact: objective={objective!r}; expected one of {OBJECTIVES}")
     start = time.perf_counter()
     cover = resolve_coverage(problem, coverage)
+    check_program_size(problem, objective, cover, max_nonzeros, "exact")
     b, x = build_program(problem, objective, cover)
     res = b.solve(node_limit, mip_rel_gap, time_limit)
     stopped_by = stop_reason(res)
@@ -129,6 +133,42 @@ def exact(problem: PlanProblem, *, objective: str = "slimcaching", node_limit: i
         ilp_objective=float(res.fun), objective_s=expected_latency(problem, hosts),
         num_variables=len(b.cost), num_constraints=len(b.lo), plan_seconds=time.perf_counter() - start,
     )
+
+
+def program_size(problem: PlanProblem, objective: str = "slimcaching", cover: bool = False) -> tuple[int, int]:
+    """(columns, constraint nonzeros) of `build_program`'s MILP, counted from the problem without building it:
+    an x column per (cache node, layer, expert) and its capacity row entry (coverage: one more per edge
+    server); per (user, layer, expert) the user activates, a base column and one per cache node faster than
+    the base (each with a 2-entry link row), and their sum row; with the "slimcaching" objective, per (user,
+    layer, observed Top-K set) one T column and a row per member over that member's columns."""
+    model = slim_model(problem)
+    L, E = problem.expert_bytes.shape
+    nodes = cache_nodes(problem)
+    edges = sum(1 for n in nodes if problem.node_kind[n] == "edge")
+    faster = sum((model.node_call(n) < model.base_call).astype(np.int64) for n in nodes)  # [U, L, E]
+    active = marginal_prob(model, E) > 0
+    cols = int((active * (1 + faster)).sum()) + len(nodes) * L * E
+    nnz = int((active * (1 + 3 * faster)).sum()) + (len(nodes) + (edges if cover else 0)) * L * E
+    if objective == "slimcaching":
+        for layer, ls in enumerate(model.layers):
+            prob = ls.prob[model.domain] > 0  # [U, M]
+            per_slot = np.concatenate([2 + faster[:, layer], np.zeros((faster.shape[0], 1), np.int64)], axis=1)
+            per_set = per_slot[:, ls.sets].sum(axis=2)  # [U, M] (padding slots: 0)
+            cols += int(prob.sum())
+            nnz += int((prob * per_set).sum())
+    return cols, nnz
+
+
+def check_program_size(problem: PlanProblem, objective: str, cover: bool, max_nonzeros: float, method: str) -> None:
+    """Raise EdgeMoEError when the MILP would have more than max_nonzeros constraint nonzeros: it is built in
+    Python lists first (~200 bytes a nonzero) and HiGHS's root LP grows faster than its size."""
+    cols, nnz = program_size(problem, objective, cover)
+    if nnz > max_nonzeros:
+        raise EdgeMoEError(
+            f"{method}: the program would have {nnz:,} constraint nonzeros and {cols:,} columns, over max_nonzeros="
+            f"{max_nonzeros:,.0f} ({problem.profile.L} layers x {problem.profile.E} experts, top-{problem.profile.K}, "
+            f"{len(problem.user_names)} users: one column per user, layer and observed Top-K set); use slimcaching "
+            "(default warm start) at this size, or raise max_nonzeros if the memory and time are there")
 
 
 def build_program(problem: PlanProblem, objective: str, cover: bool) -> tuple[_Builder, dict]:
@@ -187,15 +227,18 @@ def build_program(problem: PlanProblem, objective: str, cover: bool) -> tuple[_B
 
 
 def lp_relaxation(problem: PlanProblem, *, objective: str = "slimcaching", coverage: bool | None = None,
-                  time_limit: float = TIME_LIMIT_S) -> tuple[np.ndarray, float]:
+                  time_limit: float = TIME_LIMIT_S, max_nonzeros: float = MAX_NONZEROS) -> tuple[np.ndarray, float]:
     """(x [N, L, E] in [0, 1], bound): the ILP with x relaxed to [0, 1], solved by HiGHS (deterministic).
 
     bound: the LP optimum, a lower bound on every placement's `objective` (expected latency for
     "slimcaching"). Rows of nodes that cache nothing (the cloud) are 0. time_limit: wall-clock safety cap.
+    max_nonzeros: refuse (EdgeMoEError) a program larger than this (`program_size`).
     """
     if objective not in OBJECTIVES:
         raise EdgeMoEError(f"lp_relaxation: objective={objective!r}; expected one of {OBJECTIVES}")
-    b, x = build_program(problem, objective, resolve_coverage(problem, coverage))
+    cover = resolve_coverage(problem, coverage)
+    check_program_size(problem, objective, cover, max_nonzeros, "slimcaching warm_start='lp'")
+    b, x = build_program(problem, objective, cover)
     res = b.solve_lp(time_limit)
     if res.status != 0 or res.x is None:
         raise EdgeMoEError(f"lp_relaxation: HiGHS did not solve the LP (status {res.status}: {res.message})")
