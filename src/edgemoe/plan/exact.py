@@ -39,7 +39,8 @@ from .slim_k1 import cache_nodes
 
 OBJECTIVES = ("slimcaching", "sum")
 NODE_LIMIT = 10_000  # default branch-and-bound node budget (deterministic)
-MAX_NONZEROS = 5_000_000  # default cap on the program's constraint nonzeros (~1 GB to build; see program_size)
+MAX_NONZEROS = 20_000_000  # `exact`'s cap on the program's constraint nonzeros (~2 GB to build; see program_size)
+LP_MAX_NONZEROS = 1_000_000  # the LP start's cap: it is meant to cost seconds to a minute (280k nonzeros: 27 s)
 TIME_LIMIT_S = 600.0  # default wall-clock safety cap (seconds); not meant to bind
 
 
@@ -161,7 +162,7 @@ def program_size(problem: PlanProblem, objective: str = "slimcaching", cover: bo
 
 def check_program_size(problem: PlanProblem, objective: str, cover: bool, max_nonzeros: float, method: str) -> None:
     """Raise EdgeMoEError when the MILP would have more than max_nonzeros constraint nonzeros: it is built in
-    Python lists first (~200 bytes a nonzero) and HiGHS's root LP grows faster than its size."""
+    Python lists first (~100 bytes a nonzero) and HiGHS's root LP grows faster than its size."""
     cols, nnz = program_size(problem, objective, cover)
     if nnz > max_nonzeros:
         raise EdgeMoEError(
@@ -227,7 +228,7 @@ def build_program(problem: PlanProblem, objective: str, cover: bool) -> tuple[_B
 
 
 def lp_relaxation(problem: PlanProblem, *, objective: str = "slimcaching", coverage: bool | None = None,
-                  time_limit: float = TIME_LIMIT_S, max_nonzeros: float = MAX_NONZEROS) -> tuple[np.ndarray, float]:
+                  time_limit: float = TIME_LIMIT_S, max_nonzeros: float = LP_MAX_NONZEROS) -> tuple[np.ndarray, float]:
     """(x [N, L, E] in [0, 1], bound): the ILP with x relaxed to [0, 1], solved by HiGHS (deterministic).
 
     bound: the LP optimum, a lower bound on every placement's `objective` (expected latency for
