@@ -486,3 +486,9 @@ def test_lp_start_is_never_worse_than_the_empty_start_and_sits_above_its_bound(s
     assert lp["empty_start_objective_s"] == pytest.approx(empty, rel=1e-12)
     with pytest.raises(EdgeMoEError, match="warm_start"):
         plan(problem, "slimcaching", warm_start="ilp")
+
+
+def test_an_lp_start_over_its_size_cap_is_a_clear_error():
+    problem = synthetic_problem(seed=1, with_devices=True, num_layers=2)
+    with pytest.raises(EdgeMoEError, match="over lp_max_nonzeros=50 .*raise lp_max_nonzeros"):
+        plan(problem, "slimcaching", warm_start="lp", lp_max_nonzeros=50)

@@ -160,16 +160,17 @@ def program_size(problem: PlanProblem, objective: str = "slimcaching", cover: bo
     return cols, nnz
 
 
-def check_program_size(problem: PlanProblem, objective: str, cover: bool, max_nonzeros: float, method: str) -> None:
+def check_program_size(problem: PlanProblem, objective: str, cover: bool, max_nonzeros: float, method: str,
+                       knob: str = "max_nonzeros") -> None:
     """Raise EdgeMoEError when the MILP would have more than max_nonzeros constraint nonzeros: it is built in
     Python lists first (~100 bytes a nonzero) and HiGHS's root LP grows faster than its size."""
     cols, nnz = program_size(problem, objective, cover)
     if nnz > max_nonzeros:
         raise EdgeMoEError(
-            f"{method}: the program would have {nnz:,} constraint nonzeros and {cols:,} columns, over max_nonzeros="
+            f"{method}: the program would have {nnz:,} constraint nonzeros and {cols:,} columns, over {knob}="
             f"{max_nonzeros:,.0f} ({problem.profile.L} layers x {problem.profile.E} experts, top-{problem.profile.K}, "
             f"{len(problem.user_names)} users: one column per user, layer and observed Top-K set); use slimcaching "
-            "(default warm start) at this size, or raise max_nonzeros if the memory and time are there")
+            f"(default warm start) at this size, or raise {knob} if the memory and time are there")
 
 
 def build_program(problem: PlanProblem, objective: str, cover: bool) -> tuple[_Builder, dict]:
@@ -238,7 +239,7 @@ def lp_relaxation(problem: PlanProblem, *, objective: str = "slimcaching", cover
     if objective not in OBJECTIVES:
         raise EdgeMoEError(f"lp_relaxation: objective={objective!r}; expected one of {OBJECTIVES}")
     cover = resolve_coverage(problem, coverage)
-    check_program_size(problem, objective, cover, max_nonzeros, "slimcaching warm_start='lp'")
+    check_program_size(problem, objective, cover, max_nonzeros, "slimcaching warm_start='lp'", "lp_max_nonzeros")
     b, x = build_program(problem, objective, cover)
     res = b.solve_lp(time_limit)
     if res.status != 0 or res.x is None:

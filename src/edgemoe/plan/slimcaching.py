@@ -23,6 +23,7 @@ from edgemoe.errors import EdgeMoEError
 
 from .base import Placement, PlanProblem, empty_hosts, make_placement, register
 from .baselines import ensure_coverage, global_demand, resolve_coverage
+from .exact import LP_MAX_NONZEROS, lp_relaxation
 from .maxconv import solve_layers
 from .objective import (
     SlimModel,
@@ -199,14 +200,13 @@ def refine_blocks(problem: PlanProblem, model: SlimModel, hosts: np.ndarray, ord
 WARM_STARTS = ("empty", "sum-greedy", "lp")
 
 
-def warm_start_hosts(problem: PlanProblem, model: SlimModel, warm_start: str, cover: bool) -> tuple[np.ndarray | None, dict]:
+def warm_start_hosts(problem: PlanProblem, model: SlimModel, warm_start: str, cover: bool,
+                     lp_max_nonzeros: float = LP_MAX_NONZEROS) -> tuple[np.ndarray | None, dict]:
     """(start hosts or None for empty, facts for the params) of a `warm_start` in WARM_STARTS."""
     if warm_start == "sum-greedy":
         return greedy_k1(problem, model, "ratio"), {}
     if warm_start == "lp":
-        from .exact import lp_relaxation  # scipy's HiGHS; only this option needs it
-
-        frac, bound = lp_relaxation(problem, coverage=cover)
+        frac, bound = lp_relaxation(problem, coverage=cover, max_nonzeros=lp_max_nonzeros)
         start = round_fractional(problem, frac)
         return start, {"lp_bound_s": bound, "lp_rounded_objective_s": expected_latency(problem, start)}
     return None, {}
@@ -236,7 +236,7 @@ def slimcaching(problem: PlanProblem, *, algorithm: str = "auto", passes: int = 
                 max_units: int = MAX_UNITS, warm_start: str = "empty", refine: bool = True, kicks: int = 256,
                 forced: int = 2, seed: int = 0, refine_work: float = REFINE_WORK_PASSES,
                 k1_seeds: int = 3, k1_max_seeds: int = 5000, coverage: bool | None = None,
-                remote_charge: float | str | list = 0.0) -> Placement:
+                remote_charge: float | str | list = 0.0, lp_max_nonzeros: float = LP_MAX_NONZEROS) -> Placement:
     """SlimCaching placement of `problem` (devices and edge servers).
 
     algorithm: "auto" (K = 1 -> "greedy-k1", then with `refine` the block passes and the refinement
@@ -260,7 +260,8 @@ def slimcaching(problem: PlanProblem, *, algorithm: str = "auto", passes: int = 
     node's choice through the users' max over K calls, which the block-by-block passes cannot: on the
     device-edge-cloud preset it lands within a few % of the ILP where the empty start stops 17% above. It
     costs an LP the size of the ILP (seconds at 32 x 8 with 20 users; out of reach at 60 x top-4), so it is
-    not the default. Adds `lp_bound_s` (a lower bound on the objective) to the params.
+    not the default. Adds `lp_bound_s` (a lower bound on the objective) to the params. lp_max_nonzeros: a
+    larger LP is refused with an error (`exact.check_program_size`).
     remote_charge: the load-aware variant (objective.charged_model): every call sent to an edge server n other
     than the user's home also costs factor_n x its service time there, summed over the set's calls; a number
     (every node), one per node, or "home-load" (factor rho / (1 - rho) from the demand homed at each node).
@@ -309,7 +310,7 @@ def slimcaching(problem: PlanProblem, *, algorithm: str = "auto", passes: int = 
                 hosts = polished
                 info.update({k: v for k, v in polish_info.items() if k.startswith(("refine", "kicks"))})
     elif algorithm == "successive":
-        warm, lp_info = warm_start_hosts(problem, model, warm_start, cover)
+        warm, lp_info = warm_start_hosts(problem, model, warm_start, cover, lp_max_nonzeros)
         hosts, info = improve(warm)
         if warm_start == "lp":
             # the LP start is a different basin, not a better one everywhere: the empty start's result is
