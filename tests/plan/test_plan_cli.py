@@ -81,3 +81,15 @@ def test_parse_params():
         parse_params(["novalue"])
     with pytest.raises(EdgeMoEError, match="twice"):
         parse_params(["a=1", "a=2"])
+
+
+def test_plan_with_the_lp_start_records_its_bound(files):
+    out = files / "slim-lp.json"
+    result = _run(files, "--method", "slimcaching", "--param", "warm_start=lp", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    params = load_placement(out).params
+    assert 0 < params["lp_bound_s"] <= params["objective_s"] * (1 + 1e-7)
+    refused = _run(files, "--method", "slimcaching", "--param", "warm_start=lp", "--param", "lp_max_nonzeros=10",
+                   "--out", str(files / "never.json"))
+    assert refused.exit_code != 0 and not (files / "never.json").exists()
+    assert "lp_max_nonzeros" in refused.output
