@@ -81,7 +81,6 @@ class _Builder:
             options={"node_limit": int(node_limit), "mip_rel_gap": float(mip_rel_gap), "time_limit": float(time_limit)},
         )
 
-
     def solve_lp(self, time_limit: float):
         """The program with every variable continuous, by HiGHS's interior point method (with crossover to a
         vertex): about twice as fast as dual simplex here (4.5 vs 8.3 s on the device-edge-cloud preset)."""
