@@ -200,6 +200,11 @@ def refine_blocks(problem: PlanProblem, model: SlimModel, hosts: np.ndarray, ord
 WARM_STARTS = ("empty", "sum-greedy", "lp")
 
 
+def placement_objective(model: SlimModel, hosts: np.ndarray) -> float:
+    """The (charged) objective of hosts [N, L, E]: what the passes and the refinement minimise."""
+    return charged_objective(model, expert_latency(model, hosts), serving_charge(model, hosts))
+
+
 def warm_start_hosts(problem: PlanProblem, model: SlimModel, warm_start: str, cover: bool,
                      lp_max_nonzeros: float = LP_MAX_NONZEROS) -> tuple[np.ndarray | None, dict]:
     """(start hosts or None for empty, facts for the params) of a `warm_start` in WARM_STARTS."""
@@ -303,8 +308,7 @@ def slimcaching(problem: PlanProblem, *, algorithm: str = "auto", passes: int = 
             # K = 1 blocks have modular, exact tables, so block passes from the greedy result only improve
             # it; the better of the two is kept, so the guarantee of the greedy result still holds.
             polished, polish_info = improve(hosts)
-            before, after = (charged_objective(model, expert_latency(model, h), serving_charge(model, h))
-                             for h in (hosts, polished))
+            before, after = (placement_objective(model, h) for h in (hosts, polished))
             info.update(polish_objective_s=after, greedy_objective_s=before, polished=after < before)
             if after < before:
                 hosts = polished
@@ -316,7 +320,7 @@ def slimcaching(problem: PlanProblem, *, algorithm: str = "auto", passes: int = 
             # the LP start is a different basin, not a better one everywhere: the empty start's result is
             # computed too and the better kept, so the option never does worse than the default
             plain, plain_info = improve(None)
-            scores = [charged_objective(model, expert_latency(model, h), serving_charge(model, h)) for h in (hosts, plain)]
+            scores = [placement_objective(model, h) for h in (hosts, plain)]
             lp_info.update(lp_start_objective_s=scores[0], empty_start_objective_s=scores[1], lp_start_kept=scores[0] <= scores[1])
             if scores[1] < scores[0]:
                 hosts, info = plain, plain_info
