@@ -13,11 +13,10 @@ the machine is shared). Writes bench/results/sim_scale.json.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 from edgemoe.cluster import generate
-from edgemoe.eval.results import environment
+from edgemoe.eval.results import environment, fastest_run
 from edgemoe.io import atomic_write_json
 from edgemoe.plan import plan_problem
 from edgemoe.plan.base import plan
@@ -39,11 +38,8 @@ def main() -> None:
     rows = []
     for policy in ("exact", "ordermoe"):
         load = os.getloadavg()[0]
-        cpu = wall = float("inf")
-        for _ in range(REPEATS):
-            c0, w0 = time.process_time(), time.perf_counter()
-            m = simulate(ctx, make_policy(policy, ctx), trace, Workload(1000, 16, 16, "closed"))
-            cpu, wall = min(cpu, time.process_time() - c0), min(wall, time.perf_counter() - w0)
+        m, wall, cpu = fastest_run(REPEATS, lambda name: simulate(ctx, make_policy(name, ctx), trace,
+                                                                  Workload(1000, 16, 16, "closed")), policy)
         rows.append({"policy": policy, "servers": 100, "users": 1000, "layers": 32, "token_layers": m.token_layers,
                      "cpu_s": round(cpu, 2), "wall_s": round(wall, 2), "load_average_1min": round(load, 2),
                      "events_per_cpu_s": round(m.token_layers / cpu), "within_one_minute_cpu": cpu <= 60,

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from pathlib import Path
 
 from edgemoe.cluster import generate, load_cluster
-from edgemoe.eval.results import environment
+from edgemoe.eval.results import environment, fastest_run
 from edgemoe.io import atomic_write_json
 from edgemoe.plan import plan_problem
 from edgemoe.plan.base import plan
@@ -52,6 +51,11 @@ def warm_up(profile, trace) -> None:
     simulate(ctx, make_policy("exact", ctx), trace, Workload(2, 2, 2, "closed"))
 
 
+def run_once(ctx, policy: str, params: dict, trace, wl, engine: str, window: float):
+    """One simulation with a fresh policy (a policy keeps state across a run)."""
+    return simulate(ctx, make_policy(policy, ctx, **params), trace, wl, engine=engine, window_s=window)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -69,12 +73,7 @@ def main() -> None:
             for engine, window in engines:
                 load = os.getloadavg()[0]
                 repeats = max(args.repeat, 1) if engine == "fast" else 1
-                wall = cpu = float("inf")
-                for _ in range(repeats):
-                    pol = make_policy(policy, ctx, **params)
-                    t, c = time.perf_counter(), time.process_time()
-                    m = simulate(ctx, pol, trace, wl, engine=engine, window_s=window)
-                    wall, cpu = min(wall, time.perf_counter() - t), min(cpu, time.process_time() - c)
+                m, wall, cpu = fastest_run(repeats, run_once, ctx, policy, params, trace, wl, engine, window)
                 row = {"scenario": label, "nodes": ctx.num_nodes, "users": ctx.num_users, "policy": policy,
                        "engine": engine, "window_s": window, "token_layers": m.token_layers, "wall_s": wall,
                        "events_per_s": m.token_layers / wall, "cpu_s": cpu,
