@@ -268,3 +268,31 @@ def test_an_action_pays_the_power_of_its_layers_perturbation():
     none = np.full((1, 2), -1)
     _, cost = choose_stand_ins(np.array([0]), topk, gates, none, np.full((1, 2), np.inf), err, mask, ("zero",), 2.0)
     assert np.isinf(cost[0, 3]).all() and np.isfinite(cost[0, 1, 0]) and np.isfinite(cost[0, 2, 1])
+
+
+def test_kind_scales_known_answers():
+    from edgemoe.runtime.field_baselines import kind_scales
+
+    # zero: 0.2 nats per unit; sub: 0.05 (a quarter: its perturbation is worth half, power 2); drop: 0.8
+    s = kind_scales({"sub": 0.01, "drop": 0.08, "zero": 0.02}, {"sub": 0.2, "drop": 0.1, "zero": 0.1})
+    assert s == pytest.approx({"sub_scale": 0.5, "drop_scale": 2.0})
+    assert kind_scales({"sub": 0.0, "drop": 0.1, "zero": 0.1}, {"sub": 0.0, "drop": 0.1, "zero": 0.1}) == \
+        {"sub_scale": 1.0, "drop_scale": 1.0}  # sub never spent anything: nothing learnt
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 5), mode=st.sampled_from(["home", "migrate"]))
+def test_calibrated_ordermoe_with_unit_scales_is_ordermoe_and_scales_steer_the_kind(seed, mode):
+    profile, ctx = deployment(seed, "internet", mode)
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, profile.num_tokens, 30)
+    users = rng.integers(0, ctx.num_users, 30)
+    _, a = run(make_policy("ordermoe", ctx, budget=0.3, horizon=1), profile, ctx, rows, users, None)
+    _, b = run(make_policy("ordermoe-calibrated", ctx, budget=0.3, horizon=1), profile, ctx, rows, users, None)
+    for (_, da, _), (_, db, _) in zip(a, b, strict=True):
+        for field in ("experts", "node", "next_location", "quality_cost", "latency_s", "zero_mask"):
+            np.testing.assert_array_equal(getattr(da, field), getattr(db, field))
+    # a substitute priced 1000x dearer than measured never beats zeroing (error 1): no substitution at all
+    _, c = run(make_policy("ordermoe-calibrated", ctx, budget=0.3, horizon=1, sub_scale=1000.0, substitutes="sub,zero"),
+               profile, ctx, rows, users, None)
+    assert not any(dec.substituted(topk).any() for topk, dec, _ in c)

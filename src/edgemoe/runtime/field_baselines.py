@@ -33,6 +33,8 @@ measured in the `local` backend with the real logits.
 `ordermoe-error-groups` is OrderMoE's runtime with the substitutes taken from groups built on *measured*
 substitution error (`edgemoe.plan.groups.error_groups`) instead of the router-cosine groups that the
 context carries; everything else (placement, look-ahead, stand-in pricing) is `ordermoe`'s.
+`ordermoe-calibrated` is OrderMoE's runtime with each stand-in kind's predicted error rescaled so that
+a unit of predicted cost buys the same measured perplexity whichever kind spends it (`kind_scales`).
 """
 
 from __future__ import annotations
@@ -241,14 +243,58 @@ class OrderMoEErrorGroupsPolicy(OrderMoEPolicy):
         self.params["max_err"] = float(max_err)
 
 
-def _with_ordermoe_signature(init):
-    """`init`'s signature made of `OrderMoEPolicy.__init__`'s plus max_err, so parameter checks (`policy_params`)
-    see every ordermoe parameter by name rather than a bare **params."""
+def with_error_scales(ctx: RuntimeContext, sub_scale: float = 1.0, drop_scale: float = 1.0) -> RuntimeContext:
+    """`ctx` whose predicted stand-in errors are rescaled per kind: a substitute's measured error by sub_scale,
+    the routed experts' mutual errors (what dropping is priced with) by drop_scale; zeroing stays at 1."""
+    if not (sub_scale > 0 and drop_scale > 0 and np.isfinite([sub_scale, drop_scale]).all()):
+        raise EdgeMoEError(f"sub_scale and drop_scale must be finite and > 0, got {sub_scale}, {drop_scale}")
+    sub_err, err = ctx.best_sub_err * float(sub_scale), ctx.subst_err * float(drop_scale)
+    for a in (sub_err, err):
+        a.setflags(write=False)
+    return replace(ctx, best_sub_err=sub_err, subst_err=err)
+
+
+class OrderMoECalibratedPolicy(OrderMoEPolicy):
+    """`ordermoe` whose stand-in kinds are priced on one measured scale (issue 19, section 2): sub_scale and
+    drop_scale multiply the predicted perturbation of a substitute and of a drop, so that a unit of predicted
+    quality cost buys the same measured perplexity whichever kind spends it (`kind_scales` calibrates them
+    on calibration text; zeroing is the reference). Every other parameter is `ordermoe`'s."""
+
+    name = "ordermoe-calibrated"
+
+    def __init__(self, ctx: RuntimeContext, budget=0.05, horizon: int = 2, sub_scale: float = 1.0,
+                 drop_scale: float = 1.0, **params):
+        super().__init__(with_error_scales(ctx, sub_scale, drop_scale), budget=budget, horizon=horizon, **params)
+        self.params.update(sub_scale=float(sub_scale), drop_scale=float(drop_scale))
+
+
+def kind_scales(nats: dict, spent: dict, power: float = 2.0) -> dict:
+    """{"sub_scale", "drop_scale"} from one calibration run per stand-in kind: nats[kind] the measured extra
+    nats per token with only that kind allowed, spent[kind] the predicted quality cost those runs spent per
+    token. Measured nats per unit of cost r_k = nats / spent; the cost is perturbation ** power, so kind k's
+    perturbation is rescaled by (r_k / r_zero) ** (1 / power). A kind that spent nothing, or whose measured
+    rise is not positive, keeps scale 1 (nothing to learn from)."""
+    def rate(kind):
+        return nats[kind] / spent[kind] if spent.get(kind, 0) > 0 and nats.get(kind, 0) > 0 else None
+
+    ref = rate("zero")
+    out = {}
+    for kind in ("sub", "drop"):
+        r = rate(kind)
+        out[f"{kind}_scale"] = float((r / ref) ** (1.0 / power)) if r and ref else 1.0
+    return out
+
+
+def _with_ordermoe_signature(init, extra: dict):
+    """`init`'s signature made of `OrderMoEPolicy.__init__`'s plus `extra` {name: default float}, so parameter
+    checks (`policy_params`) see every ordermoe parameter by name rather than a bare **params."""
     base = inspect.signature(OrderMoEPolicy.__init__)
-    extra = inspect.Parameter("max_err", inspect.Parameter.KEYWORD_ONLY, default=MAX_ERR, annotation="float")
-    init.__signature__ = base.replace(parameters=[*base.parameters.values(), extra])
-    init.__annotations__ = {**OrderMoEPolicy.__init__.__annotations__, "max_err": "float"}
+    more = [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=v, annotation="float") for k, v in extra.items()]
+    init.__signature__ = base.replace(parameters=[*base.parameters.values(), *more])
+    init.__annotations__ = {**OrderMoEPolicy.__init__.__annotations__, **dict.fromkeys(extra, "float")}
     return init
 
 
-OrderMoEErrorGroupsPolicy.__init__ = _with_ordermoe_signature(OrderMoEErrorGroupsPolicy.__init__)
+OrderMoEErrorGroupsPolicy.__init__ = _with_ordermoe_signature(OrderMoEErrorGroupsPolicy.__init__, {"max_err": MAX_ERR})
+OrderMoECalibratedPolicy.__init__ = _with_ordermoe_signature(OrderMoECalibratedPolicy.__init__,
+                                                             {"sub_scale": 1.0, "drop_scale": 1.0})

@@ -13,14 +13,20 @@ from edgemoe.params import validate_params
 
 from .baselines import DropPolicy, ExactPolicy, SlimCachingPolicy
 from .context import RuntimeContext
-from .field_baselines import OrderMoEErrorGroupsPolicy, RandomLocalPolicy, RerouteLocalPolicy, SkipPolicy
+from .field_baselines import (
+    OrderMoECalibratedPolicy,
+    OrderMoEErrorGroupsPolicy,
+    RandomLocalPolicy,
+    RerouteLocalPolicy,
+    SkipPolicy,
+)
 from .oracle import OraclePolicy
 from .ordermoe import OrderMoEPolicy
 from .policy import Policy
 
 _POLICIES: dict[str, Callable[..., Policy]] = {cls.name: cls for cls in (
     ExactPolicy, SlimCachingPolicy, DropPolicy, OrderMoEPolicy, OraclePolicy,
-    SkipPolicy, RerouteLocalPolicy, RandomLocalPolicy, OrderMoEErrorGroupsPolicy)}
+    SkipPolicy, RerouteLocalPolicy, RandomLocalPolicy, OrderMoEErrorGroupsPolicy, OrderMoECalibratedPolicy)}
 
 
 def register_policy(name: str):
