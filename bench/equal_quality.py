@@ -15,6 +15,9 @@ simulated workload and dense cost):
 - equal quality: at the perplexity increase OrderMoE measures at its `paper` and `strict` points, each
   baseline's mean latency interpolated on its sweep (`latency_at_quality`, lower envelope), and OrderMoE's
   latency over the best of them;
+- section 2: each stand-in kind's measured nats per unit of predicted cost on calibration text
+  (`kind_scales`), `ordermoe-calibrated` (kinds priced on that one scale) swept and compared like OrderMoE,
+  and predicted vs measured increase over OrderMoE's sweeps with their rank correlation;
 - the dial: OrderMoE's calibration curve on calibration text (`edgemoe.eval.dial`), asked 1%, 3%, 7.8% and
   15% mapped to budgets and measured on evaluation text.
 Writes bench/results/equal_quality.json (commit, load, CPU s, token counts) and prints the table.
@@ -47,6 +50,7 @@ from edgemoe.eval.experiment import (
 )
 from edgemoe.eval.results import environment
 from edgemoe.io import atomic_write_json
+from edgemoe.runtime.field_baselines import kind_scales
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -65,6 +69,7 @@ BASELINES = ("ordermoe-error-groups", "skip", "reroute", "random-local")  # what
 FIELD = ("skip", "reroute", "random-local")  # the field's own answers (not OrderMoE's machinery)
 DIAL_ASKED = (0.01, 0.03, 0.078, 0.15)
 DIAL_GRID = (0.01, 0.02, 0.05, 0.08, 0.12, 0.16, 0.2, 0.3, 0.5, 1.0)  # joined by the bisection's trial budgets
+KIND_BUDGET = ORDERMOE_BUDGET  # budget of the per-kind calibration runs (section 2)
 CALIB_STEPS = 4  # bisection halvings per operating point (the demo: 6; fewer to fit the run in minutes)
 
 
@@ -107,7 +112,8 @@ def run_model(model: str, cfg: ExperimentConfig, log) -> dict:
         return {"budget": budget, "latency_ms_mean": sim.latency_ms["mean"], "latency_ms_p99": sim.latency_ms["p99"],
                 "ppl": q["ppl"], "ppl_rel_increase": q["ppl_rel_increase"], "top1_agreement": q["top1_agreement"],
                 "slots_substituted": float(sub.mean()), "slots_dropped": float(((dec.experts < 0) & ~dec.zeroed).mean()),
-                "slots_zeroed": float(dec.zeroed.mean()), "sim_substitution_ratio": sim.substitution_ratio,
+                "slots_zeroed": float(dec.zeroed.mean()), "spent_per_token": float(dec.quality_cost.sum(axis=1).mean()),
+                "sim_substitution_ratio": sim.substitution_ratio,
                 "sim_drop_ratio": sim.drop_ratio}
 
     def calib_rise(policy: str, params: dict, trials: dict):
@@ -124,7 +130,22 @@ def run_model(model: str, cfg: ExperimentConfig, log) -> dict:
                                                 "copies": placement.replicas().tolist()},
                  "eval_tokens": int(text.ids.size), "calib_tokens": int(text.calib_ids.size),
                  "ppl_exact": float(np.exp(text.nll.mean())), "exact": exact, "methods": {}}
-    for name, policy, params, sweep in METHODS:
+    # section 2: price every stand-in kind on one measured scale. One calibration run per kind alone (and the
+    # full policy) at the demo's default budget: measured extra nats per token over predicted cost spent
+    kinds: dict = {"budget": KIND_BUDGET, "nats": {}, "spent": {}}
+    for kind in ("sub", "drop", "zero", "sub,drop,zero"):
+        pol = make_policy("ordermoe", ctx, horizon=2, substitutes=kind, budget=KIND_BUDGET)
+        nll, _, dec = score_local(adapter, pol, text.calib_ids, calib_users)
+        kinds["nats"][kind] = float(nll.mean() - text.calib_nll.mean())
+        kinds["spent"][kind] = float(dec.quality_cost.sum(axis=1).mean())
+    kinds["scales"] = kind_scales(kinds["nats"], kinds["spent"])
+    full = kinds["nats"]["sub,drop,zero"] / max(kinds["spent"]["sub,drop,zero"], 1e-12)
+    kinds["nats_per_unit_full_policy"] = full
+    log(f"  stand-in kinds on one scale: {kinds['scales']} (nats/unit: "
+        + ", ".join(f"{k} {kinds['nats'][k] / max(kinds['spent'][k], 1e-12):.3g}" for k in kinds["nats"]) + ")")
+    out["kind_calibration"] = kinds
+    methods = [*METHODS, ("ordermoe-calibrated", "ordermoe-calibrated", {"horizon": 2, **kinds["scales"]}, ORDERMOE_SWEEP)]
+    for name, policy, params, sweep in methods:
         t0 = time.perf_counter()
         trials: dict = {}
         at = calib_rise(policy, params, trials)
@@ -148,6 +169,8 @@ def run_model(model: str, cfg: ExperimentConfig, log) -> dict:
             f"{points['strict']['eval']['latency_ms_mean']:.2f} ms +{100 * points['strict']['eval']['ppl_rel_increase']:.2f}% "
             f"({time.perf_counter() - t0:.0f} s)")
     out["equal_quality"] = equal_quality(out)
+    out["equal_quality_calibrated"] = equal_quality(out, "ordermoe-calibrated")
+    out["predicted_vs_measured"] = predicted_vs_measured(out, full)
     # the dial: OrderMoE's calibration curve (point estimates) on calibration text, then asked vs measured
     t0 = time.perf_counter()
     trials = dial_trials  # OrderMoE's own calibration trials (same policy, parameters and text) join the grid
@@ -169,10 +192,27 @@ def run_model(model: str, cfg: ExperimentConfig, log) -> dict:
     return out
 
 
-def equal_quality(doc: dict) -> dict:
-    """At OrderMoE's measured increase at each operating point: every baseline's interpolated mean latency
-    and OrderMoE's latency over the best baseline's (None where no baseline's sweep reaches that increase)."""
-    om = doc["methods"]["ordermoe"]
+def predicted_vs_measured(doc: dict, nats_per_unit: float) -> dict:
+    """Per OrderMoE variant, over its sweep: the predicted increase expm1(nats_per_unit x predicted cost spent
+    per token) (nats_per_unit from the full policy's calibration run) beside the measured one, and the
+    Spearman rank correlation of predicted cost and measured increase."""
+    from scipy.stats import spearmanr
+
+    out = {}
+    for name in ("ordermoe", "ordermoe-calibrated"):
+        rows = [r for r in doc["methods"][name]["sweep"] if r["budget"] > 0]
+        pred = [float(np.expm1(nats_per_unit * r.get("spent_per_token", 0.0))) for r in rows]
+        meas = [r["ppl_rel_increase"] for r in rows]
+        rho = spearmanr([r.get("spent_per_token", 0.0) for r in rows], meas).statistic if len(rows) > 2 else None
+        out[name] = {"budgets": [r["budget"] for r in rows], "predicted": pred, "measured": meas,
+                     "spearman": None if rho is None or not np.isfinite(rho) else float(rho)}
+    return out
+
+
+def equal_quality(doc: dict, method: str = "ordermoe") -> dict:
+    """At `method`'s measured increase at each operating point: every baseline's interpolated mean latency
+    and the method's latency over the best baseline's (None where no baseline's sweep reaches that increase)."""
+    om = doc["methods"][method]
     table = {}
     for point in ("paper", "strict"):
         ev = om["points"][point]["eval"]
@@ -200,6 +240,17 @@ def print_table(models: list[dict]) -> None:
             print(f"{m['model']} | {point} | {row['ordermoe_latency_ms_mean']:.2f} (+{100 * row['ordermoe_ppl_rel_increase']:.2f}%) | "
                   f"{bb}: {at[bb]:.2f} | {row['ratio_to_best']:.2f}x | {bf}: {at[bf]:.2f} | {row['ratio_to_best_field']:.2f}x"
                   if bb and bf else f"{m['model']} | {point} | no baseline reaches that increase")
+    print("\nordermoe-calibrated (kinds on one measured scale) at equal perplexity:")
+    for m in models:
+        for point, row in m["equal_quality_calibrated"].items():
+            if row["best_baseline"]:
+                print(f"{m['model']} | {point} | {row['ordermoe_latency_ms_mean']:.2f} (+{100 * row['ordermoe_ppl_rel_increase']:.2f}%) "
+                      f"| {row['best_baseline']} | {row['ratio_to_best']:.2f}x | {row['best_field_baseline']} | {row['ratio_to_best_field']:.2f}x")
+    print("\npredicted vs measured increase over the sweep (Spearman of predicted cost and measured increase):")
+    for m in models:
+        for name, r in m["predicted_vs_measured"].items():
+            pairs = ", ".join(f"{100 * p:.1f}/{100 * q:.1f}%" for p, q in zip(r["predicted"], r["measured"], strict=True))
+            print(f"{m['model']} | {name} | rho {r['spearman']} | {pairs}")
     print("\nmodel | asked | budget | measured | ratio")
     for m in models:
         for r in m["dial"]["asked_vs_measured"]:
