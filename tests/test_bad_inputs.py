@@ -107,6 +107,37 @@ def d(tmp_path_factory, three_edge_cluster_yaml) -> Path:
     os.mkfifo(root / "fifo")
     (root / "to_devnull").symlink_to("/dev/null")
     (root / "to_fifo").symlink_to(root / "fifo")
+    (root / "fifo_prof").mkdir()
+    os.mkfifo(root / "fifo_prof" / "meta.json")
+    (root / "fifo_prof" / "arrays.safetensors").symlink_to("/dev/zero")
+    _hostile_inputs(root, three_edge_cluster_yaml, p)
+    return root
+
+
+def _hostile_inputs(root: Path, cluster_yaml: str, placement: Path) -> None:
+    """Round two (issue 22): damaged compression, deep nesting, huge numbers, non-finite values."""
+    import gzip
+
+    line = {"type": "route", "req_id": "r", "token_idx": 0, "layer": 0, "topk_ids": [0, 1], "topk_weights": [0.6, 0.4]}
+    lines = "".join(json.dumps({**line, "req_id": f"r{i}", "layer": k}) + "\n" for i in range(300) for k in range(32))
+    whole = gzip.compress(lines.encode(), mtime=0)
+    (root / "trace_cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    (root / "trace_deep.jsonl").write_text(json.dumps(line)[:-1] + ', "x": ' + "[" * 50_000 + "]" * 50_000 + "}\n")
+    (root / "trace_bigint.jsonl").write_text(json.dumps(line).replace('"token_idx": 0', '"token_idx": ' + "9" * 5000) + "\n")
+    deep = "[" * 50_000 + "]" * 50_000
+    (root / "deep.json").write_text(deep)
+    (root / "bigint.json").write_text('{"schema": ' + "1" * 5000 + "}")
+    (root / "cluster_deep.yaml").write_text("name: " + "[" * 50_000 + "\n")
+    (root / "cluster_bigint.yaml").write_text(cluster_yaml.replace("memory: 8MB", "memory: " + "9" * 5000))
+    (root / "to_zero.yaml").symlink_to("/dev/zero")
+
+
+@pytest.fixture(scope="module")
+def far(tmp_path_factory) -> Path:
+    """Inputs too big to hash before and after every case (sparse files: no space on disk)."""
+    root = tmp_path_factory.mktemp("far")
+    with open(root / "huge.json", "wb") as f:
+        f.truncate(300 << 20)
     return root
 
 
@@ -131,6 +162,7 @@ SERVE = ["serve", "--cluster", "{d}/cluster.yaml", "--placement", "{d}/placement
          "--model", "{d}/model", "--load-users", "1", "--out", "{d}/serve-new.json"]
 EVAL = ["evaluate", "--out", "{d}/eval-new.json"]
 PROFILE = ["profile", "--model", "{d}/model", "--data", "{d}/text.txt"]
+TRACE = ["profile", "--model-spec", "mixtral-8x7b", "--out", "{d}/p1", "--trace"]
 
 # (case id, argv, a piece of the message that says what to fix)
 CASES = [
@@ -242,6 +274,24 @@ CASES = [
     ("demo-dilation-word", ["demo", "--backend", "ray", "--dilation", "fast", "--out", "{d}/demo"], "'auto' or a finite"),
     ("demo-dilation-simulate", ["demo", "--dilation", "10", "--out", "{d}/demo"], "--backend ray only"),
     ("cluster-show-missing", ["cluster", "show", "{d}/nope.yaml"], "no such cluster file"),
+    # round two (issue 22), one guarded reader: devices, FIFOs, size caps, damaged gzip, deep nesting, huge integers
+    ("profile-trace-dev-zero", [*TRACE, "/dev/zero"], "/dev/zero: is a device"),
+    ("profile-trace-fifo", [*TRACE, "{d}/fifo"], "is a FIFO"),
+    ("profile-trace-gzip-cut", [*TRACE, "{d}/trace_cut.jsonl.gz"], "trace file is damaged (EOFError"),
+    ("profile-trace-deep-json", [*TRACE, "{d}/trace_deep.jsonl"], "trace_deep.jsonl:1: lists or objects nested too deep"),
+    ("profile-trace-huge-int", [*TRACE, "{d}/trace_bigint.jsonl"], "trace_bigint.jsonl:1: an integer of 5000 digits"),
+    ("cluster-show-dev-zero", ["cluster", "show", "/dev/zero"], "/dev/zero: is a device"),
+    ("cluster-show-link-to-dev-zero", ["cluster", "show", "{d}/to_zero.yaml"], "is a device"),
+    ("plan-cluster-deep-yaml", [*PLAN[:3], "--cluster", "{d}/cluster_deep.yaml", *PLAN[5:], "--method", "lfu"], "nested too deep"),
+    ("plan-cluster-huge-int", [*PLAN[:3], "--cluster", "{d}/cluster_bigint.yaml", *PLAN[5:], "--method", "lfu"],
+     "an integer of 5000 digits"),
+    ("serve-placement-deep-json", [*SERVE[:3], "--placement", "{d}/deep.json", *SERVE[5:]], "deep.json: lists or objects nested"),
+    ("report-results-deep-json", ["report", "{d}/deep.json", "--out", "{d}/rep"], "nested too deep"),
+    ("report-results-huge-int", ["report", "{d}/bigint.json", "--out", "{d}/rep"], "an integer of 5000 digits"),
+    ("report-results-too-big", ["report", "{far}/huge.json", "--out", "{d}/rep"], "more than the 256 MiB"),
+    ("report-results-device", ["report", "/dev/zero", "--out", "{d}/rep"], "is a device"),
+    ("plan-profile-meta-fifo", ["plan", "--profile", "{d}/fifo_prof", "--cluster", "{d}/cluster.yaml", "--method", "lfu",
+                                "--out", "{d}/new.json"], "not a profile folder"),
     ("cluster-show-out-fifo", ["cluster", "show", "{d}/cluster.yaml", "--out", "{d}/fifo"], "FIFO"),
     ("unknown-command", ["bogus"], "No such command"),
     ("unknown-option", ["plan", "--colour", "red"], "No such option"),
@@ -253,9 +303,9 @@ def test_the_table_is_big_enough():
 
 
 @pytest.mark.parametrize(("argv", "fix"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input_is_one_clear_line_and_touches_nothing(d, argv, fix):
+def test_bad_input_is_one_clear_line_and_touches_nothing(d, far, argv, fix):
     before = snapshot(d)
-    result = CliRunner().invoke(app, [a.format(d=d) for a in argv])
+    result = CliRunner().invoke(app, [a.format(d=d, far=far) for a in argv])
     err = result.stderr
     assert result.exit_code == 2, (result.exit_code, err, result.stdout, result.exception)
     assert err.startswith("error: ") and err.count("\n") == 1 and err.endswith("\n"), err

@@ -286,3 +286,106 @@ def test_claimed_folder_accepts_only_our_files(tmp_path):
     with pytest.raises(EdgeMoEError, match="not an edgemoe report"):
         io.claim_output_dir(user, "report", ("report.md",))
     assert (user / "report.md").read_text() == "my own report" and not (user / io.MARKER).exists()
+
+
+# ---------------------------------------------------------------------------------- guarded reads
+
+
+def test_reader_refuses_devices_fifos_and_folders_without_opening_them(tmp_path):
+    os.mkfifo(tmp_path / "fifo")  # opening a FIFO would block: the reader must not
+    (tmp_path / "link").symlink_to("/dev/zero")
+    for path, kind in (("/dev/zero", "a device"), (tmp_path / "fifo", "a FIFO"), (tmp_path / "link", "a device"),
+                       (tmp_path, "a folder")):
+        with pytest.raises(EdgeMoEError, match=kind):
+            io.read_text(path, "cluster file")
+        with pytest.raises(EdgeMoEError, match=kind):
+            list(io.read_lines(path, "trace file"))
+
+
+def test_reader_size_cap_is_checked_before_reading(tmp_path):
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:  # sparse: 2 GiB on paper, nothing on disk
+        f.truncate(2 << 30)
+    with pytest.raises(EdgeMoEError, match=r"big.json: the results file is 2,048 MiB, more than the 256 MiB"):
+        io.read_json(big, "results file")
+    small = tmp_path / "t.jsonl"
+    small.write_text('{"a": 1}\n' * 10)
+    with pytest.raises(EdgeMoEError, match="more than the 50 bytes"):
+        list(io.read_lines(small, "trace file", limit=50))
+    with pytest.raises(EdgeMoEError, match=r"t.jsonl:1: a line longer than 5 bytes"):
+        list(io.read_lines(small, "trace file", line_limit=5))
+
+
+def test_gzip_damage_is_named_with_the_line(tmp_path):
+    import gzip
+    import zlib
+
+    text = "".join(f'{{"i": {i}, "pad": "{"x" * (i % 50)}"}}\n' for i in range(20_000)).encode()
+    whole = gzip.compress(text, mtime=0)
+    assert [t for _, t in io.read_lines(_put(tmp_path / "ok.jsonl.gz", whole))] == text.decode().splitlines(True)
+    cut = _put(tmp_path / "cut.jsonl.gz", whole[: len(whole) // 2])
+    with pytest.raises(EdgeMoEError, match=r"cut.jsonl.gz:\d+: the trace file is damaged \(EOFError"):
+        list(io.read_lines(cut, "trace file"))
+    # a deflate block whose header is invalid: zlib.error, not an internal error
+    raw = zlib.compressobj(9, zlib.DEFLATED, -15)
+    body = raw.compress(text[:1000]) + raw.flush(zlib.Z_FULL_FLUSH)
+    bad = gzip.compress(b"", mtime=0)[:10] + body + b"\xff" * 64
+    with pytest.raises(EdgeMoEError, match=r"bad.gz:\d+: the trace file is damaged \((zlib\.)?error"):
+        list(io.read_lines(_put(tmp_path / "bad.gz", bad), "trace file"))
+    with pytest.raises(EdgeMoEError, match="not-gz.gz:1: the trace file is damaged"):
+        list(io.read_lines(_put(tmp_path / "not-gz.gz", b"plain"), "trace file"))
+
+
+def _put(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def test_stdin_is_read_only_when_asked(tmp_path, monkeypatch):
+    import io as stdio
+
+    class Stdin:
+        buffer = stdio.BufferedReader(stdio.BytesIO(b'{"a": 1}\n{"a": 2}\n'))
+
+    monkeypatch.setattr("sys.stdin", Stdin)
+    assert [n for n, _ in io.read_lines("-", "trace file")] == [1, 2]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(EdgeMoEError, match="-: placement not found"):  # a file called "-" for other inputs
+        io.read_json("-", "placement")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[" * 100_000 + "]" * 100_000, "nested too deep"),
+    ("[" * 65 + "]" * 65, "nested deeper than 64"),
+    ('{"n": ' + "7" * 5000 + "}", "an integer of 5000 digits"),
+    ('{"n": ' + "7" * 41 + "}", "an integer of 41 digits"),
+    ('{"n": 1,\n "m": }', r"x.json:2: invalid JSON"),
+])
+def test_json_limits(tmp_path, text, message):
+    with pytest.raises(EdgeMoEError, match=message):
+        io.read_json(_put(tmp_path / "x.json", text.encode()), "placement")
+
+
+def test_json_within_the_limits_reads_as_before(tmp_path):
+    doc = {"a": [[[1.5e300, -(2**63)]]], "b": {"c": None, "d": "x" * 1000}, "e": 2**64}
+    assert io.read_json(_put(tmp_path / "x.json", json.dumps(doc).encode())) == doc
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("a: " + "[" * 100_000, "nested too deep"),
+    ("a: " + "1" * 5000, "an integer of 5000 digits"),
+    ("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
+        for p, c in zip("abcdefgh", "bcdefghi", strict=True)), "more than 2,000,000 values"),
+    ("a: [1,\n  2\n  b: 3", r"c.yaml:\d+: cannot parse the YAML"),
+])
+def test_yaml_limits(text, message):
+    with pytest.raises(EdgeMoEError, match=message):
+        io.loads_yaml(text, "c.yaml")
+
+
+def test_toml_limits():
+    with pytest.raises(EdgeMoEError, match="integer of thousands of digits"):
+        io.loads_toml("a = " + "1" * 5000, "c.toml")
+    with pytest.raises(EdgeMoEError, match="nested too deep"):
+        io.loads_toml("a = " + "[" * 100_000 + "]" * 100_000, "c.toml")

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from edgemoe.errors import EdgeMoEError
-from edgemoe.io import atomic_write_with
+from edgemoe.io import atomic_write_with, loads_json, read_lines
 
 from . import stats
 from .specs import ModelSpec, builtin_for, model_spec
@@ -55,15 +55,9 @@ class RoutingTrace:
 
 
 def _open_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number from 1, text) of a .jsonl or .jsonl.gz file; errors name the file."""
-    try:
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            yield from enumerate(f, start=1)
-    except FileNotFoundError:
-        raise EdgeMoEError(f"trace file {path} does not exist") from None
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise EdgeMoEError(f"{path}: cannot read the trace ({exc}); expected JSONL, optionally gzip (.gz)") from exc
+    """(line number from 1, text) of a .jsonl or .jsonl.gz file, or of stdin for "-" (edgemoe.io.read_lines:
+    regular files only, size caps, damaged gzip streams); errors name the file and line."""
+    return read_lines(path, "trace file")
 
 
 def _int(obj: dict, key: str, where: str, lo: int = 0) -> int:
@@ -110,10 +104,7 @@ def read_trace(paths: Sequence[str | Path], spec: ModelSpec | str | None = None)
             where = f"{path}:{lineno}"
             if not text.strip():
                 continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise EdgeMoEError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+            obj = loads_json(text, where, line_numbers=False)
             if not isinstance(obj, dict):
                 raise EdgeMoEError(f"{where}: each line must be a JSON object, got {type(obj).__name__}")
             kind = obj.get("type", "route")
