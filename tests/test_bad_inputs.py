@@ -130,6 +130,33 @@ def _hostile_inputs(root: Path, cluster_yaml: str, placement: Path) -> None:
     (root / "cluster_deep.yaml").write_text("name: " + "[" * 50_000 + "\n")
     (root / "cluster_bigint.yaml").write_text(cluster_yaml.replace("memory: 8MB", "memory: " + "9" * 5000))
     (root / "to_zero.yaml").symlink_to("/dev/zero")
+    # numbers: non-finite, beyond int64, out of range
+    for name, old, new in (
+        ("memory_inf", "memory: 8MB", "memory: .inf"),
+        ("memory_1e30", "memory: 8MB", "memory: 1.0e+30"),
+        ("position_nan", "memory: 8MB,", "memory: 8MB, position_m: [.nan, .nan],"),
+        ("arrival_inf", "weight: 3", "arrival_rate: .inf"),
+        ("tx_nan", "{src: a, dst: c, latency: 12ms, bandwidth: 50Mbit/s}",
+         "{src: a, dst: c, latency: 12ms, wireless: {bandwidth_hz: 1e6, tx_power_dbm: .nan, gain_db: -100}}"),
+        ("tx_huge", "{src: a, dst: c, latency: 12ms, bandwidth: 50Mbit/s}",
+         "{src: a, dst: c, latency: 12ms, wireless: {bandwidth_hz: 1e6, tx_power_dbm: 1.0e+300, gain_db: -100}}"),
+    ):
+        text = cluster_yaml.replace(old, new)
+        if name == "arrival_inf":
+            text = text.replace("weight: 1", "arrival_rate: 1")
+        (root / f"cluster_{name}.yaml").write_text(text)
+    doc = json.loads(placement.read_text())
+    doc["capacity_bytes"]["a"] = 10**30
+    (root / "pl_capacity_1e30.json").write_text(json.dumps(doc))
+    doc["capacity_bytes"]["a"] = 1e30
+    (root / "pl_capacity_float.json").write_text(json.dumps(doc))
+    doc = json.loads(placement.read_text())
+    doc["expert_bytes"][0][0] = 1.5
+    (root / "pl_bytes_float.json").write_text(json.dumps(doc))
+    (root / "trace_neg_weight.jsonl").write_text(json.dumps({**line, "topk_weights": [-0.5, 1.5]}) + "\n")
+    (root / "trace_huge_weight.jsonl").write_text(json.dumps({**line, "topk_weights": [1e308, 0.5]}) + "\n")
+    (root / "trace_logit_f16.jsonl").write_text(json.dumps({**line, "router_logits": [1e5] + [0.0] * 7}) + "\n")
+    (root / "trace_nan_weight.jsonl").write_text(json.dumps({**line, "topk_weights": [float("nan"), 0.5]}) + "\n")
 
 
 @pytest.fixture(scope="module")
@@ -290,6 +317,31 @@ CASES = [
     ("report-results-huge-int", ["report", "{d}/bigint.json", "--out", "{d}/rep"], "an integer of 5000 digits"),
     ("report-results-too-big", ["report", "{far}/huge.json", "--out", "{d}/rep"], "more than the 256 MiB"),
     ("report-results-device", ["report", "/dev/zero", "--out", "{d}/rep"], "is a device"),
+    # round two, one validation layer: finite, in range, within int64 where it becomes an array
+    *[(f"plan-cluster-{name.replace('_', '-')}", [*PLAN[:3], "--cluster", f"{{d}}/cluster_{name}.yaml", *PLAN[5:],
+                                                  "--method", "lfu"], fix)
+      for name, fix in (("memory_inf", "nodes[2].memory: memory (bytes) must be a finite number"),
+                        ("memory_1e30", "nodes[2].memory: memory (bytes) must be <="),
+                        ("position_nan", "nodes[2].position_m[0]: Input should be a finite number"),
+                        ("arrival_inf", "users[0].arrival_rate: Input should be a finite number"),
+                        ("tx_nan", "links[2].wireless.tx_power_dbm: Input should be a finite number"),
+                        ("tx_huge", "links[2].wireless: the Shannon rate"))],
+    ("cluster-show-memory-inf", ["cluster", "show", "{d}/cluster_memory_inf.yaml"], "must be a finite number"),
+    ("plan-node-limit-2-63", [*PLAN, "--method", "exact", "--param", "node_limit=9223372036854775808"],
+     "less than or equal to 2147483647"),
+    ("plan-seed-2-63", [*PLAN, "--method", "random", "--param", "seed=9223372036854775808"], "2147483647"),
+    ("plan-param-json-huge-int", [*PLAN, "--method", "ordermoe", "--param", "budget=[" + "9" * 5000 + "]"],
+     "an integer of 5000 digits"),
+    ("serve-placement-capacity-1e30", [*SERVE[:3], "--placement", "{d}/pl_capacity_1e30.json", *SERVE[5:]],
+     "pl_capacity_1e30.json: capacity_bytes['a']"),
+    ("serve-placement-capacity-float", [*SERVE[:3], "--placement", "{d}/pl_capacity_float.json", *SERVE[5:]],
+     "expected an integer in [0,"),
+    ("serve-placement-bytes-float", [*SERVE[:3], "--placement", "{d}/pl_bytes_float.json", *SERVE[5:]],
+     "expert_bytes must be an [L][E] table of integers"),
+    ("profile-trace-negative-weight", [*TRACE, "{d}/trace_neg_weight.jsonl"], "trace_neg_weight.jsonl:1: field 'topk_weights'"),
+    ("profile-trace-1e308-weight", [*TRACE, "{d}/trace_huge_weight.jsonl"], "outside [0, 10000]"),
+    ("profile-trace-nan-weight", [*TRACE, "{d}/trace_nan_weight.jsonl"], "must hold finite numbers"),
+    ("profile-trace-logit-beyond-f16", [*TRACE, "{d}/trace_logit_f16.jsonl"], "field 'router_logits' holds 100000.0"),
     ("plan-profile-meta-fifo", ["plan", "--profile", "{d}/fifo_prof", "--cluster", "{d}/cluster.yaml", "--method", "lfu",
                                 "--out", "{d}/new.json"], "not a profile folder"),
     ("cluster-show-out-fifo", ["cluster", "show", "{d}/cluster.yaml", "--out", "{d}/fifo"], "FIFO"),

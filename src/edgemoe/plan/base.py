@@ -144,12 +144,12 @@ def load_placement(path: str | Path) -> Placement:
     if len(set(nodes)) != len(nodes):
         raise EdgeMoEError(f"{path}: nodes {nodes} names a node twice")
     nodes = tuple(nodes)
-    try:
-        expert_bytes = np.asarray(d["expert_bytes"], dtype=np.int64)
-    except (TypeError, ValueError, OverflowError):
-        raise EdgeMoEError(f"{path}: expert_bytes must be an [L][E] table of integers") from None
-    if expert_bytes.ndim != 2 or expert_bytes.size == 0 or (expert_bytes <= 0).any():
-        raise EdgeMoEError(f"{path}: expert_bytes must be an [L][E] table of positive integers")
+    table = d["expert_bytes"]
+    if (not isinstance(table, list) or not table or not all(isinstance(row, list) and row for row in table)
+            or len({len(row) for row in table}) != 1
+            or not all(_is_count(b, 1) for row in table for b in row)):
+        raise EdgeMoEError(f"{path}: expert_bytes must be an [L][E] table of integers in [1, {MAX_BYTES}]")
+    expert_bytes = np.asarray(table, dtype=np.int64)
     L, E = expert_bytes.shape
     for key in ("hosts", "capacity_bytes"):
         if not isinstance(d[key], dict) or set(d[key]) != set(nodes):
@@ -168,8 +168,8 @@ def load_placement(path: str | Path) -> Placement:
     capacity = []
     for n in nodes:
         c = d["capacity_bytes"][n]
-        if isinstance(c, bool) or not isinstance(c, int) or c < 0:
-            raise EdgeMoEError(f"{path}: capacity_bytes[{n!r}] is {c!r}, expected a non-negative integer")
+        if not _is_count(c, 0):
+            raise EdgeMoEError(f"{path}: capacity_bytes[{n!r}] is {c!r}, expected an integer in [0, {MAX_BYTES}]")
         capacity.append(c)
     kinds = d.get("node_kind", {})
     if not isinstance(kinds, dict) or any(k not in ("device", "edge", "cloud") for k in kinds.values()):
@@ -186,6 +186,14 @@ def load_placement(path: str | Path) -> Placement:
     except EdgeMoEError as exc:
         raise EdgeMoEError(f"{path}: {exc}") from None
     return placement
+
+
+MAX_BYTES = 2**53  # sizes and capacities a placement file may give: exact in int64 sums and in floats
+
+
+def _is_count(v, lo: int) -> bool:
+    """An integer (not a bool, not a float) in [lo, MAX_BYTES]."""
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= MAX_BYTES
 
 
 def check_placement_fits(placement: Placement, problem: PlanProblem, source: str = "placement") -> None:
