@@ -122,6 +122,7 @@ def _hostile_inputs(root: Path, cluster_yaml: str, placement: Path) -> None:
     lines = "".join(json.dumps({**line, "req_id": f"r{i}", "layer": k}) + "\n" for i in range(300) for k in range(32))
     whole = gzip.compress(lines.encode(), mtime=0)
     (root / "trace_cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    (root / "trace_ok.jsonl").write_text(lines)
     (root / "trace_deep.jsonl").write_text(json.dumps(line)[:-1] + ', "x": ' + "[" * 50_000 + "]" * 50_000 + "}\n")
     (root / "trace_bigint.jsonl").write_text(json.dumps(line).replace('"token_idx": 0', '"token_idx": ' + "9" * 5000) + "\n")
     deep = "[" * 50_000 + "]" * 50_000
@@ -201,7 +202,8 @@ CASES = [
     ("profile-subst-tokens-0", [*PROFILE, "--out", "{d}/p1", "--subst-tokens", "0"], "--subst-tokens"),
     ("profile-tokens-below-block", [*PROFILE, "--out", "{d}/p1", "--tokens", "10", "--block-len", "64"], "--block-len"),
     ("profile-out-user-folder", [*PROFILE, "--out", "{d}/user_dir"], "refusing to replace"),
-    ("profile-out-model-folder", [*PROFILE, "--out", "{d}/model"], "refusing to replace"),
+    ("profile-out-model-folder", [*PROFILE, "--out", "{d}/model"], "is also the input --model"),
+    ("profile-out-other-model-folder", [*PROFILE, "--out", "{d}/damaged_model"], "refusing to replace"),
     ("profile-out-is-a-file", [*PROFILE, "--out", "{d}/existing.json"], "must be a folder"),
     ("profile-out-equals-report", [*PROFILE, "--out", "{d}/p1", "--report", "{d}/p1"], "same file"),
     ("profile-report-user-folder", [*PROFILE, "--out", "{d}/p1", "--report", "{d}/user_docs"], "refusing to write into"),
@@ -293,7 +295,8 @@ CASES = [
     ("report-out-user-folder", ["report", "{d}/results.json", "--out", "{d}/user_dir"], "refusing to write into"),
     ("report-out-user-report", ["report", "{d}/results.json", "--out", "{d}/user_docs"], "refusing to write into"),
     ("train-steps-0", ["train", "--steps", "0", "--out", "{d}/m"], "--steps"),
-    ("train-out-user-folder", ["train", "--data", "{d}/user_dir", "--out", "{d}/user_dir"], "refusing to replace"),
+    ("train-out-user-folder", ["train", "--data", "{d}/user_dir", "--out", "{d}/user_dir"], "is also the input --data"),
+    ("train-out-other-user-folder", ["train", "--data", "{d}/text.txt", "--out", "{d}/user_dir"], "refusing to replace"),
     ("train-out-foreign-model", ["train", "--data", "{d}/user_dir", "--out", "{d}/model"], "refusing to replace"),
     ("demo-backend", ["demo", "--backend", "quantum", "--out", "{d}/demo"], "--backend"),
     ("demo-out-user-folder", ["demo", "--out", "{d}/user_dir"], "refusing to write into"),
@@ -342,6 +345,24 @@ CASES = [
     ("profile-trace-1e308-weight", [*TRACE, "{d}/trace_huge_weight.jsonl"], "outside [0, 10000]"),
     ("profile-trace-nan-weight", [*TRACE, "{d}/trace_nan_weight.jsonl"], "must hold finite numbers"),
     ("profile-trace-logit-beyond-f16", [*TRACE, "{d}/trace_logit_f16.jsonl"], "field 'router_logits' holds 100000.0"),
+    # round two, every output claimed the same way: inputs never overwritten, outputs distinct, folders ours
+    ("profile-trace-report-user-folder", [*TRACE, "{d}/trace_ok.jsonl", "--report", "{d}/user_docs"],
+     "refusing to write into"),
+    ("profile-trace-report-equals-out", [*TRACE[:4], "{d}/p1", "--report", "{d}/p1", "--trace", "{d}/trace_ok.jsonl"],
+     "--out and --report name the same file"),
+    ("profile-trace-out-is-the-trace", [*TRACE[:4], "{d}/trace_ok.jsonl", "--trace", "{d}/trace_ok.jsonl"],
+     "is also the input --trace"),
+    ("profile-trace-out-user-folder", [*TRACE[:4], "{d}/user_dir", "--trace", "{d}/trace_ok.jsonl"], "refusing to replace"),
+    ("plan-out-is-the-cluster", [*PLAN[:-1], "{d}/cluster.yaml", "--method", "lfu"], "is also the input --cluster"),
+    ("plan-map-is-the-cluster", [*PLAN, "--method", "lfu", "--expert-map", "{d}/cluster.yaml"],
+     "--expert-map {d}/cluster.yaml is also the input --cluster"),
+    ("evaluate-out-is-the-profile", ["evaluate", "--profile", "{d}/prof", "--out", "{d}/prof"], "is also the input --profile"),
+    ("evaluate-out-is-a-placement", ["evaluate", "--profile", "{d}/prof", "--cluster", "{d}/cluster.yaml", "--method",
+                                     "a={d}/placement.json:exact", "--out", "{d}/placement.json"], "is also the input --method"),
+    ("serve-out-is-the-placement", [*SERVE[:-1], "{d}/placement.json"], "is also the input --placement"),
+    ("cluster-show-out-is-the-cluster", ["cluster", "show", "{d}/cluster.yaml", "--out", "{d}/cluster.yaml"],
+     "is also the input CLUSTER"),
+    ("report-out-is-the-results", ["report", "{d}/results.json", "--out", "{d}/results.json"], "is also the input RESULTS"),
     ("plan-profile-meta-fifo", ["plan", "--profile", "{d}/fifo_prof", "--cluster", "{d}/cluster.yaml", "--method", "lfu",
                                 "--out", "{d}/new.json"], "not a profile folder"),
     ("cluster-show-out-fifo", ["cluster", "show", "{d}/cluster.yaml", "--out", "{d}/fifo"], "FIFO"),
@@ -361,7 +382,7 @@ def test_bad_input_is_one_clear_line_and_touches_nothing(d, far, argv, fix):
     err = result.stderr
     assert result.exit_code == 2, (result.exit_code, err, result.stdout, result.exception)
     assert err.startswith("error: ") and err.count("\n") == 1 and err.endswith("\n"), err
-    assert fix in err, err
+    assert fix.format(d=d) in err, err
     assert "Traceback" not in result.output and "internal error" not in err
     assert snapshot(d) == before
 
@@ -437,3 +458,45 @@ def test_demo_dilation_reaches_the_experiment(tmp_path, monkeypatch):
                                           *argv])
         assert result.exit_code == 2 and "stop here" in result.stderr, result.output
         assert seen[-1] == (want, "ray")
+
+
+def test_report_renders_what_evaluate_profile_wrote(d, tmp_path):
+    """`edgemoe report` on the results file of `edgemoe evaluate --profile` (once a KeyError: 'copies')."""
+    res = tmp_path / "replay.json"
+    run = CliRunner().invoke(app, ["evaluate", "--profile", str(d / "prof"), "--cluster", str(d / "cluster.yaml"),
+                                   "--method", "u=uniform:exact", "--requests", "4", "--out", str(res)])
+    assert run.exit_code == 0, run.output
+    rep = CliRunner().invoke(app, ["report", str(res), "--out", str(tmp_path / "rep")])
+    assert rep.exit_code == 0, (rep.stderr, rep.exception)
+    assert (tmp_path / "rep" / "report.md").is_file() and (tmp_path / "rep" / "placements.png").is_file()
+    # a results file written before replays kept the [L, E] copies renders too (no placements figure)
+    doc = json.loads(res.read_text())
+    for entry in doc["placements"].values():
+        entry.pop("copies")
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    rep = CliRunner().invoke(app, ["report", str(tmp_path / "old.json"), "--out", str(tmp_path / "rep2")])
+    assert rep.exit_code == 0, (rep.stderr, rep.exception)
+    assert not (tmp_path / "rep2" / "placements.png").exists()
+
+
+def test_a_failed_report_leaves_no_folder(d, tmp_path, monkeypatch):
+    import edgemoe.report.render as render
+
+    def broken(*_a, **_k):
+        raise EdgeMoEError("the traffic plot failed")
+
+    from edgemoe.errors import EdgeMoEError
+
+    monkeypatch.setattr(render, "plot_traffic", broken)
+    result = CliRunner().invoke(app, ["report", str(d / "results.json"), "--out", str(tmp_path / "rep")])
+    assert result.exit_code == 2 and "traffic plot failed" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_name_of_250_bytes_is_legal(d, tmp_path):
+    out = tmp_path / ("p" * 245 + ".json")
+    for _ in range(2):  # written, then replaced
+        result = CliRunner().invoke(app, ["plan", "--profile", str(d / "prof"), "--cluster", str(d / "cluster.yaml"),
+                                          "--method", "lfu", "--out", str(out)])
+        assert result.exit_code == 0, result.stderr
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]

@@ -389,3 +389,77 @@ def test_toml_limits():
         io.loads_toml("a = " + "1" * 5000, "c.toml")
     with pytest.raises(EdgeMoEError, match="nested too deep"):
         io.loads_toml("a = " + "[" * 100_000 + "]" * 100_000, "c.toml")
+
+
+# ------------------------------------------------------------------------------- outputs (issue 22)
+
+
+def test_a_250_byte_output_name_works(tmp_path):
+    name = "r" * 245 + ".json"
+    assert len(name.encode()) == 250
+    io.atomic_write_json(tmp_path / name, {"x": 1})
+    io.atomic_write_json(tmp_path / name, {"x": 2})  # replacing it too
+    assert json.loads((tmp_path / name).read_text()) == {"x": 2}
+    folder = tmp_path / ("é" * 125)  # 250 bytes of two-byte characters: the cut never splits one
+    io.atomic_write_dir(folder, lambda t: (t / "a.txt").write_text("a"), kind="profile")
+    io.atomic_write_dir(folder, lambda t: (t / "a.txt").write_text("b"), kind="profile")
+    assert (folder / "a.txt").read_text() == "b"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, folder.name])
+    assert all(len(io.temp_prefix(n).encode()) + 12 <= io.NAME_MAX for n in (name, folder.name, "x" * 300))
+
+
+def _fill_disk(_tmp: Path) -> None:
+    """A writer whose disk is full: /dev/full answers every write with ENOSPC and no file name."""
+    with open("/dev/full", "wb") as f:
+        f.write(b"x" * 10)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_disk_full_names_the_output_and_keeps_the_old_one(tmp_path):
+    target = tmp_path / "placement.json"
+    target.write_text("old")
+    with pytest.raises(EdgeMoEError, match=r"placement.json: cannot write the output \(no space left on the device\)"):
+        io.atomic_write_with(target, _fill_disk)
+    with pytest.raises(EdgeMoEError, match=r"prof: cannot write the output \(no space left"):
+        io.atomic_write_dir(tmp_path / "prof", _fill_disk, kind="profile")
+    with pytest.raises(EdgeMoEError, match=r"rep: cannot write the output \(no space left"):
+        io.write_into_dir(tmp_path / "rep", _fill_disk, kind="report")
+    assert tree(tmp_path) == {"placement.json": b"old"}
+
+
+def test_write_into_dir_is_all_or_nothing(tmp_path):
+    def half(stage: Path) -> None:
+        (stage / "a.png").write_text("a")
+        raise EdgeMoEError("the second plot failed")
+
+    with pytest.raises(EdgeMoEError, match="second plot"):
+        io.write_into_dir(tmp_path / "rep", half, "report", ("*.png",))
+    assert list(tmp_path.iterdir()) == []  # not even created
+    io.write_into_dir(tmp_path / "rep", lambda s: (s / "a.png").write_text("1"), "report", ("*.png",))
+    with pytest.raises(EdgeMoEError, match="second plot"):
+        io.write_into_dir(tmp_path / "rep", half, "report", ("*.png",))
+    assert (tmp_path / "rep" / "a.png").read_text() == "1"  # the earlier report is whole
+
+
+def test_check_outputs_claims_every_output_the_same_way(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("{}\n")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "similarity.png").write_text("my figure")
+    cases = [
+        ({"--out": io.Output(trace, "profile")}, {"--trace": [trace]}, "--out .* is also the input --trace"),
+        ({"--out": io.Output(trace)}, {"--cluster": str(trace)}, "is also the input --cluster"),
+        ({"--out": io.Output(tmp_path / "d", "profile"), "--report": io.Output(tmp_path / "d", "report")}, {},
+         "--out and --report name the same file"),
+        ({"--out": io.Output(tmp_path / "p", "profile"), "--report": io.Output(tmp_path / "p" / "r", "report")}, {},
+         "--report .* is inside the profile folder --out"),
+        ({"--out": io.Output(tmp_path, "profile")}, {"--trace": [trace]}, "inside the profile folder --out .* replaced whole"),
+        ({"--report": io.Output(mine, "profile report", action="write into")}, {}, "--report: .*refusing to write into"),
+        ({"--out": io.Output("/dev/null")}, {}, "--out: /dev/null is a device"),
+    ]
+    for outputs, inputs, message in cases:
+        with pytest.raises(EdgeMoEError, match=message):
+            io.check_outputs(outputs, inputs)
+    io.check_outputs({"--out": io.Output(tmp_path / "new.json"), "--expert-map": io.Output(None)}, {"--trace": [trace, "-"]})
+    assert (mine / "similarity.png").read_text() == "my figure"

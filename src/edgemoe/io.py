@@ -26,6 +26,7 @@ import shutil
 import stat
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from edgemoe.errors import EdgeMoEError
@@ -124,6 +125,33 @@ def _output_mode(existing: Path | None, directory: bool = False) -> int:
     return (0o777 if directory else 0o666) & ~mask
 
 
+NAME_MAX = 255  # bytes in one file name on Linux file systems (ext4, xfs, btrfs, tmpfs)
+
+
+def temp_prefix(name: str) -> str:
+    """The prefix of a temporary beside an output called `name`: ".NAME." cut so that the whole temporary
+    name (prefix, 8 random characters, ".tmp") fits NAME_MAX bytes, whatever the length of `name`."""
+    room = NAME_MAX - len(".") - len(".") - 8 - len(".tmp")
+    raw = os.fsencode(name)[:room]
+    return "." + os.fsdecode(raw.decode("utf-8", "ignore").encode("utf-8")) + "."
+
+
+def _write_error(path, exc: BaseException) -> EdgeMoEError | None:
+    """The EdgeMoEError for a write that the system refused (disk full, quota, read-only, I/O error), naming
+    the output `path` (the OS error often names only a temporary, or nothing); None for anything else."""
+    code = exc.errno if isinstance(exc, OSError) else None
+    text = str(exc)
+    if code is None and ("StorageFull" in text or "No space left" in text or "os error 28" in text):
+        code = errno.ENOSPC  # safetensors reports the OS error inside its own message
+    if code is None:
+        return None
+    why = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+           errno.EROFS: "the file system is read-only", errno.EFBIG: "the file is too large for the file system"}
+    reason = why.get(code, os.strerror(code))
+    return EdgeMoEError(f"{path}: cannot write the output ({reason}); nothing was replaced: free space or give "
+                        "another path")
+
+
 # --------------------------------------------------------------------------------------------- files
 
 
@@ -135,7 +163,7 @@ def atomic_write_with(path: str | os.PathLike, writer: Callable[[Path], None]) -
     target = file_target(path)
     _make_parent(target)
     try:
-        fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=temp_prefix(target.name), suffix=".tmp")
     except OSError as exc:
         raise EdgeMoEError(f"{path}: cannot write in {target.parent} ({exc.strerror})") from None
     os.close(fd)
@@ -146,8 +174,11 @@ def atomic_write_with(path: str | os.PathLike, writer: Callable[[Path], None]) -
         _fsync_file(tmp)
         file_target(path)  # still a regular file (or absent) at the last moment
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        err = None if isinstance(exc, EdgeMoEError) else _write_error(path, exc)
+        if err is not None:
+            raise err from None
         raise
     _fsync_dir(target.parent)
     return Path(path)
@@ -320,7 +351,7 @@ def atomic_write_dir(path: str | os.PathLike, writer: Callable[[Path], None], ki
         _refuse_foreign(target, kind, recognise)
     _make_parent(target)
     try:
-        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=temp_prefix(target.name), suffix=".tmp"))
     except OSError as exc:
         raise EdgeMoEError(f"{path}: cannot write in {target.parent} ({exc.strerror})") from None
     try:
@@ -332,7 +363,7 @@ def atomic_write_dir(path: str | os.PathLike, writer: Callable[[Path], None], ki
             _refuse_foreign(target, kind, recognise)  # re-check: it may have changed while we worked
             if not _exchange(tmp, target):
                 # No atomic swap on this platform: move the old one aside first (a short window).
-                aside = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".old"))
+                aside = Path(tempfile.mkdtemp(dir=target.parent, prefix=temp_prefix(target.name), suffix=".old"))
                 os.rmdir(aside)
                 os.replace(target, aside)
                 os.replace(tmp, target)
@@ -342,10 +373,13 @@ def atomic_write_dir(path: str | os.PathLike, writer: Callable[[Path], None], ki
         else:
             os.replace(tmp, target)
             _fsync_dir(target.parent)
-    except BaseException:
+    except BaseException as exc:
         if tmp.exists() and tmp != target:
             with contextlib.suppress(OSError):
                 shutil.rmtree(tmp)
+        err = None if isinstance(exc, EdgeMoEError) else _write_error(path, exc)
+        if err is not None:
+            raise err from None
         raise
     return Path(path)
 
@@ -369,6 +403,101 @@ def claim_output_dir(path: str | os.PathLike, kind: str, files: list[str] | tupl
     marker["files"] = sorted(set(marker.get("files", [])) | set(files))
     atomic_write_json(target / MARKER, marker, indent=1)
     return target
+
+
+def write_into_dir(path: str | os.PathLike, writer: Callable[[Path], None], kind: str,
+                   files: list[str] | tuple[str, ...] = (), recognise: Callable[[Path], bool] | None = None) -> Path:
+    """Fill a folder edgemoe writes named files into (a report) all or nothing: `writer(stage)` fills a
+    private folder beside `path`; only when it returns is `path` claimed (`claim_output_dir`) and each
+    entry moved in with one rename. A failed writer leaves `path` as it was (not even created).
+    Returns the real folder."""
+    target = resolve_target(path)
+    check_replaceable_dir(target, kind, recognise, action="write into")
+    _make_parent(target)
+    try:
+        stage = Path(tempfile.mkdtemp(dir=target.parent, prefix=temp_prefix(target.name), suffix=".tmp"))
+    except OSError as exc:
+        raise EdgeMoEError(f"{path}: cannot write in {target.parent} ({exc.strerror})") from None
+    try:
+        writer(stage)
+        names = sorted(_entries(stage))
+        claim_output_dir(target, kind, tuple(files) + tuple(names), recognise)
+        _fsync_tree(stage)
+        for name in names:
+            if (target / name).is_dir() and not (target / name).is_symlink():
+                raise EdgeMoEError(f"{target / name}: is a folder where the {kind} writes a file")
+            os.replace(stage / name, target / name)
+        _fsync_dir(target)
+    except BaseException as exc:
+        err = None if isinstance(exc, EdgeMoEError) else _write_error(path, exc)
+        if err is not None:
+            raise err from None
+        raise
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return target
+
+
+@dataclass(frozen=True)
+class Output:
+    """One output a command is about to write: a file (`folder=None`) or a folder of `folder` kind that
+    is replaced whole (`action="replace"`, a profile, a model) or written into (`"write into"`, a report)."""
+
+    path: str | os.PathLike | None
+    folder: str | None = None
+    recognise: Callable[[Path], bool] | None = None
+    action: str = "replace"
+
+
+def _inside(child: str, parent: str) -> bool:
+    return child != parent and child.startswith(parent.rstrip(os.sep) + os.sep)
+
+
+def check_outputs(outputs: dict[str, Output], inputs: dict[str, object] | None = None) -> None:
+    """Claim every output of a command before any work, the same way for all commands.
+
+    outputs: flag -> Output; inputs: flag -> a path or a list of paths the command reads. Refused, each
+    with one EdgeMoEError naming the flags and paths: two outputs that are the same file; an output inside
+    another output folder; an output that is one of the inputs; an input inside a folder that would be
+    replaced; an output file that exists as anything but a regular file; an output folder that is not ours
+    (`check_replaceable_dir`). Nothing is created or changed.
+    """
+    real = {flag: os.path.realpath(o.path) for flag, o in outputs.items() if o.path is not None}
+    seen: dict[str, str] = {}
+    for flag, key in real.items():
+        if key in seen:
+            raise EdgeMoEError(f"{seen[key]} and {flag} name the same file {outputs[flag].path}; "
+                               "give each output its own path")
+        seen[key] = flag
+    for flag, key in real.items():
+        for other, okey in real.items():
+            if outputs[other].folder is not None and _inside(key, okey):
+                raise EdgeMoEError(f"{flag} {outputs[flag].path} is inside the {outputs[other].folder} folder "
+                                   f"{other} {outputs[other].path}; give it a path outside")
+    for iflag, given in (inputs or {}).items():
+        paths = given if isinstance(given, list | tuple) else [given]
+        for p in paths:
+            if p is None or is_stdin(p) or not os.path.lexists(p):
+                continue
+            ikey = os.path.realpath(p)
+            for flag, key in real.items():
+                if ikey == key:
+                    raise EdgeMoEError(f"{flag} {outputs[flag].path} is also the input {iflag} {p}; "
+                                       "give the output its own path (edgemoe never writes over its inputs)")
+                out = outputs[flag]
+                if out.folder is not None and out.action == "replace" and _inside(ikey, key):
+                    raise EdgeMoEError(f"the input {iflag} {p} is inside the {out.folder} folder {flag} {out.path}, "
+                                       "which is replaced whole; give the output another path")
+    for flag, o in outputs.items():
+        if o.path is None:
+            continue
+        try:
+            if o.folder is None:
+                file_target(o.path)
+            else:
+                check_replaceable_dir(o.path, o.folder, o.recognise, o.action)
+        except EdgeMoEError as exc:
+            raise EdgeMoEError(f"{flag}: {exc}") from None
 
 
 # --------------------------------------------------------------------------------------------- reads

@@ -119,7 +119,7 @@ def replay_profile(profile, cluster, methods: Sequence, mode: str = "migrate", w
                 continue
             cache[key] = make_context(known, cluster_obj, pl, mode=mode, groups=groups, domain_fallback=fallback)
             placements[spec.placement] = {"method": pl.method, "from_file": is_placement_file(spec.placement),
-                                          "copies_mean": float(pl.replicas().mean()),
+                                          "copies": pl.replicas().tolist(), "copies_mean": float(pl.replicas().mean()),
                                           "bytes_used": pl.bytes_used().tolist(), "plan_cpu_seconds": round(cpu_s, 3),
                                           # the planners' model objective on the planning profile (in sample)
                                           "plan_objective_s": expected_latency(problem, pl.hosts),
