@@ -500,3 +500,19 @@ def test_an_output_name_of_250_bytes_is_legal(d, tmp_path):
                                           "--method", "lfu", "--out", str(out)])
         assert result.exit_code == 0, result.stderr
     assert [p.name for p in tmp_path.iterdir()] == [out.name]
+
+
+def test_ray_address_where_nothing_listens_is_one_line_within_the_deadline(d):
+    """`serve --ray-address` to a closed port: one clear line after the connect deadline, no Ray retries."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        result = CliRunner().invoke(app, ["serve", "--cluster", str(d / "cluster.yaml"), "--placement",
+                                          str(d / "pl_other_model.json"), "--profile", str(d / "other_prof"),
+                                          "--model", str(d / "model"), "--load-users", "1", "--out", str(d / "s.json"),
+                                          "--ray-address", f"127.0.0.1:{port}"])
+    assert result.exit_code == 2, (result.stderr, result.exception)
+    assert result.stderr.count("\n") == 1 and f"nothing answers at 127.0.0.1:{port}" in result.stderr, result.stderr
+    assert not (d / "s.json").exists()
