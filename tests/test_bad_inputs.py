@@ -329,6 +329,8 @@ CASES = [
                         ("arrival_inf", "users[0].arrival_rate: Input should be a finite number"),
                         ("tx_nan", "links[2].wireless.tx_power_dbm: Input should be a finite number"),
                         ("tx_huge", "links[2].wireless: the Shannon rate"))],
+    ("serve-cluster-two-errors", ["serve", "--cluster", "{d}/cluster_position_nan.yaml", *SERVE[3:]],
+     "position_m[0]: Input should be a finite number; nodes[2].position_m[1]"),
     ("cluster-show-memory-inf", ["cluster", "show", "{d}/cluster_memory_inf.yaml"], "must be a finite number"),
     ("plan-node-limit-2-63", [*PLAN, "--method", "exact", "--param", "node_limit=9223372036854775808"],
      "less than or equal to 2147483647"),
@@ -516,3 +518,29 @@ def test_ray_address_where_nothing_listens_is_one_line_within_the_deadline(d):
     assert result.exit_code == 2, (result.stderr, result.exception)
     assert result.stderr.count("\n") == 1 and f"nothing answers at 127.0.0.1:{port}" in result.stderr, result.stderr
     assert not (d / "s.json").exists()
+
+
+def test_ray_address_forms_are_checked_without_importing_ray(monkeypatch):
+    import socket
+    import sys
+
+    from edgemoe.distributed.serve import _reachable
+    from edgemoe.errors import EdgeMoEError
+
+    had_ray = "ray" in sys.modules
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+        with pytest.raises(EdgeMoEError, match=f"--ray-address auto: nothing answers at 127.0.0.1:{port}"):
+            _reachable("auto", timeout_s=2.0)
+        with pytest.raises(EdgeMoEError, match="nothing answers"):
+            _reachable(f"ray://127.0.0.1:{port}", timeout_s=2.0)
+    for bad in ("nonsense", "host:0", "host:99999", "host:port"):
+        with pytest.raises(EdgeMoEError, match="expected host:port"):
+            _reachable(bad, timeout_s=2.0)
+    with socket.socket() as s:  # something listening: the address is returned as given
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert _reachable(f"127.0.0.1:{s.getsockname()[1]}", timeout_s=2.0) == f"127.0.0.1:{s.getsockname()[1]}"
+    assert ("ray" in sys.modules) == had_ray

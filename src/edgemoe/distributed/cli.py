@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from edgemoe.errors import EdgeMoEError
+from edgemoe.errors import EdgeMoEError, fail
 from edgemoe.params import parse_params
 
 
@@ -76,8 +76,7 @@ def serve_command(
                               indent=1, default=float))
         typer.echo(f"wrote {out}")
     except EdgeMoEError as exc:
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(code=2) from None
+        fail(exc)  # one line, like every other command (a cluster file's errors span several)
     except KeyboardInterrupt:
         typer.echo("stopped")
 

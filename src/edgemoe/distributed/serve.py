@@ -100,15 +100,11 @@ def _reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str:
     import socket
 
     target = address
-    if address == "auto":
-        from ray._private.services import canonicalize_bootstrap_address
-
-        try:
-            target = canonicalize_bootstrap_address("auto")
-        except (ConnectionError, ValueError) as exc:
-            raise EdgeMoEError(f"--ray-address auto: no running Ray cluster found ({' '.join(str(exc).split())})") from None
-        if target is None:
-            raise EdgeMoEError("--ray-address auto: no running Ray cluster found; give host:port")
+    if address == "auto":  # Ray's lookup without importing Ray (token authentication is chosen before that)
+        target = os.environ.get("RAY_ADDRESS") or _latest_local_cluster()
+        if not target:
+            raise EdgeMoEError("--ray-address auto: no running Ray cluster found (no RAY_ADDRESS, no "
+                               "/tmp/ray/ray_current_cluster); give host:port")
     hostport = target.split("://", 1)[-1].rstrip("/")
     host, sep, port = hostport.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
@@ -121,6 +117,17 @@ def _reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str:
         raise EdgeMoEError(f"--ray-address {address}: nothing answers at {host}:{port} within {timeout_s:g} s ({why}); "
                            "check the address and that the Ray cluster runs (`ray status` there)") from None
     return target if address == "auto" else address
+
+
+def _latest_local_cluster() -> str | None:
+    """The address in /tmp/ray/ray_current_cluster (written by `ray start`), or None."""
+    from edgemoe.io import read_text
+
+    path = "/tmp/ray/ray_current_cluster"
+    if not os.path.exists(path):
+        return None
+    text = read_text(path, "Ray cluster address file", "host:port", limit=4096).strip()
+    return text.splitlines()[0].strip() if text else None
 
 
 def stop_ray() -> None:
