@@ -154,6 +154,11 @@ def _hostile_inputs(root: Path, cluster_yaml: str, placement: Path) -> None:
     doc = json.loads(placement.read_text())
     doc["expert_bytes"][0][0] = 1.5
     (root / "pl_bytes_float.json").write_text(json.dumps(doc))
+    res = json.loads((root / "results.json").read_text())
+    res["placements"] = {"lfu": {"copies": [[1, 2], [3]], "bytes_used": [1.0]}}
+    (root / "results_ragged.json").write_text(json.dumps(res))
+    res["placements"] = {"lfu": {"copies": "abc"}}
+    (root / "results_copies_text.json").write_text(json.dumps(res))
     (root / "trace_neg_weight.jsonl").write_text(json.dumps({**line, "topk_weights": [-0.5, 1.5]}) + "\n")
     (root / "trace_huge_weight.jsonl").write_text(json.dumps({**line, "topk_weights": [1e308, 0.5]}) + "\n")
     (root / "trace_logit_f16.jsonl").write_text(json.dumps({**line, "router_logits": [1e5] + [0.0] * 7}) + "\n")
@@ -319,6 +324,10 @@ CASES = [
     ("report-results-deep-json", ["report", "{d}/deep.json", "--out", "{d}/rep"], "nested too deep"),
     ("report-results-huge-int", ["report", "{d}/bigint.json", "--out", "{d}/rep"], "an integer of 5000 digits"),
     ("report-results-too-big", ["report", "{far}/huge.json", "--out", "{d}/rep"], "more than the 256 MiB"),
+    ("report-results-ragged-copies", ["report", "{d}/results_ragged.json", "--out", "{d}/rep"],
+     "placements.lfu.copies: Value error, must be an [L][E] table"),
+    ("report-results-copies-text", ["report", "{d}/results_copies_text.json", "--out", "{d}/rep"],
+     "placements.lfu.copies"),
     ("report-results-device", ["report", "/dev/zero", "--out", "{d}/rep"], "is a device"),
     # round two, one validation layer: finite, in range, within int64 where it becomes an array
     *[(f"plan-cluster-{name.replace('_', '-')}", [*PLAN[:3], "--cluster", f"{{d}}/cluster_{name}.yaml", *PLAN[5:],

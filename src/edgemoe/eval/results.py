@@ -19,7 +19,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, NonNegativeFloat, NonNegativeInt, ValidationError, field_validator
 
 from edgemoe.errors import EdgeMoEError
 from edgemoe.io import atomic_write_json, read_json
@@ -63,13 +63,33 @@ class _Method(BaseModel):
         return v
 
 
+class _Placement(BaseModel):
+    """What the report draws of a placement: [L, E] copies off the cloud and [N] bytes held per node."""
+
+    model_config = ConfigDict(extra="allow")
+    copies: list[list[NonNegativeInt]] | None = None
+    bytes_used: list[NonNegativeFloat] | None = None
+
+    @field_validator("copies")
+    @classmethod
+    def _rectangular(cls, v):
+        if v is not None and (not v or not v[0] or len({len(row) for row in v}) != 1):
+            raise ValueError("must be an [L][E] table (every layer the same number of experts)")
+        return v
+
+
 class _Results(BaseModel):
-    # Extra top-level sections (budget sweep, groups, placements, summary) ride along for the report.
+    # Extra top-level sections (budget sweep, groups, summary) ride along for the report; the sections
+    # the report draws from are typed here so that a damaged one is an error naming it, not a crash.
     model_config = ConfigDict(extra="allow")
     schema_: str
     config: dict
     environment: dict
     methods: dict[str, _Method]
+    placements: dict[str, _Placement] | None = None
+    groups: dict[str, list[float]] | None = None
+    summary: list[str] | None = None
+    ppl_exact: float | None = None
 
 
 def environment() -> dict:
