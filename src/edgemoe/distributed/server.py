@@ -445,7 +445,7 @@ class HomeEngine:
     def _generate(self, req: GenerateRequest, arrival: float) -> GenerateResult:
         from transformers import DynamicCache
 
-        from edgemoe.eval.metrics import DecisionTally
+        from edgemoe.runtime.metrics import DecisionTally
 
         counts = dict.fromkeys(COUNT_KEYS, 0)
         tally = DecisionTally(self.ctx.num_layers, row_bytes(self.hidden_size, self.cfg.wire))

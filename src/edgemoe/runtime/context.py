@@ -43,7 +43,7 @@ class RuntimeContext:
     freq: np.ndarray  # [L, E]
     trans: np.ndarray  # [L-1, E, E]
     subst_err: np.ndarray  # [L, E, E]
-    groups: object  # edgemoe.plan.groups.SimilarityGroups
+    groups: object  # edgemoe.profile.groups.SimilarityGroups
     best_sub: np.ndarray  # [N, L, E] int: best-ranked substitute of (l, e) that node n holds, -1 if none
     best_sub_err: np.ndarray  # [N, L, E] its measured substitution error (inf if none)
     user_names: tuple[str, ...]  # [U]
@@ -136,7 +136,7 @@ def make_context(
     (default): estimated from the profile's shapes (`dense_cost_estimate`); False: the dense part takes no
     time (the model before issue 12, item 5).
     """
-    from edgemoe.plan.groups import groups_for
+    from edgemoe.profile.groups import groups_for
 
     from .dense import DenseCost, dense_cost_estimate
 
