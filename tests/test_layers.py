@@ -48,6 +48,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 
+
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(SRC).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)

@@ -23,6 +23,8 @@ import numpy as np
 
 from edgemoe.errors import EdgeMoEError
 
+from .replay import all_local
+
 
 @dataclass(frozen=True)
 class MethodSpec:
@@ -165,16 +167,6 @@ def cached_profile(adapter, tokenizer, spec: str, cfg: ExperimentConfig, log: Ca
     return prof
 
 
-def all_local_placement(problem):
-    """Every non-cloud server holds every expert (memory ignored): the latency floor."""
-    from edgemoe.plan.base import empty_hosts, make_placement
-
-    hosts = empty_hosts(problem)
-    hosts[[k == "edge" for k in problem.node_kind]] = True
-    pl = make_placement(problem, "all-local", hosts, note="memory ignored: the all-local floor")
-    return replace(pl, capacity_bytes=np.maximum(pl.bytes_used(), pl.capacity_bytes))
-
-
 def eval_trace(topk: np.ndarray, gates: np.ndarray, user_domain: np.ndarray, block_len: int):
     """A simulator Trace of the evaluation text: blocks are dealt round-robin to the users' domains so that
     every user's requests replay this text's real routing."""
@@ -291,7 +283,7 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
         key = (placement_name, json.dumps(params, sort_keys=True))
         if key not in planned:
             t0 = time.perf_counter()
-            pl = all_local_placement(problem) if placement_name == "all-local" else plan(problem, placement_name, **params)
+            pl = all_local(problem) if placement_name == "all-local" else plan(problem, placement_name, **params)
             ctx = make_context(profile, cluster, pl, mode=comp.mode, groups=groups, domain_fallback=fallback, dense=dense)
             planned[key] = (ctx, pl, round(time.perf_counter() - t0, 3))
         ctx, pl, seconds = planned[key]

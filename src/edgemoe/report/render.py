@@ -57,29 +57,6 @@ def plot_traffic(results: dict, path: Path) -> Path:
     return atomic_write_figure(fig, path, bbox_inches="tight")
 
 
-def plot_budget_sweep(results: dict, path: Path) -> Path | None:
-    import matplotlib.pyplot as plt
-
-    sweeps = results.get("budget_sweep") or {}
-    if not sweeps:
-        return None
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, pts in sweeps.items():
-        lat = [p["latency_ms_mean"] for p in pts]
-        ppl = [p["ppl"] for p in pts]
-        ax.plot(lat, ppl, marker="o", label=name)
-        for p in pts:
-            ax.annotate(f"{p['budget']:g}", (p["latency_ms_mean"], p["ppl"]), fontsize=6)
-    exact = results.get("ppl_exact")
-    if exact:
-        ax.axhline(exact, ls="--", color="grey", label="exact perplexity")
-    ax.set_xlabel("mean latency per token (ms)")
-    ax.set_ylabel("perplexity")
-    ax.set_title("latency-quality trade-off (labels: budget)")
-    ax.legend(fontsize=8)
-    return atomic_write_figure(fig, path, bbox_inches="tight")
-
-
 def plot_group_sizes(results: dict, path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 

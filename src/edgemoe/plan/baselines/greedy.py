@@ -8,7 +8,7 @@ l's sets that hold e, so after each choice only those sets' contributions (for e
 and layer l's gains re-summed from them.
 
 Without a cloud (or with coverage=True) every expert left without an edge-server copy is then placed by
-the shared coverage repair (`slimcaching.cover_edges`: free memory first, else evicting the least demanded
+the shared coverage repair (`nodes.cover_edges`: free memory first, else evicting the least demanded
 duplicate copy), so every expert stays reachable.
 
 Ties, including the start where every single addition saves nothing because a set's partner still comes

@@ -13,7 +13,7 @@ crosses when consecutive layers sit on different nodes; a real split pays once p
 once per layer, so `native_latency_s` (in params) also reports that segment-based figure.
 
 Without a cloud (or with coverage=True) the layers beyond the edge block would be held nowhere, so the
-shared coverage repair (`slimcaching.cover_edges`) then gives every expert an edge copy: free memory
+shared coverage repair (`nodes.cover_edges`) then gives every expert an edge copy: free memory
 first, else in place of the least demanded duplicate (edge servers all hold the same middle block, so
 there are many). The result is then no longer made of whole layers only.
 """

@@ -37,9 +37,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edgemoe.cluster.cost import usable_nodes
 from edgemoe.errors import EdgeMoEError
 
 from ..base import PlanProblem
+from ..objective import MISS_PENALTY_FACTOR
 from .standins import (
     KINDS,
     MAX_ENUM_K,
@@ -52,7 +54,6 @@ from .standins import (
 )
 
 MODES = ("migrate", "home")
-MISS_FACTOR = 10.0  # an unreachable expert costs 10x the slowest real call (SlimCaching objective's penalty)
 
 
 def one_way_s(problem: PlanProblem) -> np.ndarray:
@@ -78,13 +79,6 @@ def one_way_s(problem: PlanProblem) -> np.ndarray:
         x = np.where(known, x, np.minimum(x, x[:, h, None] + x[None, h, :]))
     np.fill_diagonal(x, 0.0)
     return x
-
-
-def usable_nodes(problem: PlanProblem) -> np.ndarray:
-    """[U, N] bool: edge and cloud nodes serve everyone, a device only the user homed on it (the runtime's rule)."""
-    is_device = np.array([k == "device" for k in problem.node_kind])
-    own = np.arange(problem.num_nodes)[None, :] == np.asarray(problem.user_home)[:, None]
-    return ~is_device[None, :] | own
 
 
 @dataclass(frozen=True)
@@ -132,7 +126,7 @@ class PathModel:
         self.rt = self.xfer + self.xfer.T
         self.compute = np.asarray(problem.compute_s, dtype=np.float64)  # [N, L, E]
         self.is_cloud = problem.is_cloud
-        self.usable = usable_nodes(problem)  # [U, N]
+        self.usable = usable_nodes(problem.node_kind, problem.user_home)  # [U, N]
         twice = budget > 0 and exact_share > 0
         users, tokens, weight = sample_rows(problem, paths_per_user,
                                             max_rows if max_rows is None or not twice else max(1, max_rows // 2))
@@ -150,7 +144,7 @@ class PathModel:
         self.topk = np.asarray(prof.topk, dtype=np.int64)[tokens]  # [R, L, K]
         self.gates = np.abs(np.asarray(prof.gates, dtype=np.float64)[tokens])  # [R, L, K]
         finite = self.rt[np.isfinite(self.rt)].max() + self.compute.max()
-        self.miss_s = MISS_FACTOR * float(finite)
+        self.miss_s = MISS_PENALTY_FACTOR * float(finite)  # SlimCaching objective's penalty for a miss
         self.subs = np.zeros((L, E, 0), np.int64) if substitutes is None else np.asarray(substitutes, dtype=np.int64)
         self.subst_err = np.asarray(prof.subst_err, dtype=np.float64)
         # rows_with[l][e]: rows whose Top-K set at layer l contains e (the rows a change of (l, e) touches)

@@ -2,7 +2,7 @@
 
 At 64 rows per call the numpy form of the steered decision spends its time on the [R, K, J, G] arrival times
 and the [R, M, G] latency, look-ahead and cost arrays, a few dozen small array operations per call; this
-kernel walks the same actions row by row without materialising them (ALGORITHMS.md §3.4.4, issue 9 §3),
+kernel walks the same actions row by row without materialising them (ALGORITHMS.md §3.4.4),
 and `steered_inputs` builds the candidates and meeting nodes it reads in one call instead of ~15.
 It does the same floating-point operations in the same order as `layer_options` + `OrderMoEPolicy.choose`
 (sums, exact maxima and minima, first index on ties), so it picks the same action and reports the same
