@@ -331,8 +331,7 @@ def demo(
         report = render_report(paths, out)
     except EdgeMoEError as exc:
         _fail(exc)
-    from edgemoe.eval.results import load_results
-    from edgemoe.report.render import markdown_table, methods_table
+    from edgemoe.results import load_results, markdown_table, methods_table
 
     for p in paths:
         res = load_results(p)
@@ -441,10 +440,9 @@ def _evaluate_profile(profile: Path, out: Path, cluster: str, mode: str, method:
                       rate: float, plan_profile: Path | None = None) -> None:
     """`edgemoe evaluate --profile`: simulator-only replay of a profile (edgemoe.eval.replay)."""
     from edgemoe.eval.replay import DEFAULT_METHODS, evaluate_profile_file
-    from edgemoe.eval.results import load_results
     from edgemoe.io import Output, check_outputs
-    from edgemoe.report.render import markdown_table, methods_table
-    from edgemoe.runtime.workload import Workload
+    from edgemoe.results import load_results, markdown_table, methods_table
+    from edgemoe.runtime.sim.workload import Workload
 
     try:
         specs = _parse_methods(method or list(DEFAULT_METHODS))
@@ -505,9 +503,9 @@ def report(
     out: Annotated[Path, typer.Option(help="output folder")] = Path("runs/report"),
 ):
     """Re-render plots and the Markdown/HTML report from results files."""
-    from edgemoe.eval.results import load_results
     from edgemoe.io import Output, check_outputs, write_into_dir
     from edgemoe.report.render import render_report
+    from edgemoe.results import load_results
 
     check_outputs({"--out": Output(out, "report", _is_report_folder, "write into")}, {"RESULTS": list(results)})
     for p in results:
