@@ -714,6 +714,25 @@ def one_line_of(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
+class _RawOf:
+    """A readable stream as a raw one, so that io.BufferedReader can give it peek()."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.closed = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        data = self.stream.read(len(buf))
+        buf[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+
 def read_lines(path: str | os.PathLike, what: str = "file", expected: str = "JSONL, optionally gzip (.gz)",
                limit: int = TRACE_LIMIT_BYTES, line_limit: int = LINE_LIMIT_BYTES,
                allow_stdin: bool = True):
@@ -724,12 +743,15 @@ def read_lines(path: str | os.PathLike, what: str = "file", expected: str = "JSO
     stream, bytes that are not UTF-8, or a limit passed: EdgeMoEError naming the path and line.
     """
     import gzip
+    import io as stdlib_io
     import sys
     import zlib
 
     name = "<stdin>" if allow_stdin and is_stdin(path) else str(path)
     if allow_stdin and is_stdin(path):
         raw = sys.stdin.buffer
+        if not hasattr(raw, "peek"):  # a pipe-like stream without look-ahead: buffer it to see gzip's magic
+            raw = stdlib_io.BufferedReader(_RawOf(raw))
         close = False
     else:
         real = input_file(path, what, expected, limit)

@@ -284,3 +284,18 @@ def test_whatever_profile_trace_accepts_plan_accepts(tmp_path_factory, lines):
     loaded = load_profile(folder / "p")
     placement = plan(plan_problem(loaded, "device-edge-cloud"), "lfu")
     assert placement.hosts.shape[1:] == (1, 8)
+
+
+def test_profile_trace_reads_stdin_for_a_dash(tmp_path):
+    """`edgemoe profile --trace -` reads one trace from stdin (plain or gzip), like a file."""
+    from typer.testing import CliRunner
+
+    from edgemoe.cli import app
+
+    text = "".join(_line(req_id=f"r{i}", layer=k, topk_ids=[i % 8, (i + 1) % 8]) for i in range(6) for k in range(32))
+    for name, data in (("plain", text.encode()), ("gz", gzip.compress(text.encode(), mtime=0))):
+        out = tmp_path / name
+        result = CliRunner().invoke(app, ["profile", "--model-spec", "mixtral-8x7b", "--out", str(out), "--trace", "-"],
+                                    input=data)
+        assert result.exit_code == 0, (result.stderr, result.exception)
+        assert load_profile(out).num_tokens == 6
