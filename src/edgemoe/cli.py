@@ -355,6 +355,11 @@ def _demo_dilation(text: str, backend: str) -> float | None:
 def _demo_paper_scale(out: Path, quick: bool, shared_data: Path) -> None:
     """`edgemoe demo --scenario paper-scale` (edgemoe.eval.paper_scale)."""
     from edgemoe.eval.paper_scale import PaperScaleConfig, run_paper_scale
+    from edgemoe.io import Output, check_outputs, claim_output_dir
+
+    # claimed like every report folder: a user's folder (or its summary.md) is never written into
+    check_outputs({"--out": Output(out, "report", _is_report_folder, "write into")}, {"--shared-data": shared_data})
+    claim_output_dir(out, "report", (*REPORT_FILES, "summary.md"), recognise=_is_report_folder)
 
     cfg = PaperScaleConfig(shared_data=str(shared_data))
     if quick:
