@@ -10,7 +10,8 @@ Layers, lowest first (a module may import its own layer and any layer below it):
  5. `plan`      builds its `PlanProblem` from a profile and a cluster (`plan.problem`); planners
  6. `runtime`   policies and the simulator / local backends
  7. `distributed` the Ray backend (hosts runtime policies on actors)
- 8. `eval`      experiments that run every backend side by side
+ 8. `eval`      experiments that run every backend side by side; `serve` the HTTP service (beside eval: both
+                run the backends for a client, and serve fills the metrics record eval keeps)
  9. `report`    plots and reports from results files
 10. `cli`       `edgemoe.cli`, the typer app over everything
 
@@ -42,7 +43,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("plan",),
     ("runtime",),
     ("distributed",),
-    ("eval",),
+    ("eval", "serve"),
     ("report",),
     ("cli",),
 )
