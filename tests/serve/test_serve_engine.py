@@ -100,3 +100,23 @@ def test_text_stream_holds_back_a_possible_stop(deployment):
 def test_plain_chat_template():
     text = plain_chat_prompt([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
     assert text == "System: Be brief.\nUser: Hi\nAssistant:"
+
+
+def test_routing_log_is_a_trace_profile_reads(deployment, tmp_path):
+    """The served routing, logged, becomes a profile of the same model: every token row once, all layers."""
+    from edgemoe.models.loader import resolve_model_path
+    from edgemoe.profile.trace import trace_profile
+
+    log = tmp_path / "served.jsonl"
+    engine = Engine(deployment, log_routing=str(log))
+    try:
+        finished = [run_to_end(engine, r)[2] for r in _requests(deployment)[:2]]
+    finally:
+        engine.close()
+    ctx = deployment.ctx
+    rows = sum(sum(f.stats["expert_slots"].values()) for f in finished) // (ctx.num_layers * ctx.top_k)
+    prof, tr = trace_profile([log], resolve_model_path("default"))
+    assert (prof.L, prof.E) == (ctx.num_layers, ctx.num_experts)
+    assert tr.counts["requests"] == 2 and tr.counts["tokens_dropped_incomplete"] == 0
+    assert tr.counts["tokens_kept"] == rows
+    assert prof.meta.similarity == "router-logits"

@@ -64,6 +64,8 @@ def serve_command(
     max_tokens: Annotated[int | None, typer.Option(min=1, help="largest max_tokens (default: the model's context)")] = None,
     user: Annotated[str | None, typer.Option(help="the user (name or index) of requests that name none")] = None,
     served_name: Annotated[str | None, typer.Option(help="the model id clients give (default: --model)")] = None,
+    log_routing: Annotated[Path | None, typer.Option(help="append the served routing to this trace file (JSONL, .gz "
+                                                     "for gzip), the format `edgemoe profile --trace` reads")] = None,
     cache_dir: CacheOpt = Path("runs/cache"),
     calib_data: CalibOpt = "offline",
     calib_tokens: CalibTokensOpt = 8192,
@@ -93,6 +95,10 @@ def serve_command(
                        calib_tokens, domain_fallback, ray_address, links, wire, load_users, load_seconds, gen_tokens, dilation, out)
             return
         check_bind(host, api_key)
+        if log_routing is not None:
+            from edgemoe.io import file_target
+
+            file_target(log_routing)
         spec = _spec(model, cluster, placement, planner, profile, policy, param, mode, cache_dir, calib_data, calib_tokens,
                      dtype, device)
         from .api import Limits
@@ -100,7 +106,7 @@ def serve_command(
 
         svc = make_service(spec, api_key=api_key, limits=Limits(max_body_bytes, max_prompt_tokens, max_tokens),
                            max_running=max_running, max_queue=max_queue, user=user, model_name=served_name,
-                           log=typer.echo)
+                           log_routing=None if log_routing is None else str(log_routing), log=typer.echo)
     except EdgeMoEError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2) from None

@@ -150,8 +150,11 @@ class PolicyBridge:
     rows: per row, its Sequence, its user, whether it runs exactly, its budget allowance per token-layer, and
     whether it is a generated token (its decisions are kept for `explain` and the modelled time)."""
 
-    def __init__(self, engine: Engine, seqs: list[Sequence], per_seq_rows: list[int], generated: list[bool]):
+    def __init__(self, engine: Engine, seqs: list[Sequence], per_seq_rows: list[int], generated: list[bool],
+                 positions: np.ndarray | None = None):
+        """positions: [T] each row's token position in its request (for the routing log)."""
         self.engine = engine
+        self.positions = positions
         self.seqs = seqs
         self.owner = np.repeat(np.arange(len(seqs)), per_seq_rows)  # [T] which sequence each row belongs to
         self.gen_row = np.repeat(np.asarray(generated, bool), per_seq_rows) & _last_rows(per_seq_rows)
@@ -163,6 +166,7 @@ class PolicyBridge:
         self.allow = np.array([engine.allowance(s.req) for s in seqs], float)[self.owner]
         self.states: list = []
         self.layer_records: list = []  # per layer (topk, experts, node, location, zeroed) for explained rows
+        self.routing: list = []  # per layer (topk, gates, router logits) when the engine logs routing
 
     def __call__(self, call):
         from edgemoe.eval.metrics import decision_bytes
@@ -192,9 +196,27 @@ class PolicyBridge:
             self._count(rows, topk[rows], dec, decision_bytes(dec, call.layer, L, st.home, ctx.wire_bytes))
         if self.gen_row.any():
             self.layer_records.append((topk, experts, node, location, zeroed))
+        if self.engine.routing_log is not None:
+            self._log(call, topk, gates)
         if np.array_equal(experts, topk):
             return None  # nothing changes: the model runs untouched
         return Intervention.from_numpy(experts, zeroed if zeroed.any() else None)
+
+    def _log(self, call, topk: np.ndarray, gates: np.ndarray) -> None:
+        """Keep the model's own routing of this layer; after the last layer, write the pass's trace lines."""
+        logits = None if call.router_logits is None else call.router_logits.float().cpu().numpy()
+        if call.layer == 0:
+            self.routing = []
+        self.routing.append((topk, gates, logits))
+        if call.layer == self.engine.ctx.num_layers - 1:
+            ctx = self.engine.ctx
+            req_ids = [self.seqs[o].req.request_id for o in self.owner]
+            domains = [self.engine.dep.user_domains[u] if self.engine.dep.user_domains else ctx.user_names[u]
+                       for u in self.users]
+            have_logits = all(r[2] is not None for r in self.routing)
+            self.engine.routing_log.write(req_ids, self.positions, domains, np.stack([r[0] for r in self.routing], 1),
+                                          np.stack([r[1] for r in self.routing], 1),
+                                          np.stack([r[2] for r in self.routing], 1) if have_logits else None)
 
     def _count(self, rows: np.ndarray, topk: np.ndarray, dec, nbytes: np.ndarray) -> None:
         kind = slot_kinds(topk, dec.experts, dec.node, dec.location, dec.zero_mask)  # [R, K] index into SLOT_KINDS
@@ -251,10 +273,11 @@ class Engine:
 
     max_running: sequences decoded together at most; max_queue: sequences waiting at most;
     max_prefills_per_step: prompts admitted per step (so running streams keep getting tokens); start=False:
-    the loop starts at `start()` (tests queue requests first, so that they are batched together)."""
+    the loop starts at `start()` (tests queue requests first, so that they are batched together); log_routing:
+    a trace file the routing of every pass is appended to (edgemoe.serve.routing_log)."""
 
     def __init__(self, deployment, max_running: int = 16, max_queue: int = 64, max_prefills_per_step: int = 4,
-                 telemetry=None, start: bool = True):
+                 telemetry=None, start: bool = True, log_routing: str | None = None):
         from edgemoe.runtime import make_policy
 
         if max_running < 1 or max_queue < 0:
@@ -270,6 +293,11 @@ class Engine:
         self.max_running, self.max_queue = int(max_running), int(max_queue)
         self.max_prefills = int(max_prefills_per_step)
         self.telemetry = telemetry
+        self.routing_log = None
+        if log_routing:
+            from .routing_log import RoutingLog
+
+            self.routing_log = RoutingLog(log_routing, deployment.spec.model, self.adapter.moe_layer_ids)
         self.eos = _eos_ids(self.tokenizer, self.adapter.config)
         self.device = next(self.model.parameters()).device
         self._cv = threading.Condition()
@@ -336,6 +364,8 @@ class Engine:
             self._loop()
         else:
             self._thread.join(timeout_s)
+        if self.routing_log is not None:
+            self.routing_log.close()
 
     # ---- the loop ------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -400,7 +430,7 @@ class Engine:
         seq.started = time.perf_counter()
         ids = torch.tensor([list(seq.req.prompt_ids)], dtype=torch.long, device=self.device)
         cache = DynamicCache(config=self.model.config)
-        bridge = PolicyBridge(self, [seq], [ids.shape[1]], [True])
+        bridge = PolicyBridge(self, [seq], [ids.shape[1]], [True], np.arange(ids.shape[1]))
         with self.adapter.intervene(bridge):
             logits = self.model(input_ids=ids, cache=cache, use_cache=True).logits[:, -1]
         seq.kv = [(layer.keys, layer.values) for layer in cache.layers]
@@ -430,7 +460,7 @@ class Engine:
             mask[b, width - s.length:] = 1
         ids = torch.tensor([[s.last_token] for s in batch], dtype=torch.long, device=self.device)
         pos = torch.tensor([[s.length] for s in batch], dtype=torch.long, device=self.device)
-        bridge = PolicyBridge(self, batch, [1] * B, [True] * B)
+        bridge = PolicyBridge(self, batch, [1] * B, [True] * B, np.array([s.length for s in batch]))
         with self.adapter.intervene(bridge):
             logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True).logits[:, -1]
         for i, layer in enumerate(cache.layers):

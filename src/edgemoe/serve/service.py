@@ -37,9 +37,9 @@ class Service:
 
 def make_service(spec: DeploymentSpec, api_key: str | None = None, limits: Limits | None = None, max_running: int = 16,
                  max_queue: int = 64, user: str | int | None = None, model_name: str | None = None,
-                 deployment: Deployment | None = None, log=lambda _m: None) -> Service:
+                 deployment: Deployment | None = None, log_routing: str | None = None, log=lambda _m: None) -> Service:
     """Load `spec` (or reuse `deployment`), start its engine, build the app. user: the default user (name or
-    index; default the cluster's first)."""
+    index; default the cluster's first); log_routing: a trace file the served routing is appended to."""
     dep = deployment or load_deployment(spec, log)
     ctx = dep.ctx
     if user is None:
@@ -54,7 +54,7 @@ def make_service(spec: DeploymentSpec, api_key: str | None = None, limits: Limit
         raise EdgeMoEError(f"--user {user!r} is not a user of cluster {ctx.cluster_name!r}; "
                            f"expected one of {', '.join(ctx.user_names)}")
     tele = Telemetry(ctx.node_names, policies=tuple(sorted({"exact", dep.spec.policy})))
-    engine = Engine(dep, max_running=max_running, max_queue=max_queue, telemetry=tele)
+    engine = Engine(dep, max_running=max_running, max_queue=max_queue, telemetry=tele, log_routing=log_routing)
     name = model_name or dep.spec.model
     app = create_app(engine, name, api_key=api_key, limits=limits or Limits(), default_user=default_user)
     return Service(dep, engine, app, name)

@@ -60,6 +60,7 @@ class Deployment:
     ctx: object  # edgemoe.runtime.RuntimeContext
     sources: dict = field(default_factory=dict)  # "profile" / "placement" -> path, and whether it was cached
     domain_fallback: bool = False  # the profile lacks some of the cluster's user domains (mapped round-robin)
+    user_domains: tuple = ()  # [U] the cluster users' domain labels (the routing log's `domain`)
 
     @property
     def context_length(self) -> int:
@@ -171,4 +172,5 @@ def load_deployment(spec: DeploymentSpec, log=lambda _m: None) -> Deployment:
     ctx = make_context(prof, cluster, placement, mode=spec.mode, domain_fallback=fallback, dense=dense_cost_of_model(adapter))
     from dataclasses import replace
 
-    return Deployment(replace(spec, policy_params=tuple(params.items())), adapter, tokenizer, ctx, sources, fallback)
+    return Deployment(replace(spec, policy_params=tuple(params.items())), adapter, tokenizer, ctx, sources, fallback,
+                      tuple(u.domain for u in cluster.users))
