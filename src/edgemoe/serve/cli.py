@@ -90,11 +90,17 @@ def serve_command(
     try:
         if chosen not in BACKENDS:
             raise EdgeMoEError(f"--backend {chosen!r}: expected one of {', '.join(BACKENDS)}")
-        if chosen == "ray":
-            _serve_ray(model, cluster, placement, planner, profile, policy, param, mode, cache_dir, calib_data,
-                       calib_tokens, domain_fallback, ray_address, links, wire, load_users, load_seconds, gen_tokens, dilation, out)
-            return
         check_bind(host, api_key)
+        if chosen == "ray":
+            from .api import Limits
+
+            limits = Limits(max_body_bytes, max_prompt_tokens, max_tokens)
+            _serve_ray(model, cluster, placement, planner, profile, policy, param, mode, cache_dir, calib_data,
+                       calib_tokens, domain_fallback, ray_address, links, wire, load_users, load_seconds, gen_tokens,
+                       dilation, out, http=dict(host=host, port=port, api_key=api_key, limits=limits,
+                                                max_running=max_running, max_queue=max_queue, user=user,
+                                                served_name=served_name))
+            return
         if log_routing is not None:
             from edgemoe.io import file_target
 
@@ -129,9 +135,10 @@ def _run_http(svc, host: str, port: int, api_key: str | None) -> None:
 
 
 def _serve_ray(model, cluster, placement, planner, profile, policy, param, mode, cache_dir, calib_data, calib_tokens,
-               domain_fallback,
-               ray_address, links, wire, load_users, load_seconds, gen_tokens, dilation, out) -> None:
-    """Today's Ray deployment (edgemoe.distributed.cli); a missing placement or profile is made and cached first."""
+               domain_fallback, ray_address, links, wire, load_users, load_seconds, gen_tokens, dilation, out,
+               http: dict) -> None:
+    """The Ray deployment (edgemoe.distributed): behind the HTTP app, or (--load-users) today's closed-loop load
+    run (edgemoe.distributed.cli); a missing placement or profile is made and cached first."""
     from edgemoe.distributed.cli import serve_command as ray_serve
 
     if placement is None or profile is None:
@@ -143,9 +150,51 @@ def _serve_ray(model, cluster, placement, planner, profile, policy, param, mode,
         placement = Path(dep.sources["placement"]["path"]) if placement is None else placement
         profile = Path(dep.sources["profile"]["path"]) if profile is None else profile
         domain_fallback = domain_fallback or dep.domain_fallback  # as the in-process deployment maps them
-    ray_serve(cluster=cluster, placement=placement, profile=profile, model=model, policy=policy, param=param, mode=mode,
-              domain_fallback=domain_fallback, ray_address=ray_address, links=links, wire=wire, load_users=load_users,
-              load_seconds=load_seconds, gen_tokens=gen_tokens, dilation=dilation, out=out)
+    if load_users:
+        ray_serve(cluster=cluster, placement=placement, profile=profile, model=model, policy=policy, param=param,
+                  mode=mode, domain_fallback=domain_fallback, ray_address=ray_address, links=links, wire=wire,
+                  load_users=load_users, load_seconds=load_seconds, gen_tokens=gen_tokens, dilation=dilation, out=out)
+        return
+    _serve_ray_http(cluster, placement, profile, model, policy, param, mode, wire, domain_fallback, links, ray_address,
+                    dilation, **http)
+
+
+def _serve_ray_http(cluster, placement, profile, model, policy, param, mode, wire, domain_fallback, links, ray_address,
+                    dilation, host, port, api_key, limits, max_running, max_queue, user, served_name) -> None:
+    """One Ray actor per server (edgemoe.distributed), fronted by the HTTP app through `RayEngine`."""
+    from dataclasses import replace
+
+    import uvicorn
+
+    from edgemoe.distributed.cli import _checked_inputs, _dilation
+    from edgemoe.distributed.serve import Deployment, start_ray, stop_ray
+    from edgemoe.models import load_tokenizer
+
+    from .api import create_app
+    from .ray_engine import RayEngine
+    from .service import default_user_index
+    from .telemetry import Telemetry
+
+    k = _dilation(dilation)
+    if k == "auto":
+        raise EdgeMoEError("--dilation auto calibrates a load run (--load-users); give a number to serve")
+    ctx, cfg = _checked_inputs(cluster, Path(placement), Path(profile), model, policy, param, mode, wire,
+                               domain_fallback, links and ray_address is None)
+    cfg = replace(cfg, dilation=k)
+    info = start_ray(ctx.node_names if ray_address is None else (), address=ray_address)
+    typer.echo(f"ray: {info}")
+    dep = Deployment.launch(cfg)
+    try:
+        engine = RayEngine(dep, load_tokenizer(model), max_running, max_queue,
+                           Telemetry(ctx.node_names, policies=(policy,)))
+        app = create_app(engine, served_name or model, api_key=api_key, limits=limits,
+                         default_user=default_user_index(ctx, user))
+        typer.echo(f"serving {served_name or model!r} on {len(dep.handles)} Ray actors ({ctx.cluster_name}), policy "
+                   f"{policy}; OpenAI API at http://{host}:{port}/v1{' (API key required)' if api_key else ''}")
+        uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="off", timeout_graceful_shutdown=5)
+    finally:
+        dep.shutdown()
+        stop_ray()
 
 
 def generate_command(

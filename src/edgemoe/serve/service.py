@@ -42,22 +42,26 @@ def make_service(spec: DeploymentSpec, api_key: str | None = None, limits: Limit
     index; default the cluster's first); log_routing: a trace file the served routing is appended to."""
     dep = deployment or load_deployment(spec, log)
     ctx = dep.ctx
-    if user is None:
-        default_user = 0
-    elif isinstance(user, int) or str(user).isdigit():
-        default_user = int(user)
-        if not 0 <= default_user < ctx.num_users:
-            raise EdgeMoEError(f"--user {user}: expected an index in [0, {ctx.num_users}) or a user name")
-    elif user in ctx.user_names:
-        default_user = ctx.user_names.index(user)
-    else:
-        raise EdgeMoEError(f"--user {user!r} is not a user of cluster {ctx.cluster_name!r}; "
-                           f"expected one of {', '.join(ctx.user_names)}")
+    default_user = default_user_index(ctx, user)
     tele = Telemetry(ctx.node_names, policies=tuple(sorted({"exact", dep.spec.policy})))
     engine = Engine(dep, max_running=max_running, max_queue=max_queue, telemetry=tele, log_routing=log_routing)
     name = model_name or dep.spec.model
     app = create_app(engine, name, api_key=api_key, limits=limits or Limits(), default_user=default_user)
     return Service(dep, engine, app, name)
+
+
+def default_user_index(ctx, user: str | int | None) -> int:
+    """--user (a name or an index; None: the cluster's first user) as an index into ctx.user_names."""
+    if user is None:
+        return 0
+    if isinstance(user, int) or str(user).isdigit():
+        if not 0 <= int(user) < ctx.num_users:
+            raise EdgeMoEError(f"--user {user}: expected an index in [0, {ctx.num_users}) or a user name")
+        return int(user)
+    if user not in ctx.user_names:
+        raise EdgeMoEError(f"--user {user!r} is not a user of cluster {ctx.cluster_name!r}; "
+                           f"expected one of {', '.join(ctx.user_names)}")
+    return ctx.user_names.index(user)
 
 
 def check_bind(host: str, api_key: str | None) -> None:
