@@ -270,3 +270,22 @@ def test_full_queue_is_429_and_a_stopped_engine_503(deployment):
             c.completions.create(model=MODEL, prompt="a", max_tokens=1)
         assert err.value.status_code == 503
         assert httpx.get(s.url + "/health").status_code == 503
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_slot(server):
+    """Closing a stream cancels its sequence: the engine ends it ('cancelled') and runs nothing more for it."""
+    import time
+
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 900, "seed": 21, "stream": True,
+            "edgemoe": {"budget": 0}}
+    before = metrics(server).get(("edgemoe_finished_sequences_total", (("reason", "cancelled"),)), 0.0)
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(3)]
+    assert any(line.startswith("data: ") for line in got)
+    deadline = time.monotonic() + 120
+    while httpx.get(server.url + "/health").json()["running"]:
+        assert time.monotonic() < deadline, "the cancelled sequence still runs"
+        time.sleep(0.1)
+    after = metrics(server).get(("edgemoe_finished_sequences_total", (("reason", "cancelled"),)), 0.0)
+    assert after == before + 1
