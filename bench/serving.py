@@ -1,7 +1,8 @@
 """The HTTP service under load: 1, 4, 16 and 64 concurrent streams, exact and ordermoe, in-process.
 
 Each stream is a closed loop of streamed completions (`stream: true`, `logprobs: 0` so every chunk says how
-many tokens it carries) sent with httpx to a real uvicorn server on loopback; the default model on edge8
+many tokens it carries) sent by an asyncio httpx client in a separate load process (its own GIL) to a real
+uvicorn server on loopback in this process; the default model on edge8
 with the placement `edgemoe serve` plans itself (cached in runs/cache). Per level: TTFT and inter-token
 latency (p50, p99) as the client sees them, and aggregate generated tokens per second (all tokens over the
 level's wall time). At one stream the same requests also run through the Python client (the engine
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -47,14 +47,14 @@ def prompts(tokenizer, count: int = 64, length: int = 16) -> list[list[int]]:
     return [ids[i * length:(i + 1) * length] for i in range(count)]
 
 
-def stream_once(client: httpx.Client, url: str, prompt: list[int], tokens: int, seed: int) -> dict:
-    """One streamed completion -> send time, per-token arrival times."""
+async def stream_once(client, url: str, prompt: list[int], tokens: int, seed: int) -> dict:
+    """One streamed completion -> send time, per-token arrival times (perf_counter, this process)."""
     body = {"model": "default", "prompt": prompt, "max_tokens": tokens, "seed": seed, "stream": True, "logprobs": 0}
     sent = time.perf_counter()
     arrivals: list[float] = []
-    with client.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
+    async with client.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
         r.raise_for_status()
-        for line in r.iter_lines():
+        async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
@@ -63,6 +63,25 @@ def stream_once(client: httpx.Client, url: str, prompt: list[int], tokens: int, 
                 now = time.perf_counter()
                 arrivals.extend([now] * len(lp["tokens"]))
     return {"sent": sent, "arrivals": arrivals}
+
+
+def client_level(url: str, streams: int, per_stream: int, ps: list[list[int]], tokens: int) -> tuple[list[dict], float]:
+    """`streams` closed loops of `per_stream` requests each, as asyncio tasks of one httpx client; runs in the
+    load process (no GIL shared with the server). Returns (records, wall seconds)."""
+    import asyncio
+
+    async def run() -> tuple[list[dict], float]:
+        limits = httpx.Limits(max_connections=streams + 4, max_keepalive_connections=streams + 4)
+        async with httpx.AsyncClient(limits=limits, timeout=600) as client:
+            async def loop(k: int) -> list[dict]:
+                return [await stream_once(client, url, ps[(k * per_stream + i) % len(ps)], tokens, seed=k * 1000 + i)
+                        for i in range(per_stream)]
+
+            t0 = time.perf_counter()
+            parts = await asyncio.gather(*(loop(k) for k in range(streams)))
+            return [r for part in parts for r in part], time.perf_counter() - t0
+
+    return asyncio.run(run())
 
 
 def summarise(records: list[dict], wall_s: float) -> dict:
@@ -79,27 +98,9 @@ def summarise(records: list[dict], wall_s: float) -> dict:
             "itl_ms_mean": round(float(gaps.mean()), 3) if len(gaps) else None}
 
 
-def run_level(url: str, streams: int, per_stream: int, ps: list[list[int]], tokens: int) -> dict:
-    records: list[dict] = []
-    lock = threading.Lock()
-    barrier = threading.Barrier(streams + 1)
-
-    def loop(k: int) -> None:
-        with httpx.Client() as client:
-            barrier.wait()
-            for i in range(per_stream):
-                rec = stream_once(client, url, ps[(k * per_stream + i) % len(ps)], tokens, seed=k * 1000 + i)
-                with lock:
-                    records.append(rec)
-
-    threads = [threading.Thread(target=loop, args=(k,)) for k in range(streams)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    return summarise(records, time.perf_counter() - t0)
+def run_level(pool, url: str, streams: int, per_stream: int, ps: list[list[int]], tokens: int) -> dict:
+    records, wall = pool.apply(client_level, (url, streams, per_stream, ps, tokens))
+    return summarise(records, wall)
 
 
 def python_once(engine, prompt: list[int], tokens: int, seed: int) -> dict:
@@ -119,18 +120,19 @@ def python_once(engine, prompt: list[int], tokens: int, seed: int) -> dict:
             return {"sent": sent, "arrivals": arrivals}
 
 
-def http_vs_python(url: str, engine, ps: list[list[int]], count: int, tokens: int) -> dict:
-    """One stream, paired: request i through HTTP, then the same request (prompt, seed) through the Python
-    client, so that a change of the machine's load hits both sides alike."""
+def http_vs_python(pool, url: str, engine, ps: list[list[int]], count: int, tokens: int) -> dict:
+    """One stream, paired: request i through HTTP (from the load process), then the same request (prompt, seed)
+    through the Python client, so that a change of the machine's load hits both sides alike."""
     http, py = [], []
     t_http = t_py = 0.0
-    with httpx.Client() as client:
-        for i in range(count):
-            t0 = time.perf_counter()
-            http.append(stream_once(client, url, ps[i % len(ps)], tokens, seed=i))
-            t1 = time.perf_counter()
-            py.append(python_once(engine, ps[i % len(ps)], tokens, seed=i))
-            t_http, t_py = t_http + (t1 - t0), t_py + (time.perf_counter() - t1)
+    for i in range(count):
+        (rec,), wall = pool.apply(client_level, (url, 1, 1, [ps[i % len(ps)]], tokens))
+        # client_level seeds stream 0's first request with 0: give the Python client the same seed
+        http.append(rec)
+        t_http += wall
+        t1 = time.perf_counter()
+        py.append(python_once(engine, ps[i % len(ps)], tokens, seed=0))
+        t_py += time.perf_counter() - t1
     return {"http": summarise(http, t_http), "python": summarise(py, t_py)}
 
 
@@ -147,21 +149,29 @@ def main() -> None:
     base = load_deployment(DeploymentSpec(), log=print)  # `edgemoe serve`'s defaults: edge8, ordermoe placement
     ps = prompts(base.tokenizer)
     results: dict = {}
+    import multiprocessing
+
+    pool = multiprocessing.get_context("spawn").Pool(1)  # the load generator: its own process and GIL
     for policy in POLICIES:
         dep = replace(base, spec=replace(base.spec, policy=policy, policy_params=()))
         svc = make_service(dep.spec, deployment=dep, max_running=max(levels), max_queue=max(levels))
         try:
             with ServerThread(svc.app) as server:
-                run_level(server.url, 1, 1, ps, 8)  # warm-up
+                run_level(pool, server.url, 1, 1, ps, 8)  # warm-up
                 rows = {}
                 for c in levels:
-                    rows[str(c)] = run_level(server.url, c, max(1, n_requests // c), ps, args.tokens)
+                    rows[str(c)] = run_level(pool, server.url, c, max(1, n_requests // c), ps, args.tokens)
                     print(f"{policy:>9} {c:>3} streams: {rows[str(c)]}")
-                paired = http_vs_python(server.url, svc.engine, ps, max(1, n_requests), args.tokens)
+                paired = http_vs_python(pool, server.url, svc.engine, ps, max(1, n_requests), args.tokens)
                 rows["1_paired_http"], rows["1_paired_python"] = paired["http"], paired["python"]
             results[policy] = rows
         finally:
             svc.close()
+    pool.close()
+    pool.join()
+    import resource
+
+    load_cpu_s = resource.getrusage(resource.RUSAGE_CHILDREN)
     targets = {}
     for policy, rows in results.items():
         one, sixteen = rows.get("1"), rows.get("16")
@@ -179,6 +189,7 @@ def main() -> None:
         "mode": base.ctx.mode, "prompt_tokens": 16, "max_tokens": args.tokens, "requests_per_level": n_requests,
         "results": results, "targets": targets,
         "timing": {"wall_s": round(time.perf_counter() - start, 1), "cpu_s": round(time.process_time() - cpu0, 1),
+                   "cpu_s_load_process": round(load_cpu_s.ru_utime + load_cpu_s.ru_stime, 1),
                    "load_average_start": load0, "load_average_end": list(os.getloadavg())},
         "environment": {**environment(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                         "cpu_count": os.cpu_count()},
