@@ -120,3 +120,15 @@ def test_routing_log_is_a_trace_profile_reads(deployment, tmp_path):
     assert tr.counts["requests"] == 2 and tr.counts["tokens_dropped_incomplete"] == 0
     assert tr.counts["tokens_kept"] == rows
     assert prof.meta.similarity == "router-logits"
+
+
+def test_a_tokenizers_own_chat_template_is_used(deployment):
+    import copy
+
+    from edgemoe.serve.text import CHAT_STOP, chat_prompt
+
+    msgs = [{"role": "user", "content": "Hi"}]
+    assert chat_prompt(deployment.tokenizer, msgs) == (plain_chat_prompt(msgs), CHAT_STOP)
+    tok = copy.deepcopy(deployment.tokenizer)
+    tok.chat_template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+    assert chat_prompt(tok, msgs) == ("<user>Hi<assistant>", ())

@@ -32,7 +32,7 @@ from edgemoe.errors import EdgeMoEError
 
 from .engine import Busy, Closed, Delta, Failed, Finished, GenerationRequest
 from .sampling import SamplingParams
-from .text import CHAT_STOP, plain_chat_prompt
+from .text import chat_prompt
 
 MAX_SEED = 2**63 - 1
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -391,12 +391,13 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
             content = m.content if isinstance(m.content, str) else "".join(
                 part.get("text", "") for part in m.content if part.get("type") == "text")
             messages.append({"role": "system" if m.role == "developer" else m.role, "content": content})
-        ids = tokenizer(plain_chat_prompt(messages))["input_ids"]
+        text, chat_stop = chat_prompt(tokenizer, messages)
+        ids = tokenizer(text, add_special_tokens=not getattr(tokenizer, "chat_template", None))["input_ids"]
         asked = body.max_completion_tokens or body.max_tokens
         max_tokens = asked if asked is not None else max(1, min(max_new, context - len(ids)))
         check_prompt(ids, max_tokens)
         top = (body.top_logprobs or 0) if body.logprobs else None
-        req = generation(body, ids, max_tokens, top, CHAT_STOP, prefix="chatcmpl")
+        req = generation(body, ids, max_tokens, top, chat_stop, prefix="chatcmpl")
         seq, queue = submit(req)
         base = {"id": req.request_id, "object": "chat.completion", "created": created, "model": model_name}
         if body.stream:

@@ -69,3 +69,12 @@ def plain_chat_prompt(messages: list[dict]) -> str:
     One line per message (content as given), then 'Assistant:' for the reply."""
     lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
     return "\n".join(lines + ["Assistant:"])
+
+
+def chat_prompt(tokenizer, messages: list[dict]) -> tuple[str, tuple[str, ...]]:
+    """(prompt text, extra stop strings) of a chat: the tokenizer's own chat template when it has one (hub chat
+    models; its end-of-turn token ends the reply as EOS or a stop string of the request), else the plain
+    template with its next-turn stop."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), ()
+    return plain_chat_prompt(messages), CHAT_STOP
