@@ -19,11 +19,11 @@ from typer.testing import CliRunner
 
 from edgemoe.cli import app
 from edgemoe.cluster import load_cluster
-from edgemoe.eval.results import write_results
 from edgemoe.models.tiny import save_tiny
 from edgemoe.plan import plan_problem
 from edgemoe.plan.base import plan
 from edgemoe.profile import synthetic_profile
+from edgemoe.results import write_results
 
 
 def _edit_arrays(folder: Path, **changes) -> None:

@@ -317,8 +317,7 @@ def demo(
         report = render_report(paths, out)
     except EdgeMoEError as exc:
         _fail(exc)
-    from edgemoe.eval.results import load_results
-    from edgemoe.report.render import markdown_table, methods_table
+    from edgemoe.results import load_results, markdown_table, methods_table
 
     for p in paths:
         res = load_results(p)
@@ -425,9 +424,8 @@ def _evaluate_profile(profile: Path, out: Path, cluster: str, mode: str, method:
                       rate: float, plan_profile: Path | None = None) -> None:
     """`edgemoe evaluate --profile`: simulator-only replay of a profile (edgemoe.eval.replay)."""
     from edgemoe.eval.replay import DEFAULT_METHODS, evaluate_profile_file
-    from edgemoe.eval.results import load_results
-    from edgemoe.report.render import markdown_table, methods_table
-    from edgemoe.runtime.workload import Workload
+    from edgemoe.results import load_results, markdown_table, methods_table
+    from edgemoe.runtime.sim.workload import Workload
 
     try:
         specs = _parse_methods(method or list(DEFAULT_METHODS))
@@ -478,9 +476,9 @@ def report(
     out: Annotated[Path, typer.Option(help="output folder")] = Path("runs/report"),
 ):
     """Re-render plots and the Markdown/HTML report from results files."""
-    from edgemoe.eval.results import load_results
     from edgemoe.io import claim_output_dir
     from edgemoe.report.render import render_report
+    from edgemoe.results import load_results
 
     for p in results:
         load_results(p)  # every input is valid before the output folder is made

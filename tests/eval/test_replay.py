@@ -15,7 +15,7 @@ from edgemoe.errors import EdgeMoEError
 from edgemoe.eval.experiment import MethodSpec
 from edgemoe.eval.replay import replay_profile
 from edgemoe.profile import synthetic_profile
-from edgemoe.runtime.workload import Workload
+from edgemoe.runtime.sim.workload import Workload
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "traces"
 SMALL = Workload(num_requests=6, prompt_tokens=4, gen_tokens=4, rate_per_s=20.0)

@@ -296,12 +296,6 @@ class Cluster:
         except KeyError:
             raise EdgeMoEError(f"cluster {self.name!r}: unknown node {name!r}; known: {list(self.node_names)}") from None
 
-    def user_index(self, name: str) -> int:
-        try:
-            return self._index["user"][name]
-        except KeyError:
-            raise EdgeMoEError(f"cluster {self.name!r}: unknown user {name!r}; known: {list(self.user_names)}") from None
-
     @property
     def user_home(self) -> np.ndarray:
         """[U] int node index of each user's home."""

@@ -23,6 +23,8 @@ import numpy as np
 
 from edgemoe.errors import EdgeMoEError
 
+from .replay import all_local
+
 
 @dataclass(frozen=True)
 class MethodSpec:
@@ -165,20 +167,10 @@ def cached_profile(adapter, tokenizer, spec: str, cfg: ExperimentConfig, log: Ca
     return prof
 
 
-def all_local_placement(problem):
-    """Every non-cloud server holds every expert (memory ignored): the latency floor."""
-    from edgemoe.plan.base import empty_hosts, make_placement
-
-    hosts = empty_hosts(problem)
-    hosts[[k == "edge" for k in problem.node_kind]] = True
-    pl = make_placement(problem, "all-local", hosts, note="memory ignored: the all-local floor")
-    return replace(pl, capacity_bytes=np.maximum(pl.bytes_used(), pl.capacity_bytes))
-
-
 def eval_trace(topk: np.ndarray, gates: np.ndarray, user_domain: np.ndarray, block_len: int):
     """A simulator Trace of the evaluation text: blocks are dealt round-robin to the users' domains so that
     every user's requests replay this text's real routing."""
-    from edgemoe.runtime.workload import Trace
+    from edgemoe.runtime.sim.workload import Trace
 
     domains = np.unique(user_domain)
     block = np.arange(topk.shape[0]) // block_len
@@ -254,17 +246,17 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
     backend="ray": latency, traffic and ratios are measured on Ray actors (edgemoe.distributed), one process
     per node with emulated links; the simulator's numbers for the same requests stay beside them."""
     from edgemoe.cluster.load import load_cluster
-    from edgemoe.eval.metrics import method_entry
-    from edgemoe.eval.quality import perplexity, quality_metrics
-    from edgemoe.eval.results import results_dict
+    from edgemoe.models.scoring import perplexity, quality_metrics
     from edgemoe.plan import plan
-    from edgemoe.plan.groups import groups_for
     from edgemoe.plan.problem import plan_problem
+    from edgemoe.profile.groups import groups_for
+    from edgemoe.results import results_dict
     from edgemoe.runtime import make_context, make_policy
     from edgemoe.runtime.dense import dense_cost_of_model
     from edgemoe.runtime.local import replay_decisions, score_local
-    from edgemoe.runtime.simulate import simulate
-    from edgemoe.runtime.workload import Workload
+    from edgemoe.runtime.metrics import method_entry
+    from edgemoe.runtime.sim.simulate import simulate
+    from edgemoe.runtime.sim.workload import Workload
 
     cluster = load_cluster(comp.cluster)
     fallback = any(u.domain not in profile.meta.domains for u in cluster.users)
@@ -291,7 +283,7 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
         key = (placement_name, json.dumps(params, sort_keys=True))
         if key not in planned:
             t0 = time.perf_counter()
-            pl = all_local_placement(problem) if placement_name == "all-local" else plan(problem, placement_name, **params)
+            pl = all_local(problem) if placement_name == "all-local" else plan(problem, placement_name, **params)
             ctx = make_context(profile, cluster, pl, mode=comp.mode, groups=groups, domain_fallback=fallback, dense=dense)
             planned[key] = (ctx, pl, round(time.perf_counter() - t0, 3))
         ctx, pl, seconds = planned[key]
@@ -582,7 +574,7 @@ def load_eval_text(adapter, tokenizer, cfg: ExperimentConfig, eval_spec: str, ca
     """Evaluation blocks, exact execution on them (nll, top-1, routing) and, when `calib_spec` is given, the
     calibration blocks the operating points are calibrated on (the start of the calibration text)."""
     from edgemoe.data import resolve, tokenize_blocks
-    from edgemoe.eval.quality import token_scores
+    from edgemoe.models.scoring import token_scores
     from edgemoe.runtime.local import routing_trace
 
     blocks = tokenize_blocks(resolve(eval_spec), tokenizer, cfg.block_len, max_tokens_per_source=cfg.eval_tokens)
@@ -605,8 +597,8 @@ def run_experiment(cfg: ExperimentConfig, comparisons: list[Comparison], out_dir
                    log: Callable[[str], None] = print, backend: str = "simulate", suffix: str = "") -> list[Path]:
     """Load cfg.model, profile (cached), evaluate every comparison; write one results file per comparison
     (`<comparison name><suffix>.json`)."""
-    from edgemoe.eval.results import write_document
     from edgemoe.models import load_moe, load_tokenizer
+    from edgemoe.results import write_document
 
     out_dir = Path(out_dir)
     adapter, tokenizer = load_moe(cfg.model), load_tokenizer(cfg.model)

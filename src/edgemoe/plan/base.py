@@ -253,7 +253,7 @@ def empty_hosts(problem: PlanProblem) -> np.ndarray:
 def make_placement(problem: PlanProblem, method: str, hosts: np.ndarray, **params) -> Placement:
     """Wrap a host mask [N, L, E] into a Placement for `problem`.
 
-    Padding experts (absent from params["experts_per_layer"], see plan.slim_multimodel) are dropped.
+    Padding experts (absent from params["experts_per_layer"], see plan.slimcaching.multimodel) are dropped.
     """
     per_layer = problem.params.get("experts_per_layer")
     if per_layer is not None:

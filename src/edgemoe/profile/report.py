@@ -41,8 +41,8 @@ def similarity_by_depth(sim: np.ndarray, thresholds=(0.3, 0.5, 0.7)) -> dict:
 
 
 def grouping_report(profile: Profile) -> dict:
-    """`edgemoe.plan.groups.grouping_report` (imported here so the profile package does not need plan/ to load)."""
-    from edgemoe.plan.groups import grouping_report as report
+    """`edgemoe.profile.groups.grouping_report` (imported here so the profile package does not need plan/ to load)."""
+    from edgemoe.profile.groups import grouping_report as report
 
     return report(profile)
 

@@ -152,7 +152,7 @@ class Policy:
     wants_feedback = False  # backends call `observe` only when True (it costs them bookkeeping)
 
     def compiled_rule(self) -> str | None:
-        """Name of a compiled rule (`edgemoe.runtime.waves.RULES`) that makes exactly this policy's decisions,
+        """Name of a compiled rule (`edgemoe.runtime.sim.waves.RULES`) that makes exactly this policy's decisions,
         for the simulator's fast engine to run in its compiled loop instead of calling `decide` per wave; None
         (default): the engine calls `decide`. A policy returning a name must decide by that rule alone."""
         return None

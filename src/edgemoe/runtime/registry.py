@@ -11,10 +11,10 @@ from collections.abc import Callable
 from edgemoe.errors import EdgeMoEError
 from edgemoe.params import validate_params
 
-from .baselines import DropPolicy, ExactPolicy, SlimCachingPolicy
 from .context import RuntimeContext
-from .oracle import OraclePolicy
-from .ordermoe import OrderMoEPolicy
+from .policies.baselines import DropPolicy, ExactPolicy, SlimCachingPolicy
+from .policies.oracle import OraclePolicy
+from .policies.ordermoe import OrderMoEPolicy
 from .policy import Policy
 
 _POLICIES: dict[str, Callable[..., Policy]] = {cls.name: cls for cls in (

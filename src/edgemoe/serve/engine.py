@@ -169,8 +169,8 @@ class PolicyBridge:
         self.routing: list = []  # per layer (topk, gates, router logits) when the engine logs routing
 
     def __call__(self, call):
-        from edgemoe.eval.metrics import decision_bytes
         from edgemoe.models import Intervention
+        from edgemoe.runtime.metrics import decision_bytes
 
         ctx = self.engine.ctx
         L = ctx.num_layers
