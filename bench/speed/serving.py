@@ -7,7 +7,8 @@ with the placement `edgemoe serve` plans itself (cached in runs/cache). Per leve
 latency (p50, p99) as the client sees them, and aggregate generated tokens per second (all tokens over the
 level's wall time). At one stream the same requests also run through the Python client (the engine
 directly, no HTTP), paired request by request: the difference of the mean inter-token latencies is what
-HTTP adds per token.
+HTTP adds per token (the target's figure; the median over the pairs of each pair's difference is recorded
+beside it, less moved by the other jobs of a shared machine).
 
 Targets (issue 20): at 16 streams aggregate tokens/s >= 3x the 1-stream figure; HTTP adds <= 2 ms per token.
 Writes bench/results/serving.json (commit, load average, CPU seconds) and prints a table.
@@ -133,7 +134,10 @@ def http_vs_python(pool, url: str, engine, ps: list[list[int]], count: int, toke
         t1 = time.perf_counter()
         py.append(python_once(engine, ps[i % len(ps)], tokens, seed=0))
         t_py += time.perf_counter() - t1
-    return {"http": summarise(http, t_http), "python": summarise(py, t_py)}
+    diffs = [float(np.mean(np.diff(h["arrivals"])) - np.mean(np.diff(p["arrivals"]))) * 1e3
+             for h, p in zip(http, py, strict=True) if len(h["arrivals"]) > 1 and len(p["arrivals"]) > 1]
+    return {"http": summarise(http, t_http), "python": summarise(py, t_py),
+            "median_paired_itl_diff_ms": round(float(np.median(diffs)), 3) if diffs else None}
 
 
 def main() -> None:
@@ -164,6 +168,7 @@ def main() -> None:
                     print(f"{policy:>9} {c:>3} streams: {rows[str(c)]}")
                 paired = http_vs_python(pool, server.url, svc.engine, ps, max(1, n_requests), args.tokens)
                 rows["1_paired_http"], rows["1_paired_python"] = paired["http"], paired["python"]
+                rows["1_paired_median_itl_diff_ms"] = paired["median_paired_itl_diff_ms"]
             results[policy] = rows
         finally:
             svc.close()
@@ -180,6 +185,7 @@ def main() -> None:
         targets[policy] = {"tokens_per_s_16_over_1": None if ratio is None else round(ratio, 2),
                            "met_3x": None if ratio is None else bool(ratio >= 3.0),
                            "http_ms_per_token_over_python": None if http is None else round(http, 3),
+                           "http_ms_per_token_median_of_pairs": rows["1_paired_median_itl_diff_ms"],
                            "met_2ms": None if http is None else bool(http <= 2.0)}
     doc = {
         "what": "edgemoe serve in-process through HTTP: closed-loop streams of streamed completions",
@@ -198,6 +204,8 @@ def main() -> None:
     print(f"\n{'policy':>9} {'streams':>8} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8}")
     for policy, rows in results.items():
         for c, r in rows.items():
+            if not isinstance(r, dict):
+                continue
             print(f"{policy:>9} {c:>8} {r['tokens_per_s']:>8} {r['ttft_ms_p50']:>9} {r['ttft_ms_p99']:>9} "
                   f"{r['itl_ms_p50']:>8} {r['itl_ms_p99']:>8}")
     print(json.dumps(targets))
