@@ -308,8 +308,9 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
     def sse(obj) -> str:
         return f"data: {json.dumps(obj)}\n\n"
 
-    def stream_response(seq, queue, chunk_of, final_of, include_usage: bool) -> StreamingResponse:
-        """Server-sent events: chunk_of(delta) per piece, final_of(finished) at the end, then [DONE]."""
+    def stream_response(seq, queue, chunk_of, final_of, chunk_object: str, include_usage: bool) -> StreamingResponse:
+        """Server-sent events: chunk_of(delta) per piece, final_of(finished) at the end, a usage chunk when asked,
+        then [DONE]. chunk_object: the chunks' `object` name."""
 
         async def events():
             count = 0
@@ -323,7 +324,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
                     elif isinstance(ev, Finished):
                         yield sse(final_of(ev))
                         if include_usage:
-                            yield sse({"id": seq.req.request_id, "object": final_of(None)["object"], "created": created,
+                            yield sse({"id": seq.req.request_id, "object": chunk_object, "created": created,
                                        "model": model_name, "choices": [],
                                        "usage": usage(seq.req, len(seq.generated))})
                         break
@@ -366,13 +367,12 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
                 lp = completion_logprobs(ev.tokens) if req.logprobs is not None else None
                 return dict(base, choices=[{"text": ev.text, "index": 0, "logprobs": lp, "finish_reason": None}])
 
-            def final(ev: Finished | None):
-                if ev is None:
-                    return base
+            def final(ev: Finished):
                 return dict(base, choices=[{"text": "", "index": 0, "logprobs": None, "finish_reason": ev.reason}],
                             edgemoe=ev.stats)
 
-            return stream_response(seq, queue, chunk, final, bool((body.stream_options or {}).get("include_usage")))
+            return stream_response(seq, queue, chunk, final, "text_completion",
+                                   bool((body.stream_options or {}).get("include_usage")))
         text, infos, fin = await collect(seq, queue)
         lp = completion_logprobs(infos) if req.logprobs is not None else None
         return JSONResponse(dict(base, choices=[{"text": text, "index": 0, "logprobs": lp, "finish_reason": fin.reason}],
@@ -411,14 +411,13 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
                 lp = chat_logprobs(ev.tokens) if req.logprobs is not None else None
                 return dict(chunk_base, choices=[{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": None}])
 
-            def final(ev: Finished | None):
-                if ev is None:
-                    return chunk_base
+            def final(ev: Finished):
                 delta = {"role": "assistant"} if first[0] else {}
                 return dict(chunk_base, choices=[{"index": 0, "delta": delta, "logprobs": None, "finish_reason": ev.reason}],
                             edgemoe=ev.stats)
 
-            return stream_response(seq, queue, chunk, final, bool((body.stream_options or {}).get("include_usage")))
+            return stream_response(seq, queue, chunk, final, "chat.completion.chunk",
+                                   bool((body.stream_options or {}).get("include_usage")))
         text, infos, fin = await collect(seq, queue)
         lp = chat_logprobs(infos) if req.logprobs is not None else None
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lp,

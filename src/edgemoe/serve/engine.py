@@ -92,7 +92,7 @@ class Failed:
 class Sequence:
     """A running request: its tokens, KV cache, generator, text stream, counters and event sink."""
 
-    def __init__(self, req: GenerationRequest, sink, tokenizer, num_layers: int):
+    def __init__(self, req: GenerationRequest, sink, tokenizer):
         self.req = req
         self.sink = sink  # callable(event), called from the engine thread
         self.gen = req.sampling.generator()
@@ -330,7 +330,7 @@ class Engine:
 
     def submit(self, req: GenerationRequest, sink) -> Sequence:
         """Queue `req`; events go to sink(event) from the engine thread. Raises Busy or Closed."""
-        seq = Sequence(req, sink, self.tokenizer, self.ctx.num_layers)
+        seq = Sequence(req, sink, self.tokenizer)
         with self._cv:
             if self._closed:
                 raise Closed(self.failure or "the engine is shutting down")
