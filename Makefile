@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU wheel of torch; an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[dev,ray]"
+	$(BIN)/pip install -q -e ".[dev,ray,serve]"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -90,9 +90,10 @@ def _mount_subcommands() -> None:
 
     app.add_typer(cluster_app, name="cluster")
     app.command("plan")(plan_command)
-    from edgemoe.distributed.cli import serve_command
+    from edgemoe.serve.cli import generate_command, serve_command
 
     app.command("serve")(serve_command)
+    app.command("generate")(generate_command)
 
 
 _mount_subcommands()
