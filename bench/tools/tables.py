@@ -515,9 +515,9 @@ def ray_demo() -> list[str]:
            "`python -m bench.ray.ray_demo_table` and in `docs/distributed.md`): every server a Ray actor on this one "
            "2-core machine, links, hardware and the dense part emulated on a dilated clock; measured latency against the "
            "simulator's replay of the same requests\n",
-           _table(["comparison", "Ray runs", "worst mean error", "worst p99 error", "dilation k", "host lateness",
+           _table(["comparison", "methods measured on Ray", "worst mean error", "worst p99 error", "dilation k", "host lateness",
                    "ranking by mean"], rows),
-           f"\n{valid} of {runs} runs valid. The command's wall time is not recorded in the files.\n"]
+           f"\n{valid} of {runs} methods' Ray runs valid. The command's wall time is not recorded in the files.\n"]
     out += ["The same comparisons' tables as measured on Ray (perplexity from the local backend; the oracle and the "
             "budget sweeps simulated only):\n"] + demo_tables("demo-ray")
     sweep = _load(RESULTS / "ray_sweep.json")
@@ -693,7 +693,7 @@ def ray_demo_rows() -> tuple[str, str] | None:
         return None
     ok = max(errs) <= 0.15 and max(errs99) <= 0.25 and same and valid == runs
     return (f"worst mean error {100 * max(errs):.1f}%, p99 {100 * max(errs99):.1f}%, ranking "
-            f"{'the same' if same else 'different'}, {valid} of {runs} runs valid (`demo-ray/`)", "met" if ok else "missed")
+            f"{'the same' if same else 'different'}, {valid} of {runs} methods' runs valid (`demo-ray/`)", "met" if ok else "missed")
 
 
 # --- the block ------------------------------------------------------------------------------------------------
