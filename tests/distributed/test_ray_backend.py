@@ -23,7 +23,7 @@ def test_local_instance_is_token_authenticated_without_dashboard(ray_session):
 def test_each_call_holds_exactly_the_configured_link_legs(lab3_deployment):
     """The legs a server emulates are the cluster file's figures, one hidden state per row as the simulator
     charges them (no wall-clock assertion: how closely the waits land on them is measured side by side in
-    bench/runtime.py)."""
+    bench/ray/runtime.py)."""
     from edgemoe.distributed.wire import ExpertCall
 
     dep = lab3_deployment

@@ -26,7 +26,7 @@ def test_demo_comparison_lists_every_field_baseline_at_both_points():
 
 def test_self_calibrated_methods_get_their_own_budget():
     from edgemoe.eval.experiment import Comparison, EvalText, ExperimentConfig, MethodSpec, run_comparison
-    from edgemoe.eval.quality import token_scores
+    from edgemoe.models.scoring import token_scores
 
     adapter = adapter_for(tiny_model("mixtral", seed=5), "mixtral")
     rng = np.random.default_rng(0)

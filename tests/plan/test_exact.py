@@ -10,7 +10,7 @@ from edgemoe.plan import plan
 from edgemoe.plan.objective import expected_latency, marginal_prob, slim_model
 from edgemoe.plan.synthetic import synthetic_problem
 
-from .test_slimcaching import TINY, brute_force_best, node_subsets  # noqa: F401
+from .slimcaching.test_planner import TINY, brute_force_best, node_subsets  # noqa: F401
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -41,7 +41,7 @@ def test_sum_objective_ilp_equals_enumeration(seed):
     import itertools
 
     from edgemoe.plan.base import empty_hosts
-    from edgemoe.plan.slim_k1 import cache_nodes
+    from edgemoe.plan.nodes import cache_nodes
 
     nodes = cache_nodes(problem)
     best = np.inf
@@ -118,8 +118,8 @@ def test_lp_relaxation_bounds_the_optimum_from_below(seed, with_devices):
 @pytest.mark.parametrize("seed,objective,coverage", [(0, "slimcaching", None), (1, "sum", None),
                                                       (2, "slimcaching", True), (3, "sum", True)])
 def test_program_size_counts_what_build_program_builds(seed, objective, coverage):
-    from edgemoe.plan.baselines import resolve_coverage
     from edgemoe.plan.exact import build_program, program_size
+    from edgemoe.plan.nodes import resolve_coverage
 
     problem = synthetic_problem(seed=seed, with_devices=True, num_layers=2, top_k=1 + seed % 3)
     cover = resolve_coverage(problem, coverage)

@@ -6,8 +6,8 @@ import numpy as np
 
 from edgemoe.cluster.schema import build_cluster
 from edgemoe.plan.base import Placement
-from edgemoe.plan.groups import threshold_groups
 from edgemoe.profile import ProfileMeta, build_profile
+from edgemoe.profile.groups import threshold_groups
 from edgemoe.runtime import make_context
 
 HIDDEN = 1000  # bytes per hidden state on the wire

@@ -180,3 +180,12 @@ def cost_tables(cluster: Cluster, expert_bytes, expert_flops, hidden_bytes: int,
     away = np.arange(cluster.num_nodes)[None, :] != home[:, None]
     comm = comm + np.where(away, queue[None, :], 0.0)
     return CostTables(capacity_bytes=capacity, compute_s=compute, comm_s=comm, xfer_s=one_way, queue_s=queue)
+
+
+def usable_nodes(node_kind, user_home) -> np.ndarray:
+    """[U, N] bool: which nodes may serve each user. Edge and cloud nodes serve everyone; a device serves only
+    the users homed on it. node_kind: [N] kinds; user_home: [U] node indices. The planner's runtime model
+    and the runtime context both ask this."""
+    is_device = np.array([k == "device" for k in node_kind])
+    own = np.arange(len(node_kind))[None, :] == np.asarray(user_home)[:, None]
+    return ~is_device[None, :] | own

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgemoe.eval.metrics import latency_summary_ms
+from edgemoe.runtime.metrics import latency_summary_ms
 
 
 def measured_metrics(records, makespan_s: float, ctx) -> dict:
@@ -62,7 +62,7 @@ def quantiles_ms(seconds, points: int = 101) -> list[float]:
 
 def replay_scenario(records, num_layers: int):
     """(Trace, Scenario) of the requests in `records` as they really ran: their routing and submit times."""
-    from edgemoe.runtime.workload import Scenario, Trace
+    from edgemoe.runtime.sim.workload import Scenario, Trace
 
     records = sorted(records, key=lambda r: r.submitted_s)
     res = [r.result for r in records]
@@ -105,7 +105,7 @@ def predicted_metrics(ctx, policy: str, params: dict, records, wire_bytes: int |
     """The simulator's metrics for the same requests (fast engine, default window); wire_bytes: the bytes
     one hidden state really took on the wire in the run (default: the context's)."""
     from edgemoe.runtime import make_policy
-    from edgemoe.runtime.simulate import simulate_scenario
+    from edgemoe.runtime.sim.simulate import simulate_scenario
 
     if wire_bytes is not None:
         ctx = with_wire_bytes(ctx, wire_bytes)
@@ -141,7 +141,7 @@ def reference_events(ctx, policy: str, params: dict, records, wire_bytes: int | 
     dense [P*L, 6]: pass, layer, home, arrival, start, end of each layer's dense work), passes numbered as
     `replay_scenario` orders them (requests by submit time, then prefill, decode passes)."""
     from edgemoe.runtime import make_policy
-    from edgemoe.runtime.des import run_reference
+    from edgemoe.runtime.sim.des import run_reference
 
     if wire_bytes is not None:
         ctx = with_wire_bytes(ctx, wire_bytes)

@@ -413,7 +413,7 @@ class HomeEngine:
         end = self.clock.stamp(p.t)
         p.late_s += end - p.t
         if getattr(policy, "wants_feedback", False):
-            # As the simulator does (issue 9, section 4): the user's observed pass latency and spent budget
+            # As the simulator does: the user's observed pass latency and spent budget
             # go back to the policy, which adapts that user's latency/quality weights.
             policy.observe(np.array([user]), np.array([end - begin]), np.array([p.estimate_s]), np.array([p.spent]),
                            np.array([float(state.budget_total.sum())]))
@@ -445,7 +445,7 @@ class HomeEngine:
     def _generate(self, req: GenerateRequest, arrival: float) -> GenerateResult:
         from transformers import DynamicCache
 
-        from edgemoe.eval.metrics import DecisionTally
+        from edgemoe.runtime.metrics import DecisionTally
 
         counts = dict.fromkeys(COUNT_KEYS, 0)
         tally = DecisionTally(self.ctx.num_layers, row_bytes(self.hidden_size, self.cfg.wire))

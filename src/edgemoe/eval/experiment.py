@@ -23,6 +23,8 @@ import numpy as np
 
 from edgemoe.errors import EdgeMoEError
 
+from .replay import all_local
+
 
 @dataclass(frozen=True)
 class MethodSpec:
@@ -100,7 +102,7 @@ def ordermoe_comparison(cluster: str = "edge8", budget: float | str = "paper") -
             # OrderMoE's runtime on the strongest exact-execution placement: the policy's own contribution
             MethodSpec("paper@slimcaching", "slimcaching", "ordermoe", {"budget": "paper", "horizon": 2},
                        placement_params=SLIM_PARAMS),
-            # the field's answers to a remote expert (edgemoe.runtime.field_baselines), each calibrated to the
+            # the field's answers to a remote expert (edgemoe.runtime.policies.field_baselines), each calibrated to the
             # same operating point on calibration text and run on OrderMoE's placement for that point
             *FIELD_BASELINES,
             MethodSpec("all-local", "all-local", "exact"),
@@ -180,20 +182,10 @@ def cached_profile(adapter, tokenizer, spec: str, cfg: ExperimentConfig, log: Ca
     return prof
 
 
-def all_local_placement(problem):
-    """Every non-cloud server holds every expert (memory ignored): the latency floor."""
-    from edgemoe.plan.base import empty_hosts, make_placement
-
-    hosts = empty_hosts(problem)
-    hosts[[k == "edge" for k in problem.node_kind]] = True
-    pl = make_placement(problem, "all-local", hosts, note="memory ignored: the all-local floor")
-    return replace(pl, capacity_bytes=np.maximum(pl.bytes_used(), pl.capacity_bytes))
-
-
 def eval_trace(topk: np.ndarray, gates: np.ndarray, user_domain: np.ndarray, block_len: int):
     """A simulator Trace of the evaluation text: blocks are dealt round-robin to the users' domains so that
     every user's requests replay this text's real routing."""
-    from edgemoe.runtime.workload import Trace
+    from edgemoe.runtime.sim.workload import Trace
 
     domains = np.unique(user_domain)
     block = np.arange(topk.shape[0]) // block_len
@@ -269,17 +261,17 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
     backend="ray": latency, traffic and ratios are measured on Ray actors (edgemoe.distributed), one process
     per node with emulated links; the simulator's numbers for the same requests stay beside them."""
     from edgemoe.cluster.load import load_cluster
-    from edgemoe.eval.metrics import method_entry
-    from edgemoe.eval.quality import perplexity, quality_metrics
-    from edgemoe.eval.results import results_dict
+    from edgemoe.models.scoring import perplexity, quality_metrics
     from edgemoe.plan import plan
-    from edgemoe.plan.groups import groups_for
     from edgemoe.plan.problem import plan_problem
+    from edgemoe.profile.groups import groups_for
+    from edgemoe.results import results_dict
     from edgemoe.runtime import make_context, make_policy
     from edgemoe.runtime.dense import dense_cost_of_model
     from edgemoe.runtime.local import replay_decisions, score_local
-    from edgemoe.runtime.simulate import simulate
-    from edgemoe.runtime.workload import Workload
+    from edgemoe.runtime.metrics import method_entry
+    from edgemoe.runtime.sim.simulate import simulate
+    from edgemoe.runtime.sim.workload import Workload
 
     cluster = load_cluster(comp.cluster)
     fallback = any(u.domain not in profile.meta.domains for u in cluster.users)
@@ -306,7 +298,7 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
         key = (placement_name, json.dumps(params, sort_keys=True))
         if key not in planned:
             t0 = time.perf_counter()
-            pl = all_local_placement(problem) if placement_name == "all-local" else plan(problem, placement_name, **params)
+            pl = all_local(problem) if placement_name == "all-local" else plan(problem, placement_name, **params)
             ctx = make_context(profile, cluster, pl, mode=comp.mode, groups=groups, domain_fallback=fallback, dense=dense)
             planned[key] = (ctx, pl, round(time.perf_counter() - t0, 3))
         ctx, pl, seconds = planned[key]
@@ -611,7 +603,7 @@ def summarise(doc: dict) -> list[str]:
             out.append(f"{point} vs the fastest baseline calibrated to the same point ({best}): mean latency "
                        f"{om['latency_ms']['mean'] / b['latency_ms']['mean']:.2f}x, perplexity "
                        f"{100 * om['ppl_rel_increase']:+.2f}% vs {100 * b['ppl_rel_increase']:+.2f}% (same target, "
-                       f"not equal measured quality: bench/equal_quality.py interpolates at equal perplexity)")
+                       f"not equal measured quality: bench.studies.equal_quality interpolates at equal perplexity)")
     sc = {k: v for k, v in m.items() if v["policy"] == "slimcaching"}
     if "slimcaching@slimcaching" in sc:
         s = sc["slimcaching@slimcaching"]
@@ -632,7 +624,7 @@ def load_eval_text(adapter, tokenizer, cfg: ExperimentConfig, eval_spec: str, ca
     """Evaluation blocks, exact execution on them (nll, top-1, routing) and, when `calib_spec` is given, the
     calibration blocks the operating points are calibrated on (the start of the calibration text)."""
     from edgemoe.data import resolve, tokenize_blocks
-    from edgemoe.eval.quality import token_scores
+    from edgemoe.models.scoring import token_scores
     from edgemoe.runtime.local import routing_trace
 
     blocks = tokenize_blocks(resolve(eval_spec), tokenizer, cfg.block_len, max_tokens_per_source=cfg.eval_tokens)
@@ -655,8 +647,8 @@ def run_experiment(cfg: ExperimentConfig, comparisons: list[Comparison], out_dir
                    log: Callable[[str], None] = print, backend: str = "simulate", suffix: str = "") -> list[Path]:
     """Load cfg.model, profile (cached), evaluate every comparison; write one results file per comparison
     (`<comparison name><suffix>.json`)."""
-    from edgemoe.eval.results import write_document
     from edgemoe.models import load_moe, load_tokenizer
+    from edgemoe.results import write_document
 
     out_dir = Path(out_dir)
     adapter, tokenizer = load_moe(cfg.model), load_tokenizer(cfg.model)

@@ -107,10 +107,10 @@ def run_paper_scale(cfg: PaperScaleConfig, out_dir: str | Path, log: Callable[[s
     """Run every model of `cfg`; write one results file per model and a summary (JSON + Markdown)."""
     from edgemoe.cluster.load import load_cluster
     from edgemoe.eval.replay import replay_profile
-    from edgemoe.eval.results import write_document
     from edgemoe.io import atomic_write_json, atomic_write_text
     from edgemoe.plan.base import planners
-    from edgemoe.runtime.workload import Workload
+    from edgemoe.results import write_document
+    from edgemoe.runtime.sim.workload import Workload
 
     start, cpu_start, load_start = time.perf_counter(), time.process_time(), list(os.getloadavg())
     out_dir = Path(out_dir)
@@ -147,8 +147,11 @@ def run_paper_scale(cfg: PaperScaleConfig, out_dir: str | Path, log: Callable[[s
               "load_average_start": load_start, "load_average_end": list(os.getloadavg()),
               "cpu_count": os.cpu_count()}
     log(f"paper-scale: {timing['wall_s']} s wall, {timing['cpu_s']} s CPU (load average {load_start} at the start)")
+    from edgemoe.results import environment
+
     atomic_write_json(out_dir / "summary.json", {"units": UNITS, "paper_mixtral_mean_ms": PAPER_MIXTRAL_MEAN_MS,
-                                                 "timing": timing, "config": asdict(cfg), "models": summary})
+                                                 "timing": timing, "config": asdict(cfg), "models": summary,
+                                                 "environment": environment()})
     atomic_write_text(out_dir / "summary.md", markdown(summary))
     return paths
 
@@ -176,7 +179,7 @@ def headline(doc: dict, spec) -> dict:
 
 
 def table(doc: dict) -> str:
-    from edgemoe.report.render import markdown_table, methods_table
+    from edgemoe.results import markdown_table, methods_table
 
     return markdown_table(methods_table(doc))
 

@@ -1,7 +1,7 @@
 """Evaluate placements and policies on a profile's own routing, without a model (`edgemoe evaluate --profile`).
 
 The profile's tokens (a routing trace, or any profile) are replayed through the `simulate` backend: users
-send requests whose rows are contiguous runs of their domain's tokens (runtime.workload). Latency, p99,
+send requests whose rows are contiguous runs of their domain's tokens (runtime.sim.workload). Latency, p99,
 traffic and remote ratio come out as in `edgemoe demo`; quality columns (ppl, retention) stay empty, since
 no model runs. A method's PLACEMENT is a planner name, "all-local", or a placement file written by
 `edgemoe plan --out` - so a placement planned on one trace can be scored on another ("plan on Monday's
@@ -49,7 +49,7 @@ def resolve_placement(problem, placement: str, params: dict):
     A file must list the cluster's nodes (same names, same order) and the profile's (L, E); it is checked
     against the cluster's capacities, so a placement planned for another cluster cannot slip through.
     """
-    from edgemoe.plan.base import load_placement, plan
+    from edgemoe.plan.base import check_placement_fits, load_placement, plan
 
     t0 = time.process_time()
     if placement == "all-local":
@@ -59,15 +59,7 @@ def resolve_placement(problem, placement: str, params: dict):
     if params:
         raise EdgeMoEError(f"placement file {placement}: planner parameters {sorted(params)} do not apply to a file")
     pl = load_placement(placement)
-    L, E = problem.expert_bytes.shape
-    if pl.hosts.shape[1:] != (L, E):
-        raise EdgeMoEError(f"placement file {placement} has (L, E) = {pl.hosts.shape[1:]}, the profile has {(L, E)}")
-    if tuple(pl.node_names) != tuple(problem.node_names):
-        raise EdgeMoEError(f"placement file {placement} lists nodes {list(pl.node_names)}, the cluster has "
-                           f"{list(problem.node_names)} (plan it on the same cluster)")
-    if not np.array_equal(pl.expert_bytes, problem.expert_bytes):
-        raise EdgeMoEError(f"placement file {placement} was planned for other expert sizes than this profile's model")
-    replace(pl, capacity_bytes=np.asarray(problem.capacity_bytes, np.int64), node_kind=problem.node_kind).check_capacity()
+    check_placement_fits(pl, problem, f"placement file {placement}")  # errors name the file, not its planner
     return pl, 0.0
 
 
@@ -76,7 +68,7 @@ def replay_profile(profile, cluster, methods: Sequence, mode: str = "migrate", w
                    plan_profile=None, skip_failed_plans: bool = False) -> dict:
     """Every method (eval.experiment.MethodSpec) on `cluster` with `profile`'s routing replayed; a results dict.
 
-    workload: runtime.workload.Workload (default 64 requests of 16 prompt + 16 generated tokens, 20 req/s).
+    workload: runtime.sim.workload.Workload (default 64 requests of 16 prompt + 16 generated tokens, 20 req/s).
     plan_profile: what planners and runtime policies know (statistics, groups, look-ahead); default `profile`.
     Given another profile of the same model and domains, evaluation is out of sample: placements and
     policies are built from `plan_profile`, and only `profile`'s tokens are replayed.
@@ -86,14 +78,14 @@ def replay_profile(profile, cluster, methods: Sequence, mode: str = "migrate", w
     from edgemoe.cluster.cost import user_domain_index
     from edgemoe.cluster.load import load_cluster
     from edgemoe.cluster.schema import Cluster
-    from edgemoe.eval.metrics import method_entry
-    from edgemoe.eval.results import results_dict
-    from edgemoe.plan.groups import groups_for
     from edgemoe.plan.objective import expected_latency
     from edgemoe.plan.problem import plan_problem
+    from edgemoe.profile.groups import groups_for
+    from edgemoe.results import results_dict
     from edgemoe.runtime import make_context, make_policy
-    from edgemoe.runtime.simulate import simulate
-    from edgemoe.runtime.workload import Trace, Workload
+    from edgemoe.runtime.metrics import method_entry
+    from edgemoe.runtime.sim.simulate import simulate
+    from edgemoe.runtime.sim.workload import Trace, Workload
 
     workload = workload or Workload(num_requests=64, prompt_tokens=16, gen_tokens=16, rate_per_s=20.0)
     cluster_obj = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
@@ -127,7 +119,7 @@ def replay_profile(profile, cluster, methods: Sequence, mode: str = "migrate", w
                 continue
             cache[key] = make_context(known, cluster_obj, pl, mode=mode, groups=groups, domain_fallback=fallback)
             placements[spec.placement] = {"method": pl.method, "from_file": is_placement_file(spec.placement),
-                                          "copies_mean": float(pl.replicas().mean()),
+                                          "copies": pl.replicas().tolist(), "copies_mean": float(pl.replicas().mean()),
                                           "bytes_used": pl.bytes_used().tolist(), "plan_cpu_seconds": round(cpu_s, 3),
                                           # the planners' model objective on the planning profile (in sample)
                                           "plan_objective_s": expected_latency(problem, pl.hosts),
@@ -159,8 +151,8 @@ def evaluate_profile_file(profile_dir: str | Path, cluster: str, methods: Sequen
     """Load a profile folder, replay it (replay_profile) and write the results file atomically.
 
     plan_profile_dir: a profile to plan on and to build the policies' knowledge from (out of sample)."""
-    from edgemoe.eval.results import write_document
     from edgemoe.profile import load_profile
+    from edgemoe.results import write_document
 
     profile = load_profile(profile_dir)
     known = None if plan_profile_dir is None else load_profile(plan_profile_dir)

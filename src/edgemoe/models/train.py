@@ -85,7 +85,7 @@ def build_model(cfg: TrainConfig):
 
 def heldout_perplexity(model, ids: np.ndarray, batch_size: int = 16) -> float:
     """Token-level perplexity of `model` on blocks ids [B, S], through the same scorer as every evaluation."""
-    from edgemoe.eval.quality import perplexity, token_nll
+    from edgemoe.models.scoring import perplexity, token_nll
 
     from .loader import adapter_for
 

@@ -1,10 +1,19 @@
-"""Import every planner module so that its @register runs. Planner modules add themselves here."""
+"""Import every planner module so that its @register runs. A new planner module adds itself here.
+
+The order is the registry's order (`planners()` lists planners in it): the baseline heuristics, the ILP,
+SlimCaching and its two baselines, OrderMoE.
+"""
 
 import importlib
-import pkgutil
 
-import edgemoe.plan as _pkg
+PLANNER_MODULES = (
+    "edgemoe.plan.baselines.heuristics",
+    "edgemoe.plan.exact",
+    "edgemoe.plan.slimcaching.planner",
+    "edgemoe.plan.baselines.greedy",
+    "edgemoe.plan.ordermoe.planner",
+    "edgemoe.plan.baselines.ushaped",
+)
 
-for _info in pkgutil.iter_modules(_pkg.__path__):
-    if not _info.name.startswith("_") and _info.name not in {"base", "cli", "synthetic"}:
-        importlib.import_module(f"edgemoe.plan.{_info.name}")
+for _name in PLANNER_MODULES:
+    importlib.import_module(_name)

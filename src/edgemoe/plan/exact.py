@@ -33,9 +33,8 @@ from scipy.sparse import coo_matrix, vstack
 from edgemoe.errors import EdgeMoEError
 
 from .base import Placement, PlanProblem, empty_hosts, make_placement, register
-from .baselines import resolve_coverage
+from .nodes import cache_nodes, resolve_coverage
 from .objective import expected_latency, marginal_prob, require_servable, slim_model
-from .slim_k1 import cache_nodes
 
 OBJECTIVES = ("slimcaching", "sum")
 NODE_LIMIT = 10_000  # default branch-and-bound node budget (deterministic)

@@ -10,7 +10,7 @@ Model (ALGORITHMS.md §2.3, §6 note 2; decisions in docs/planners-slimcaching.m
 - a layer costs the max over its K parallel calls; a token costs the sum over layers;
 - the expectation runs over each user's observed Top-K sets: tokens of the user's domain in
   `profile.topk`, weighted by `user_weight`. Expert id -1 in `topk` means "no expert" (used when several
-  models share a problem, see `slim_multimodel`); it costs nothing.
+  models share a problem, see `slimcaching.multimodel`); it costs nothing.
 
 Load-aware variant (`charged_model`, SlimCaching's `remote_charge` option; docs/planners-slimcaching.md,
 "Remote-call charge"): each call served by an edge server n other than the user's home also costs

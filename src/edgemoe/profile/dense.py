@@ -1,4 +1,4 @@
-"""The dense part's cost (issue 12, item 5): the backbone's FLOPs and weight bytes per pass, as a record and
+"""The dense part's cost: the backbone's FLOPs and weight bytes per pass, as a record and
 as an estimate from a profile's shapes alone. It sits with the profile so that the planner (which may not
 import the runtime, tests/test_layers.py) prices the same dense part the runtime charges by default;
 `edgemoe.runtime.dense` re-exports both and counts them on a loaded model (docs/runtime.md, "Dense part").

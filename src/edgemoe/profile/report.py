@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from edgemoe.io import atomic_write_figure, atomic_write_json
+from edgemoe.results import environment
 
 from .store import Profile
 
@@ -41,8 +42,8 @@ def similarity_by_depth(sim: np.ndarray, thresholds=(0.3, 0.5, 0.7)) -> dict:
 
 
 def grouping_report(profile: Profile) -> dict:
-    """`edgemoe.plan.groups.grouping_report` (imported here so the profile package does not need plan/ to load)."""
-    from edgemoe.plan.groups import grouping_report as report
+    """`edgemoe.profile.groups.grouping_report` (imported here so the profile package does not need plan/ to load)."""
+    from edgemoe.profile.groups import grouping_report as report
 
     return report(profile)
 
@@ -76,6 +77,7 @@ def specialisation_report(profile: Profile, out_dir: str | Path, seed: int = 0) 
         # OrderMoE's groups: does router cosine predict measured substitution error, and how much traffic
         # gets a stand-in (router-cosine groups vs groups from measured error)
         "substitution": grouping_report(profile),
+        "environment": environment(),  # commit, load and CPU s of the run, as every results file records them
     }
     atomic_write_json(out_dir / "specialisation.json", report)
     _plot_usage(profile, out_dir / "usage_heatmaps.png")

@@ -12,56 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from edgemoe.eval.results import load_results
 from edgemoe.io import atomic_write_figure, atomic_write_text
+from edgemoe.results import load_results, markdown_table, methods_table
 
 from .tradeoff import plot_latency_vs_ppl_increase
-
-TABLE_COLUMNS = (
-    ("placement", "placement", "{}"),
-    ("policy", "policy", "{}"),
-    ("mean ms", ("latency_ms", "mean"), "{:.1f}"),
-    ("p50 ms", ("latency_ms", "p50"), "{:.1f}"),
-    ("p99 ms", ("latency_ms", "p99"), "{:.1f}"),
-    ("TTFT ms", ("ttft_ms", "mean"), "{:.1f}"),
-    ("traffic MB/1k tok", "traffic_bytes_per_1k_tokens", "{:.2f}"),
-    ("remote", "remote_ratio", "{:.3f}"),
-    ("subst.", "substitution_ratio", "{:.3f}"),
-    ("ppl", "ppl", "{:.3f}"),
-    ("ppl +%", "ppl_rel_increase", "{:+.2%}"),
-    ("top-1 agr.", "top1_agreement", "{:.4f}"),
-    ("tok/s", "throughput_tokens_per_s", "{:.1f}"),
-)
-
-
-def _get(m: dict, key):
-    if isinstance(key, tuple):
-        v = m
-        for k in key:
-            v = v.get(k) if isinstance(v, dict) else None
-        return v
-    return m.get(key)
-
-
-def methods_table(results: dict) -> list[list[str]]:
-    """Rows of the comparison table: header first."""
-    rows = [["method"] + [c[0] for c in TABLE_COLUMNS]]
-    for name, m in results["methods"].items():
-        row = [name]
-        for _, key, fmt in TABLE_COLUMNS:
-            v = _get(m, key)
-            if key == "traffic_bytes_per_1k_tokens" and v is not None:
-                v = v / 1e6
-            row.append("-" if v is None else fmt.format(v))
-        rows.append(row)
-    return rows
-
-
-def markdown_table(rows: list[list[str]]) -> str:
-    head, *body = rows
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(r) + " |" for r in body]
-    return "\n".join(lines)
 
 
 def plot_latency_cdf(results: dict, path: Path) -> Path | None:
@@ -103,29 +57,6 @@ def plot_traffic(results: dict, path: Path) -> Path:
     return atomic_write_figure(fig, path, bbox_inches="tight")
 
 
-def plot_budget_sweep(results: dict, path: Path) -> Path | None:
-    import matplotlib.pyplot as plt
-
-    sweeps = results.get("budget_sweep") or {}
-    if not sweeps:
-        return None
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, pts in sweeps.items():
-        lat = [p["latency_ms_mean"] for p in pts]
-        ppl = [p["ppl"] for p in pts]
-        ax.plot(lat, ppl, marker="o", label=name)
-        for p in pts:
-            ax.annotate(f"{p['budget']:g}", (p["latency_ms_mean"], p["ppl"]), fontsize=6)
-    exact = results.get("ppl_exact")
-    if exact:
-        ax.axhline(exact, ls="--", color="grey", label="exact perplexity")
-    ax.set_xlabel("mean latency per token (ms)")
-    ax.set_ylabel("perplexity")
-    ax.set_title("latency-quality trade-off (labels: budget)")
-    ax.legend(fontsize=8)
-    return atomic_write_figure(fig, path, bbox_inches="tight")
-
-
 def plot_group_sizes(results: dict, path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
@@ -160,7 +91,9 @@ def placements_figure(results: dict):
     from matplotlib.colors import BoundaryNorm, PowerNorm
     from matplotlib.ticker import MaxNLocator
 
-    pl = results.get("placements") or {}
+    # placements that record their [L, E] copies (a replay of `evaluate --profile` written before it kept
+    # them records only their mean): the others have nothing to draw
+    pl = {n: v for n, v in (results.get("placements") or {}).items() if isinstance(v, dict) and "copies" in v}
     if not pl:
         return None
     names = list(pl)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgemoe.cluster.cost import node_compute_s, roofline_s, transfer_s, user_domain_index
+from edgemoe.cluster.cost import node_compute_s, roofline_s, transfer_s, usable_nodes, user_domain_index
 from edgemoe.cluster.load import load_cluster
 from edgemoe.cluster.schema import Cluster
 from edgemoe.errors import EdgeMoEError
@@ -43,7 +43,7 @@ class RuntimeContext:
     freq: np.ndarray  # [L, E]
     trans: np.ndarray  # [L-1, E, E]
     subst_err: np.ndarray  # [L, E, E]
-    groups: object  # edgemoe.plan.groups.SimilarityGroups
+    groups: object  # edgemoe.profile.groups.SimilarityGroups
     best_sub: np.ndarray  # [N, L, E] int: best-ranked substitute of (l, e) that node n holds, -1 if none
     best_sub_err: np.ndarray  # [N, L, E] its measured substitution error (inf if none)
     user_names: tuple[str, ...]  # [U]
@@ -134,9 +134,9 @@ def make_context(
     domain_fallback: map cluster domains the profile lacks round-robin (synthetic profiles).
     dense: the backbone's cost (edgemoe.runtime.dense.DenseCost, e.g. `dense_cost_of_model(adapter)`); True
     (default): estimated from the profile's shapes (`dense_cost_estimate`); False: the dense part takes no
-    time (the model before issue 12, item 5).
+    time.
     """
-    from edgemoe.plan.groups import groups_for
+    from edgemoe.profile.groups import groups_for
 
     from .dense import DenseCost, dense_cost_estimate
 
@@ -144,12 +144,11 @@ def make_context(
         raise EdgeMoEError(f"mode={mode!r}; expected one of {list(MODES)}")
     if not isinstance(cluster, Cluster):
         cluster = load_cluster(cluster)
-    if tuple(placement.node_names) != cluster.node_names:
-        raise EdgeMoEError(f"placement nodes {list(placement.node_names)} do not match cluster "
-                           f"{cluster.name!r} nodes {list(cluster.node_names)} (same names, same order)")
+    from edgemoe.plan.base import check_placement_matches
+
     L, E = profile.L, profile.E
-    if placement.hosts.shape != (cluster.num_nodes, L, E):
-        raise EdgeMoEError(f"placement.hosts has shape {placement.hosts.shape}, expected {(cluster.num_nodes, L, E)}")
+    check_placement_matches(placement, cluster.node_names, (L, E), f"placement on cluster {cluster.name!r}",
+                            profile.meta.model)
     if dense is True:
         dense = dense_cost_estimate(profile)
     elif dense is not False and not isinstance(dense, DenseCost):
@@ -162,7 +161,7 @@ def make_context(
     hosts = np.asarray(placement.hosts, dtype=bool).copy()
     hosts[is_cloud] = True
     home = cluster.user_home
-    usable = _usable(cluster.node_kind, home)
+    usable = usable_nodes(cluster.node_kind, home)
     _check_reachable(hosts, usable, cluster.user_names)
     xfer = transfer_s(wire, cluster.lat_s, cluster.bw_Bps)
     np.fill_diagonal(xfer, 0.0)
@@ -189,13 +188,6 @@ def make_context(
         dense_flops=float(dense.flops_per_token) / L if dense else 0.0, dense_bytes=float(dense.bytes) / L if dense else 0.0,
         dense_source=dense.source or "given" if dense else "off", **arrays,
     )
-
-
-def _usable(node_kind: tuple[str, ...], user_home: np.ndarray) -> np.ndarray:
-    """[U, N] bool: edge and cloud nodes serve everyone; a device serves only users homed on it."""
-    is_device = np.array([k == "device" for k in node_kind])
-    own = np.arange(len(node_kind))[None, :] == user_home[:, None]
-    return ~is_device[None, :] | own
 
 
 def _check_reachable(hosts: np.ndarray, usable: np.ndarray, user_names: tuple[str, ...]) -> None:

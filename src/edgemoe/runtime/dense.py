@@ -1,4 +1,4 @@
-"""The dense part's cost (issue 12, item 5): the backbone's FLOPs and weight bytes per pass, counted on a
+"""The dense part's cost: the backbone's FLOPs and weight bytes per pass, counted on a
 model or estimated from a profile. `RuntimeContext.dense_s` turns them into nominal seconds on a node's
 hardware (the roofline of `edgemoe.cluster.cost`); both backends charge them (docs/runtime.md, "Dense part").
 """

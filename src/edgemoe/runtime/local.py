@@ -122,7 +122,7 @@ def score_local(adapter: MoEAdapter, policy: Policy, ids: np.ndarray, row_users:
                 batch_size: int = 8) -> tuple[np.ndarray, np.ndarray, TraceDecisions]:
     """`run_local` plus the most likely next token at every position: (nll [B, S-1], top1 [B, S-1], decisions).
     Row r of the decisions is token r of the blocks in block-major order (the `tokens` a policy is started with)."""
-    from edgemoe.eval.quality import token_scores
+    from edgemoe.models.scoring import token_scores
 
     S = ids.shape[1]
     bridge = _PolicyBridge(policy, adapter.num_layers)

@@ -1,6 +1,6 @@
 """The policy registry: names -> Policy classes, and `make_policy`.
 
-Imports run one way: registry -> the policy modules (baselines, ordermoe, oracle, field_baselines) -> policy (the interface)
+Imports run one way: registry -> the policy modules (baselines, ordermoe, oracle, field_baselines in runtime.policies) -> policy (the interface)
 -> context. The policy modules know nothing of the registry; each class carries its `name`.
 """
 
@@ -11,17 +11,17 @@ from collections.abc import Callable
 from edgemoe.errors import EdgeMoEError
 from edgemoe.params import validate_params
 
-from .baselines import DropPolicy, ExactPolicy, SlimCachingPolicy
 from .context import RuntimeContext
-from .field_baselines import (
+from .policies.baselines import DropPolicy, ExactPolicy, SlimCachingPolicy
+from .policies.field_baselines import (
     OrderMoECalibratedPolicy,
     OrderMoEErrorGroupsPolicy,
     RandomLocalPolicy,
     RerouteLocalPolicy,
     SkipPolicy,
 )
-from .oracle import OraclePolicy
-from .ordermoe import OrderMoEPolicy
+from .policies.oracle import OraclePolicy
+from .policies.ordermoe import OrderMoEPolicy
 from .policy import Policy
 
 _POLICIES: dict[str, Callable[..., Policy]] = {cls.name: cls for cls in (

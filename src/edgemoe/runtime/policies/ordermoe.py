@@ -1,0 +1,580 @@
+"""OrderMoE's runtime: quality- and trajectory-aware server-expert selection (ALGORITHMS.md §3.4.4).
+
+Per token row and layer, with the token at node c, routed experts A [K] and gates g [K]:
+
+- exact: each branch on c if c holds it, else on a usable replica;
+- stand-ins for a non-local branch k: c's best-ranked local substitute (original gate), zero the branch, or
+  drop it and renormalise; each has a predicted quality cost from the measured output errors
+  (`stand_in_costs`, squared by default) and the slot takes the cheapest;
+- actions: subsets X of the non-local branches get stand-ins (all 2^K for K <= `max_enum_k`, else the K+1
+  prefixes by remote latency); steered (H >= 1, migrate mode) each subset also names the meeting node g
+  where the token continues from, with each exact branch on the replica that reaches g first;
+- feasible iff q(X) <= remaining budget of the row (and the row has a budget at all);
+- choose argmin J = alpha_u * (lat(X, g) + Phi_H[l+1](g, key(A), b - q(X))) + (beta + eps) * q(X).
+
+Phi_H is the expected latency of the next H layers when they act optimally, from precomputed tables
+(`LookAhead`), so the online step is a lookup. H = 0 is the myopic, unsteered ablation: with a zero budget
+its decision is exactly `exact`'s. alpha_u and the user's quality weight adapt through `observe`
+(docs/runtime.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgemoe.errors import EdgeMoEError
+from edgemoe.jit import HAVE_NUMBA
+from edgemoe.plan.ordermoe.standins import (  # shared with the planner's runtime model (edgemoe.plan.ordermoe.runtime_model)
+    KINDS,
+    MAX_ENUM_K,
+    QUALITY_POWER,
+    check_kinds,
+    choose_stand_ins,
+    max_over_kept,
+    prefix_masks,
+    subset_bits,
+)
+
+from ..context import RuntimeContext
+from ..policy import Decision, Policy, TokenState, branch_ready_s, choose_replicas, replica_shortlist, top1
+from .baselines import exact_decision
+from .ordermoe_kernel import steered_inputs, steered_pick
+
+EPS_S_PER_Q = 1e-9  # tie-break: between equally fast actions, spend no budget
+STEER_REPLICAS = 4  # replicas per branch (besides exact's own choice) that a steered decision considers
+TABLE_CHUNK_CELLS = 1 << 22  # rows x actions x levels per block when the look-ahead tables are built
+STEER_ALL_NODES = 16  # up to this many nodes, a steered decision may meet at any node; beyond, at a replica
+COMPILED_STEER = HAVE_NUMBA  # steered decisions by `ordermoe_kernel` (same picks and bits; False: the numpy path)
+
+
+@dataclass(frozen=True)
+class Options:
+    """The actions of R rows at one layer: M stand-in subsets, each with G meeting choices (G = 1 unsteered),
+    A = M x G actions; action a is subset a // G with meeting choice a % G. Per-subset arrays are kept once
+    (not repeated G times), and so are the meeting choices (not repeated M times): the [R, A] views below are
+    built only on request (look-ahead tables, oracle); `ordermoe`'s decision reads the [R, M, G] forms. A
+    steered action's replicas are found for the chosen action only (`exact_node`)."""
+
+    mask: np.ndarray  # [R, M, K] bool: slot not run exactly (substituted, dropped or zeroed)
+    valid_m: np.ndarray  # [R, M] bool: only replaceable slots replaced, each by an allowed stand-in
+    experts: np.ndarray  # [R, M, K] expert run (-1: not run)
+    node_m: np.ndarray  # [R, M, K] node running it (unsteered), or where a replaced slot runs (-1: not run)
+    zeroed: np.ndarray  # [R, M, K] bool: not run and zeroed (else, when not run, dropped and renormalised)
+    quality_m: np.ndarray  # [R, M]
+    next_mg: np.ndarray  # [R, M, G] where the token continues from (steered: a broadcast view of `meet`)
+    latency_mg: np.ndarray | None  # [R, M, G] layer seconds (None: steered, left to the compiled decision)
+    meet: np.ndarray | None = None  # [R, G] steered: meeting node of each choice
+    cand: np.ndarray | None = None  # [R, K, J] steered: candidate replicas of each slot (exact's choice first)
+    cand_ready: np.ndarray | None = None  # [R, K, J] steered: when each candidate's output exists (inf: unusable)
+    xfer_s: np.ndarray | None = None  # [N, N] steered: the context's transfer times
+    sub_ready: np.ndarray | None = None  # [R, M] steered: when the action's last substitute is ready (-inf: none)
+
+    @property
+    def G(self) -> int:
+        return int(self.next_mg.shape[2])
+
+    def per_action(self, x: np.ndarray) -> np.ndarray:
+        """[R, M] -> [R, A]."""
+        return x if self.G == 1 else np.repeat(x, self.G, axis=1)
+
+    @property
+    def next_location(self) -> np.ndarray:
+        """[R, A]."""
+        return self.next_mg.reshape(self.next_mg.shape[0], -1)
+
+    @property
+    def latency_s(self) -> np.ndarray:
+        """[R, A]."""
+        return self.latency_mg.reshape(self.latency_mg.shape[0], -1)
+
+    @property
+    def quality(self) -> np.ndarray:
+        return self.per_action(self.quality_m)
+
+    @property
+    def valid(self) -> np.ndarray:
+        return self.per_action(self.valid_m)
+
+    @property
+    def any_replaced(self) -> np.ndarray:
+        return self.per_action(self.mask.any(axis=2))
+
+    def exact_node(self, rows: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """[T, K] steered: for rows `rows` [T] meeting at choice g [T], the candidate replica of each slot whose
+        output reaches the meeting node first (ties: the first candidate, exact's own choice)."""
+        N = self.xfer_s.shape[0]
+        cand = self.cand[rows]
+        arrive = self.cand_ready[rows] + self.xfer_s.reshape(-1).take(cand * N + self.meet[rows, g][:, None, None])
+        return np.take_along_axis(cand, arrive.argmin(axis=2)[:, :, None], 2)[:, :, 0]
+
+
+def stand_in_costs(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, topk: np.ndarray, gates: np.ndarray,
+                   mask: np.ndarray, kinds: tuple[str, ...], power: float = QUALITY_POWER):
+    """Per replaced slot, the stand-in with the least predicted quality cost, and that cost: the token's node's
+    best-ranked local group member (`ctx.best_sub`), zeroing, or dropping and renormalising, priced by
+    `edgemoe.plan.ordermoe.standins.choose_stand_ins` (shared with the planner's runtime model).
+
+    layer, location: [R]; topk, gates: [R, K]; mask: [R, M, K] slots replaced by each action.
+    Returns (kind [R, M, K] index into KINDS, cost [R, M, K] (inf: no stand-in allowed), sub [R, K] ids).
+    """
+    R, K = topk.shape
+    loc, lk = location[:, None], layer[:, None]
+    sub = ctx.best_sub[loc, lk, topk] if "sub" in kinds else np.full((R, K), -1, np.int64)
+    sub_err = ctx.best_sub_err[loc, lk, topk] if "sub" in kinds else np.full((R, K), np.inf)
+    kind, cost = choose_stand_ins(layer, topk, gates, sub, sub_err, ctx.subst_err, mask, kinds, power)
+    return kind, cost, sub
+
+
+def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, home: np.ndarray, usable: np.ndarray,
+                  topk: np.ndarray, gates: np.ndarray, load: np.ndarray, max_enum_k: int = MAX_ENUM_K,
+                  kinds: tuple[str, ...] = KINDS, steer: bool = False, steer_replicas: int = STEER_REPLICAS,
+                  power: float = QUALITY_POWER, steered_latency: bool = True) -> Options:
+    """Every action for R rows (layer, location, home [R]; usable [R, N]; topk, gates [R, K]; load [N]).
+
+    An action replaces a subset X of the non-local slots by their cheapest stand-in (`stand_in_costs`) and
+    runs the others exactly. Unsteered (the myopic rule): exact slots go where `exact` sends them and the
+    token meets its outputs by `meeting_node`'s earliest-finish rule. Steered (migrate mode): the action also
+    names the meeting node g among the token's node and each slot's candidate replicas (exact's choice + the
+    `steer_replicas` statically cheapest), and each exact slot runs on the replica whose output reaches g
+    first; the token continues from g (which may hold none of this layer's experts: it is positioned for
+    the next layers). A = M subsets unsteered, M x G steered with G = 1 + K (steer_replicas + 1).
+    steered_latency False: a steered result leaves latency_mg None (`ordermoe_kernel.steered_pick` walks it).
+    """
+    R, K = topk.shape
+    node_x = choose_replicas(ctx, layer, location, usable, topk, load, "fallback")
+    local = node_x == location[:, None]
+    unsteered = not steer or ctx.mode == "home"
+    # [R, K] when each exact branch is ready where exact runs it (the prefixes' order, the unsteered layer time)
+    ready_x = branch_ready_s(ctx, layer, location, topk, node_x, load) if unsteered or K > max_enum_k else None
+    if K <= max_enum_k:
+        order = None
+        mask = np.broadcast_to(subset_bits(K)[None], (R, 2 ** K, K))
+    else:
+        order, mask = prefix_masks(ready_x, ~local)  # prefix j replaces the j slowest non-local slots
+    M = mask.shape[1]
+    kind, q_alt, sub = stand_in_costs(ctx, layer, location, topk, gates, mask, kinds, power)
+    valid = ~(mask & (local[:, None, :] | ~np.isfinite(q_alt))).any(axis=2)
+    is_sub = mask & (kind == 0)
+    experts = np.where(mask, np.where(is_sub, sub[:, None, :], -1), topk[:, None, :])
+    zeroed = mask & (kind == 2)
+    quality = np.where(mask, np.where(np.isfinite(q_alt), q_alt, 0.0), 0.0).sum(axis=2)
+    stand_node = np.where(is_sub, location[:, None, None], -1)  # [R, M, K] where a replaced slot runs
+    # a substitute runs at the token's node: ready after its load and compute (+ the zero transfer, as
+    # branch_ready_s adds it); a slot's exact branch is the same in every action, so both are [R, K]
+    sub_ok = sub >= 0
+    ready_sub = 0.0 + load[location][:, None] + ctx.compute_s[location[:, None], layer[:, None], np.where(sub_ok, sub, 0)]
+    if unsteered:
+        node = np.where(mask, stand_node, node_x[:, None, :])
+        nxt, lat = unsteered_meeting(ctx, layer, location, home, node_x, ready_x, ready_sub, mask, is_sub, order)
+        return Options(mask=mask, valid_m=valid, experts=experts, node_m=node, zeroed=zeroed, quality_m=quality,
+                       next_mg=nxt[:, :, None], latency_mg=lat[:, :, None])
+    # -- steered: candidate runners per slot [R, K, J] and meeting nodes [R, G]
+    xfer, comp = ctx.xfer_s, ctx.compute_s
+    short, real = replica_shortlist(ctx, "fallback").candidates(layer, location, topk, steer_replicas)
+    N = ctx.num_nodes
+    if not steered_latency:  # for the compiled decision: the values below, in one compiled call
+        cand, base, meet, sub_first = steered_inputs(layer, location, topk, node_x, short, real, usable, xfer, load, comp,
+                                                     is_sub, ready_sub, N <= STEER_ALL_NODES)
+        return Options(mask=mask, valid_m=valid, experts=experts, node_m=stand_node, zeroed=zeroed, quality_m=quality,
+                       next_mg=np.broadcast_to(meet[:, None, :], (R, M, meet.shape[1])), latency_mg=None, meet=meet,
+                       cand=cand, cand_ready=base, xfer_s=xfer, sub_ready=sub_first)
+    cand = np.concatenate([node_x[:, :, None], short], axis=2)  # exact's own choice first
+    ok = np.concatenate([np.ones((R, K, 1), bool), real], axis=2)
+    ok &= np.take_along_axis(usable[:, None, :], cand.reshape(R, 1, -1), 2).reshape(cand.shape)
+    cand = np.where(ok, cand, node_x[:, :, None])
+    J = cand.shape[2]
+    lk = layer[:, None, None]
+    base = xfer[location[:, None, None], cand] + load[cand] + comp[cand, lk, topk[:, :, None]]  # [R, K, J]
+    base = np.where(ok, base, np.inf)
+    if N <= STEER_ALL_NODES:  # every node it may use (location first)
+        meet = np.concatenate([location[:, None], np.broadcast_to(np.arange(N), (R, N))], 1)
+        meet = np.where(np.take_along_axis(usable, meet, 1), meet, location[:, None])
+    else:
+        meet = np.concatenate([location[:, None], cand.reshape(R, K * J)], axis=1)  # [R, G]
+    G = meet.shape[1]
+    sub_first = np.where(is_sub, ready_sub[:, None, :], -np.inf).max(axis=2)  # [R, M]
+    # each exact slot on the candidate whose output reaches g first: [R, K, G]
+    exact_arr = (base[..., None] + xfer.reshape(-1).take(cand[..., None] * N + meet[:, None, None, :])).min(axis=2)
+    # the layer ends when the last kept output reaches g: max over exact slots, and over substitutes, whose
+    # arrival is (load + compute at the token's node) + xfer[c, g]: the max of the first term plus the second
+    # (rounding is monotone, so this is the max of the sums)
+    lat = max_over_kept(exact_arr, mask, order)  # [R, M, G]
+    np.maximum(lat, sub_first[:, :, None] + xfer[location[:, None], meet][:, None, :], out=lat)
+    np.maximum(lat, 0.0, out=lat)
+    last = layer == ctx.num_layers - 1
+    if last.any():
+        lat = lat + np.where(last[:, None], xfer[meet, home[:, None]], 0.0)[:, None, :]
+    return Options(mask=mask, valid_m=valid, experts=experts, node_m=stand_node, zeroed=zeroed, quality_m=quality,
+                   next_mg=np.broadcast_to(meet[:, None, :], (R, M, G)), latency_mg=lat, meet=meet, cand=cand,
+                   cand_ready=base, xfer_s=xfer)
+
+
+def unsteered_meeting(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, home: np.ndarray, node_x: np.ndarray,
+                      ready_x: np.ndarray, ready_sub: np.ndarray, mask: np.ndarray, is_sub: np.ndarray,
+                      order: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """([R, M] next location, [R, M] layer seconds): `meeting_node`'s rule for every action at once.
+
+    Slot k runs exactly on node_x [R, K] (ready at ready_x), or as a substitute at the token's node (ready_sub),
+    or not at all (mask, is_sub [R, M, K]). Only the token's node and the exact slots' nodes are candidates: a
+    substitute's node is the token's node, candidate 0, which wins that tie. Per candidate, the max over kept
+    exact slots comes from `max_over_kept` on [R, K, K+1] and the max over substitutes is max(ready) + the
+    one transfer (monotone rounding): the same sums and maxima as `meeting_node`, so the same bits."""
+    xfer = ctx.xfer_s
+    N = ctx.num_nodes
+    sub_ready = np.where(is_sub, ready_sub[:, None, :], -np.inf).max(axis=2)  # [R, M]
+    if ctx.mode == "home" or node_x.shape[1] == 0:
+        back = max_over_kept((ready_x + xfer[node_x, location[:, None]])[:, :, None], mask, order)[:, :, 0]
+        lat = np.maximum(np.maximum(back, sub_ready + 0.0), 0.0)
+        return np.broadcast_to(location[:, None], lat.shape).copy(), lat
+    cand = np.concatenate([location[:, None], node_x], axis=1)  # [R, K+1]
+    to = xfer.reshape(-1).take(node_x[:, :, None] * N + cand[:, None, :])  # [R, K, K+1]
+    done = max_over_kept(ready_x[:, :, None] + to, mask, order)  # [R, M, K+1]
+    np.maximum(done, sub_ready[:, :, None] + xfer[location[:, None], cand][:, None, :], out=done)
+    np.maximum(done, 0.0, out=done)
+    last = layer == ctx.num_layers - 1
+    if last.any():
+        done = done + np.where(last[:, None], xfer[cand, home[:, None]], 0.0)[:, None, :]
+    else:
+        done = done + 0.0  # (as meeting_node adds the zero trip home)
+    done[:, :, 1:][mask] = np.inf  # a slot not run exactly is no candidate (a substitute's node is candidate 0)
+    pick = done.argmin(axis=2)  # [R, M]
+    return np.take_along_axis(cand, pick, 1), np.take_along_axis(done, pick[:, :, None], 2)[:, :, 0]
+
+
+class BudgetGrid:
+    """m levels 0, d, 2d, ... of remaining budget; a remaining budget maps to the level at or below it."""
+
+    def __init__(self, max_budget: float, levels: int):
+        self.levels = int(levels) if max_budget > 0 else 1
+        self.step = max_budget / (self.levels - 1) if self.levels > 1 else 1.0
+        self.values = np.arange(self.levels) * self.step  # [m]
+
+    def index(self, remaining: np.ndarray) -> np.ndarray:
+        return np.clip(np.floor(np.asarray(remaining) / self.step + 1e-9), 0, self.levels - 1).astype(np.int64)
+
+
+# A Top-K set seen this often at a layer in calibration conditions the look-ahead on its own (0: top-1 only,
+# the default: on the default model's held-out routing the sets did not help, docs/runtime.md)
+MIN_SET_COUNT = 0
+
+
+class RoutingKeys:
+    """The look-ahead's context of a token after layer l: its whole Top-K set (sorted) when calibration saw
+    that set at layer l at least `min_count` times, else its top-1 expert. Keys 0..E-1 are top-1 experts;
+    E + i is the i-th frequent set of that layer. `size` = E + the most frequent sets any layer has."""
+
+    def __init__(self, topk: np.ndarray, gates: np.ndarray, num_experts: int, min_count: int = MIN_SET_COUNT):
+        T, L, K = topk.shape
+        self.E, self.K, self.L = num_experts, K, L
+        self.enabled = K > 1 and float(num_experts) ** K * L < 2.0 ** 62 and min_count > 0
+        codes, ids = [], []
+        for layer in range(L if self.enabled else 0):
+            u, c = np.unique(self._code(np.full(T, layer), topk[:, layer]), return_counts=True)
+            codes.append(u[c >= min_count])
+            ids.append(num_experts + np.arange(int((c >= min_count).sum())))
+        self.codes = np.concatenate(codes) if codes else np.zeros(0, np.int64)  # sorted: layer is the top digit
+        self.ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+        self.size = num_experts + max((len(i) for i in ids), default=0)
+
+    def _code(self, layer: np.ndarray, topk: np.ndarray) -> np.ndarray:
+        srt = np.sort(topk, axis=1).astype(np.int64)
+        return layer.astype(np.int64) * self.E ** self.K + (srt * self.E ** np.arange(self.K, dtype=np.int64)).sum(1)
+
+    def keys(self, layer, topk: np.ndarray, gates: np.ndarray) -> np.ndarray:
+        """[R] key of rows whose routing at `layer` (int or [R]) is topk, gates [R, K]."""
+        key = top1(topk, gates)
+        if not self.enabled or not len(self.codes) or not len(key):
+            return key
+        code = self._code(np.broadcast_to(np.asarray(layer), key.shape), topk)
+        pos = np.minimum(np.searchsorted(self.codes, code), len(self.codes) - 1)
+        return np.where(self.codes[pos] == code, self.ids[pos], key)
+
+
+@dataclass(frozen=True)
+class SetStats:
+    """Representative Top-K sets of one layer given the previous layer's routing key (calibration trace)."""
+
+    experts: np.ndarray  # [M, K] sorted expert ids of each distinct set kept
+    gates: np.ndarray  # [M, K] mean gates aligned with `experts`
+    prob: np.ndarray  # [C, M] P(set | previous key), rows sum to 1
+
+
+def set_stats(topk: np.ndarray, gates: np.ndarray, layer: int, num_experts: int, per_prev: int,
+              keys: RoutingKeys | None = None) -> SetStats:
+    """The `per_prev` most frequent Top-K sets at `layer` after each routing key at layer-1 (topk, gates
+    [T, L, K]; keys: `RoutingKeys`, default top-1 only). A top-1 row counts every token with that top-1; a
+    set row the tokens with that set. Keys never seen fall back to the layer's overall set frequencies."""
+    E = num_experts
+    order = np.argsort(topk[:, layer], axis=1)
+    sets = np.take_along_axis(topk[:, layer], order, 1)
+    set_gates = np.take_along_axis(gates[:, layer], order, 1)
+    prev = top1(topk[:, layer - 1], gates[:, layer - 1])
+    C = E if keys is None else keys.size
+    prev_key = prev if keys is None else keys.keys(layer - 1, topk[:, layer - 1], gates[:, layer - 1])
+    uniq, inverse = np.unique(sets, axis=0, return_inverse=True)
+    inverse = inverse.ravel()
+    counts = np.zeros((C, len(uniq)))
+    np.add.at(counts, (prev, inverse), 1.0)
+    is_set = prev_key >= E
+    np.add.at(counts, (prev_key[is_set], inverse[is_set]), 1.0)
+    overall = np.bincount(inverse, minlength=len(uniq)).astype(float)
+    counts[counts.sum(axis=1) == 0] = overall
+    keep_rank = np.argsort(-counts, axis=1, kind="stable")[:, :per_prev]  # [C, S]
+    kept_cols = np.unique(keep_rank)
+    trimmed = np.zeros_like(counts)
+    np.put_along_axis(trimmed, keep_rank, np.take_along_axis(counts, keep_rank, 1), 1)
+    trimmed = trimmed[:, kept_cols]
+    prob = trimmed / trimmed.sum(axis=1, keepdims=True)
+    mean_gates = np.zeros((len(uniq), sets.shape[1]))
+    np.add.at(mean_gates, inverse, set_gates)
+    mean_gates /= np.maximum(np.bincount(inverse, minlength=len(uniq)), 1)[:, None]
+    return SetStats(experts=uniq[kept_cols], gates=mean_gates[kept_cols], prob=prob)
+
+
+class LookAhead:
+    """Cost-to-go tables phi[l] [N, C, m]: expected seconds of layers l .. l+H-1 for a token at node c whose
+    previous-layer routing has key k (`RoutingKeys`: its Top-K set if frequent, else its top-1 expert), with
+    remaining budget level b, when those layers act optimally.
+
+    Built once per (context, budget grid, H) by the truncated recursion of ALGORITHMS.md §3.4.4 with static
+    costs (no queues); `phi(l)` is zero for l >= L and for H = 0.
+    """
+
+    def __init__(self, ctx: RuntimeContext, grid: BudgetGrid, horizon: int, sets_per_prev: int = 4,
+                 max_enum_k: int = MAX_ENUM_K, kinds: tuple[str, ...] = KINDS, steer: bool = False,
+                 steer_replicas: int = STEER_REPLICAS, power: float = QUALITY_POWER, min_set_count: int = MIN_SET_COUNT):
+        self.ctx, self.grid, self.horizon = ctx, grid, int(horizon)
+        self.kinds, self.steer, self.steer_replicas, self.power = kinds, steer, steer_replicas, power
+        N, L, E = ctx.num_nodes, ctx.num_layers, ctx.num_experts
+        self.keys = RoutingKeys(ctx.profile_topk, ctx.profile_gates, E, min_set_count if horizon > 0 else 0)
+        C = self.keys.size
+        self.zero = np.zeros((N, C, grid.levels))
+        self.tables: dict[int, np.ndarray] = {}
+        self.stacked = np.zeros((L + 1, N, C, grid.levels))  # [L+1, N, C, m]: phi(l) for every l
+        if self.horizon <= 0 or L < 2:
+            return
+        stats = {layer: set_stats(ctx.profile_topk, ctx.profile_gates, layer, E, sets_per_prev, self.keys)
+                 for layer in range(1, L)}
+        # values[l] for each depth: one layer's expected optimal cost over its sets, recursively.
+        prev_depth: dict[int, np.ndarray] = {}
+        for _depth in range(1, self.horizon + 1):
+            cur = {}
+            for layer in range(1, L):
+                nxt = prev_depth.get(layer + 1, self.zero)
+                cur[layer] = self._layer_table(layer, stats[layer], nxt, max_enum_k)
+            prev_depth = cur
+        self.tables = prev_depth
+        for layer, table in self.tables.items():
+            self.stacked[layer] = table
+
+    def phi(self, layer: int) -> np.ndarray:
+        """[N, C, m] table for decisions that start at `layer` (zeros past the end or with H = 0)."""
+        return self.tables.get(layer, self.zero)
+
+    def _actions(self, ctx: RuntimeContext) -> int:
+        """Actions per row (an upper bound): subsets x meeting choices."""
+        K = ctx.top_k
+        subsets = 2 ** K if K <= MAX_ENUM_K else K + 1
+        if not self.steer:
+            return subsets
+        return subsets * (1 + (ctx.num_nodes if ctx.num_nodes <= STEER_ALL_NODES else K * (self.steer_replicas + 1)))
+
+    def _layer_table(self, layer: int, stats: SetStats, phi_next: np.ndarray, max_enum_k: int) -> np.ndarray:
+        ctx, grid = self.ctx, self.grid
+        N, M = ctx.num_nodes, stats.experts.shape[0]
+        loc = np.repeat(np.arange(N), M)  # rows = (node, set)
+        experts = np.tile(stats.experts, (N, 1))
+        gates = np.tile(stats.gates, (N, 1))
+        # A token at c may use every non-device node and c itself (other users' devices serve no one else).
+        is_device = np.array([k == "device" for k in ctx.node_kind])
+        usable = ~is_device[None, :] | (np.arange(N)[None, :] == loc[:, None])
+        t1_all = self.keys.keys(layer, experts, gates)  # [R] context key for the next layer
+        b = grid.values  # [m]
+        best = np.empty((len(loc), grid.levels))
+        per = max(1, TABLE_CHUNK_CELLS // (self._actions(ctx) * grid.levels))  # rows per block: bounded memory
+        for lo in range(0, len(loc), per):
+            r = slice(lo, lo + per)
+            opt = layer_options(ctx, np.full(len(loc[r]), layer), loc[r], loc[r], usable[r], experts[r], gates[r],
+                                np.zeros(N), max_enum_k, self.kinds, self.steer, self.steer_replicas, self.power)
+            quality = opt.quality
+            left = b[None, None, :] - quality[:, :, None]  # [R, A, m]
+            feasible = opt.valid[:, :, None] & (left >= -1e-12)
+            future = phi_next[opt.next_location[:, :, None], t1_all[r][:, None, None], grid.index(np.maximum(left, 0.0))]
+            value = opt.latency_s[:, :, None] + EPS_S_PER_Q * quality[:, :, None] + future
+            best[r] = np.where(feasible, value, np.inf).min(axis=1)  # [R, m]
+        best = best.reshape(N, M, grid.levels)
+        return np.einsum("cs,nsm->ncm", stats.prob, best)
+
+
+class OrderMoEPolicy(Policy):
+    """OrderMoE runtime policy. Parameters (defaults and units in docs/runtime.md):
+
+    budget: quality allowance per token-layer (gate-weighted relative output error), scalar or [U];
+    horizon: look-ahead depth H; steer: choose the meeting node and replicas with the look-ahead (default:
+    H >= 1 in migrate mode; H = 0 keeps the myopic earliest-finish rule); substitutes: the stand-in kinds
+    allowed ("sub,drop,zero"); levels: budget grid size m; quality_price: beta_0 in seconds per unit of
+    quality cost (None: half the median round trip per token-layer allowance); pressure_gain: kappa of the
+    latency weight; sets_per_prev: Top-K sets kept per previous top-1 in the tables; max_enum_k;
+    steer_replicas; ewma: the feedback's smoothing; adapt_gain: step of the per-user quality weight;
+    spend_target: the share of its budget a user's passes should spend; pace: look the tables up at the
+    next H layers' paced share of the remaining budget (`pace_share`) instead of all of it.
+    """
+
+    name = "ordermoe"
+    wants_feedback = True
+
+    def __init__(self, ctx: RuntimeContext, budget=0.05, horizon: int = 2, steer: bool | None = None,
+                 substitutes="sub,drop,zero", levels: int = 24, quality_price: float | None = None,
+                 pressure_gain: float = 1.0, sets_per_prev: int = 16, max_enum_k: int = MAX_ENUM_K,
+                 steer_replicas: int = STEER_REPLICAS, ewma: float = 0.1, adapt_gain: float = 0.5,
+                 spend_target: float = 0.5, quality_power: float = QUALITY_POWER, min_set_count: int = MIN_SET_COUNT,
+                 pace: bool = True):
+        kinds = check_kinds(substitutes)
+        super().__init__(ctx, budget=budget, horizon=horizon, steer=steer, substitutes=",".join(kinds), levels=levels,
+                         quality_price=quality_price, pressure_gain=pressure_gain, sets_per_prev=sets_per_prev,
+                         max_enum_k=max_enum_k, steer_replicas=steer_replicas, ewma=ewma, adapt_gain=adapt_gain,
+                         spend_target=spend_target, quality_power=quality_power, min_set_count=min_set_count,
+                         pace=bool(pace))
+        if horizon < 0 or levels < 2:
+            raise EdgeMoEError(f"ordermoe: horizon must be >= 0 and levels >= 2, got {horizon}, {levels}")
+        if not 0 < spend_target <= 1 or adapt_gain < 0:
+            raise EdgeMoEError(f"ordermoe: spend_target must be in (0, 1] and adapt_gain >= 0, got {spend_target}, "
+                               f"{adapt_gain}")
+        self.horizon, self.max_enum_k, self.ewma = int(horizon), int(max_enum_k), float(ewma)
+        self.pace = bool(pace)
+        self.kinds, self.steer_replicas, self.power = kinds, int(steer_replicas), float(quality_power)
+        self.steer = (self.horizon >= 1 if steer is None else bool(steer)) and ctx.mode == "migrate"
+        self.rt_med = max(ctx.median_round_trip_s(), 1e-6)
+        mean_allowance = float(self.allowance.mean())
+        self.quality_price = (0.5 * self.rt_med / mean_allowance if mean_allowance > 0 else 0.0) \
+            if quality_price is None else float(quality_price)
+        self.pressure_gain, self.adapt_gain, self.spend_target = float(pressure_gain), float(adapt_gain), float(spend_target)
+        self.grid = BudgetGrid(float(self.allowance.max()) * ctx.num_layers, levels)
+        # Steered tables cost N x G times the unsteered ones; beyond STEER_ALL_NODES nodes the tables price the
+        # future with the myopic rule (64 servers, L=16, E=32, K=4: 57 s steered vs ~1 s), the decision stays steered.
+        self.lookahead = LookAhead(ctx, self.grid, self.horizon, sets_per_prev, max_enum_k, kinds,
+                                   self.steer and ctx.num_nodes <= STEER_ALL_NODES, self.steer_replicas, self.power,
+                                   min_set_count)
+        U = ctx.num_users
+        self.queue_pressure = 0.0  # EWMA of mean queueing delay / (it + median round trip)
+        self.latency_excess = np.zeros(U)  # [U] EWMA of max(observed / estimated latency - 1, 0)
+        self.spend_rate = np.zeros(U)  # [U] EWMA of spent / granted budget of the user's finished passes
+        self.quality_weight = np.ones(U)  # [U] multiplier of the quality price, adapted per user
+
+    @property
+    def alpha(self) -> np.ndarray:
+        """[U] latency weight: 1 without pressure, up to 1 + 2 * pressure_gain under heavy queues / slow links."""
+        return 1.0 + self.pressure_gain * (self.queue_pressure + np.minimum(self.latency_excess, 1.0))
+
+    def beta(self, layer: np.ndarray, state: TokenState) -> np.ndarray:
+        """[T] quality weight: quality_price x the user's adapted weight x (share of budget used) / (share of
+        layers done). layer: [T]."""
+        progress = (layer + 0.5) / self.ctx.num_layers
+        used = np.divide(state.budget_used, state.budget_total, out=np.zeros(len(state)), where=state.budget_total > 0)
+        return self.quality_price * self.quality_weight[state.user] * used / progress
+
+    def pace_share(self, layer: np.ndarray) -> np.ndarray:
+        """[T] share of a row's remaining budget that the look-ahead lets the next H layers spend: H over the
+        layers still to come after `layer` [T] (at most 1), as if the rest of the pass spent it evenly. The
+        tables price the future with no quality price, so handing them the whole remaining budget makes every
+        future remote branch look substitutable and every meeting node look alike."""
+        rest = np.maximum(self.ctx.num_layers - 1 - layer, 1)
+        return np.minimum(1.0, self.horizon / rest)
+
+    def weights(self) -> dict:
+        """Per user: the latency weight alpha, the quality weight (multiplier of the quality price) and the
+        smoothed spent share, as lists (for results files)."""
+        return {"alpha": self.alpha.tolist(), "quality_weight": self.quality_weight.tolist(),
+                "spend_rate": self.spend_rate.tolist()}
+
+    def observe(self, users, latency_s, estimate_s=None, spent=None, granted=None) -> None:
+        """Per-user adaptation from finished passes (docs/runtime.md, "Adaptive weights"):
+        - latency: excess_u <- EWMA of max(observed / estimated - 1, 0) raises the user's latency weight;
+        - budget: with r_u = spent / granted of the call's passes, the quality weight moves multiplicatively by
+          exp(adapt_gain * a * (r_u - spend_target) / spend_target) (a: the EWMA weight of the passes seen;
+          spend_rate keeps the EWMA of r_u for reports): a user who spends more of its budget
+          than the target pays more for quality (saves it for where it buys most), one who spends less pays
+          less (so it substitutes whenever that helps)."""
+        users = np.asarray(users, dtype=np.int64)
+        if users.size == 0:
+            return
+        U = self.ctx.num_users
+        n = np.bincount(users, minlength=U).astype(float)
+        seen = n > 0
+        a = 1.0 - (1.0 - self.ewma) ** n[seen]  # n observations in one call: the EWMA weight of n steps
+        if estimate_s is not None:
+            ratio = np.asarray(latency_s, float) / np.maximum(np.asarray(estimate_s, float), 1e-12) - 1.0
+            excess = np.bincount(users, np.maximum(ratio, 0.0), minlength=U)[seen] / n[seen]
+            self.latency_excess[seen] += a * (excess - self.latency_excess[seen])
+        if spent is not None and granted is not None:
+            spent, granted = np.asarray(spent, float), np.asarray(granted, float)
+            has = np.bincount(users, granted, minlength=U)
+            rate = np.divide(np.bincount(users, spent, minlength=U), has, out=np.zeros(U), where=has > 0)
+            upd = seen & (has > 0)
+            a_u = 1.0 - (1.0 - self.ewma) ** n[upd]
+            self.spend_rate[upd] += a_u * (rate[upd] - self.spend_rate[upd])
+            step = self.adapt_gain * a_u * (rate[upd] - self.spend_target) / self.spend_target
+            self.quality_weight[upd] = np.clip(self.quality_weight[upd] * np.exp(step), 1e-3, 1e3)
+
+    def choose(self, layer, topk, gates, state, load):
+        ctx = self.ctx
+        has_budget = state.budget_total > 0
+        if len(state) == 0 or not (self.steer or has_budget.any()):
+            dec = exact_decision(ctx, layer, topk, state, load)  # no budget and no steering: exactly `exact`
+            self._track(load)
+            return dec
+        loc = state.location
+        opt = layer_options(ctx, layer, loc, state.home, ctx.usable[state.user], topk, gates, load, self.max_enum_k,
+                            self.kinds, self.steer, self.steer_replicas, self.power, steered_latency=not COMPILED_STEER)
+        # per subset [T, M]: quality, what is left, feasibility, budget level; per action [T, M, G]: the rest
+        quality = opt.quality_m
+        left = state.budget_left[:, None] - quality  # [T, M]
+        feasible = opt.valid_m & (left >= -1e-12) & (~opt.mask.any(axis=2) | has_budget[:, None])
+        _, N, C, m = self.lookahead.stacked.shape
+        part = None
+        if self.horizon > 0:  # (with H = 0 the tables are zeros: adding them changes no bit)
+            key = self.lookahead.keys.keys(layer, topk, gates)
+            # flat index (((l + 1) N + next) C + key) m + level, split into its per-subset and per-node terms
+            ahead = np.maximum(left, 0.0)
+            if self.pace:  # the next H layers are priced with their paced share of what is left, not all of it
+                ahead = ahead * self.pace_share(layer)[:, None]
+            part = ((layer + 1) * (N * C * m) + key * m)[:, None] + self.grid.index(ahead)  # [T, M]
+        beta = self.beta(layer, state)
+        alpha = self.alpha[state.user]
+        qterm = (beta + EPS_S_PER_Q)[:, None] * quality  # [T, M]
+        if opt.latency_mg is None:  # steered, compiled: the same sums and argmin, row by row
+            pick, lat, node = steered_pick(opt, part, C * m, self.lookahead.stacked.reshape(-1), loc, state.home,
+                                           layer == ctx.num_layers - 1, feasible, qterm, alpha)
+            self._track(load)
+            return pick_decision(opt, pick, loc, lat, node)
+        T, M, G = opt.latency_mg.shape
+        seconds = opt.latency_mg
+        if part is not None:
+            seconds = seconds + self.lookahead.stacked.reshape(-1).take(part[:, :, None] + opt.next_mg * (C * m))
+        cost = alpha[:, None, None] * seconds + qterm[:, :, None]
+        cost[~feasible] = np.inf
+        pick = cost.reshape(T, M * G).argmin(axis=1)  # action 0 (no substitution) is always feasible
+        self._track(load)
+        return pick_decision(opt, pick, loc)
+
+    def _track(self, load: np.ndarray) -> None:
+        mean_load = float(load.mean()) if load.size else 0.0
+        self.queue_pressure += self.ewma * (mean_load / (mean_load + self.rt_med) - self.queue_pressure)
+
+
+def pick_decision(opt: Options, pick: np.ndarray, location: np.ndarray, latency_s: np.ndarray | None = None,
+                  node: np.ndarray | None = None) -> Decision:
+    """The Decision made of action `pick` [T] of each row of `opt` (latency_s [T], node [T, K]: the picked
+    actions' seconds and nodes when the caller has them, as `ordermoe_kernel.steered_pick` does)."""
+    rows = np.arange(len(pick))
+    m, g = np.divmod(pick, opt.G)
+    if node is None:
+        mask = opt.mask[rows, m]
+        node = opt.node_m[rows, m] if opt.meet is None else np.where(mask, opt.node_m[rows, m], opt.exact_node(rows, g))
+    zeroed = opt.zeroed[rows, m]
+    return Decision(experts=opt.experts[rows, m], node=node, location=location.copy(),
+                    next_location=opt.next_mg[rows, m, g], quality_cost=opt.quality_m[rows, m],
+                    latency_s=opt.latency_mg[rows, m, g] if latency_s is None else latency_s,
+                    zeroed=zeroed if zeroed.any() else None)
