@@ -29,7 +29,7 @@ lint: $(STAMP)
 # Every committed results file, regenerated one after another with the commands that made them, then the
 # README's generated block. The time it takes: README, "Where each results file was made".
 BENCH := speed.simulator speed.sim_scale speed.policies speed.planners speed.profile_speed speed.ordermoe_scale \
-	studies.ordermoe_placement studies.scaling studies.adaptive studies.lookahead studies.slim_sweeps studies.upcycle \
+	studies.ordermoe_placement studies.scaling studies.adaptive studies.lookahead studies.slim_sweeps studies.upcycle studies.equal_quality \
 	ray.ray_sweep ray.ray_failover speed.serving tools.exact_stop
 results: $(STAMP)
 	$(BIN)/edgemoe demo --out bench/results/demo
