@@ -11,7 +11,11 @@
    ../shared/data/routing/real_expert_counts.json (edgemoe.profile.calibrated). No router logits and no
    domain: the profile then takes similarity from co-selection and one domain. Needs ../shared/data.
 
-Both files are written byte-for-byte reproducibly (fixed seeds, gzip mtime 0).
+3. default-model.vllm.jsonl and default-model.llamacpp.csv: a few tokens of (1) re-written in the
+   formats vLLM and llama.cpp export (docs/traces.md, "Traces from vLLM and llama.cpp"): 3 requests x 8
+   tokens as routed_experts arrays, and one request as a 6-token prompt micro-batch then 3 decode steps.
+
+The files are written byte-for-byte reproducibly (fixed seeds, gzip mtime 0).
 """
 
 from __future__ import annotations
@@ -86,6 +90,25 @@ def calibrated_trace(path: Path, shared: Path) -> None:
                 model=spec.hf_id)
 
 
+def foreign_traces(source: Path, vllm_path: Path, csv_path: Path) -> None:
+    """Re-write the first tokens of the default model's trace as vLLM routed_experts JSONL and llama.cpp CSV."""
+    from edgemoe.io import atomic_write_text
+    from edgemoe.models.loader import default_model_path
+    from edgemoe.profile.trace import read_trace
+
+    tr = read_trace([source], str(default_model_path() / "config.json"))
+    per_req = 32  # tokens per request in default-model.jsonl.gz, in request order
+    lines = [json.dumps({"req_id": f"req-{r:02d}", "routed_experts": tr.topk[r * per_req:r * per_req + 8].tolist()},
+                        separators=(",", ":")) for r in range(3)]
+    atomic_write_text(vllm_path, "\n".join(lines) + "\n")
+    rows = ["layer,expert"]
+    steps = [range(0, 6), range(6, 7), range(7, 8), range(8, 9)]  # a prompt micro-batch, then one token per step
+    for step in steps:
+        for j, layer in enumerate(tr.layer_ids):
+            rows += [f"{layer},{e}" for t in step for e in tr.topk[t, j]]
+    atomic_write_text(csv_path, "\n".join(rows) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shared-data", type=Path, default=Path("../shared/data"))
@@ -93,7 +116,8 @@ def main() -> None:
     HERE.mkdir(parents=True, exist_ok=True)
     default_model_trace(HERE / "default-model.jsonl.gz")
     calibrated_trace(HERE / "mixtral-calibrated.jsonl.gz", args.shared_data)
-    for p in sorted(HERE.glob("*.jsonl.gz")):
+    foreign_traces(HERE / "default-model.jsonl.gz", HERE / "default-model.vllm.jsonl", HERE / "default-model.llamacpp.csv")
+    for p in sorted(HERE.glob("default-model*")):
         print(f"wrote {p} ({p.stat().st_size:,} bytes)")
 
 

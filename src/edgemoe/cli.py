@@ -185,12 +185,16 @@ def profile(
     model_spec: Annotated[str | None, typer.Option(help="with --trace: a built-in spec (mixtral-8x7b, qwen1.5-moe-a2.7b, "
                                                         "qwen3-30b-a3b, deepseek-v2-lite, olmoe-1b-7b, switch-base-8) or "
                                                         "an HF config.json (default: the model a meta line names)")] = None,
+    trace_format: Annotated[str, typer.Option(help="with --trace: auto | edgemoe | vllm | llamacpp (edgemoe JSONL, "
+                                                   "vLLM routed_experts JSONL, llama.cpp moe-trace CSV); auto "
+                                                   "detects it from each file's first line")] = "auto",
     more_traces: Annotated[list[Path] | None, typer.Argument(hidden=True, help="further --trace files")] = None,
 ):
     """Record router logits, Top-K and gates on calibration text and derive the routing statistics
     (or build the profile from logged routing traces with --trace, no weights needed)."""
     if trace or more_traces:
-        _profile_from_trace(list(trace or []) + list(more_traces or []), model_spec, out, report, bool(trace))
+        _profile_from_trace(list(trace or []) + list(more_traces or []), model_spec, out, report, bool(trace),
+                            None if trace_format == "auto" else trace_format)
         return
     from edgemoe.data import resolve
     from edgemoe.models import load_moe, load_tokenizer
@@ -237,7 +241,8 @@ def _write_profile_report(prof, report: Path | None) -> None:
     typer.echo(f"wrote {report}/specialisation.json, usage_heatmaps.png, similarity.png")
 
 
-def _profile_from_trace(files: list[Path], spec: str | None, out: Path, report: Path | None, flagged: bool) -> None:
+def _profile_from_trace(files: list[Path], spec: str | None, out: Path, report: Path | None, flagged: bool,
+                        fmt: str | None = None) -> None:
     """`edgemoe profile --trace ...`: parse the trace files, build and save an ordinary profile."""
     from edgemoe.profile.trace import trace_profile
 
@@ -245,7 +250,7 @@ def _profile_from_trace(files: list[Path], spec: str | None, out: Path, report: 
         if not flagged:
             raise EdgeMoEError(f"unexpected argument {str(files[0])!r}; trace files follow --trace")
         _claim_profile_outputs(out, report, {"--trace": files, "--model-spec": spec})
-        prof, tr = trace_profile(files, spec)
+        prof, tr = trace_profile(files, spec, fmt)
         prof.save(out)
     except EdgeMoEError as exc:
         _fail(exc)
@@ -254,6 +259,8 @@ def _profile_from_trace(files: list[Path], spec: str | None, out: Path, report: 
                f"{c['tokens_kept']:,} tokens kept, {c['tokens_dropped_incomplete']:,} dropped (missing a logged layer); "
                f"skipped lines by type: {c['skipped_by_type'] or 'none'}")
     typer.echo(f"model spec: {tr.spec.describe()}")
+    if c["format"] != "edgemoe":
+        typer.echo(f"format: {c['format']}; gates {c['gates']}; token_idx from the line order")
     from edgemoe.profile.specs import builtin_for
 
     named = {builtin_for(m) for m in tr.meta_models} - {None}

@@ -12,12 +12,18 @@ one of them is dropped and counted. A repeated (req_id, token_idx, layer) is an 
 Without router logits, similarity comes from co-selection and gates; without weights, substitution error
 is estimated as 1 - similarity; the profile's meta records both. Without `domain`, the trace is one
 domain ("all"), which every cluster's users map onto.
+
+Two foreign formats are read too (docs/traces.md, "Traces from vLLM and llama.cpp"): vLLM's per-request
+`routed_experts` arrays [tokens, MoE layers, K] as JSONL, and llama.cpp's moe-trace CSV (`layer,expert`
+per routed activation). Neither has gates, logits or token positions: gates become 1/K, similarity comes
+from co-selection, token_idx is the row (vLLM) or the count of tokens grouped so far (llama.cpp).
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
+import itertools
 import json
 import math
 import platform
@@ -91,93 +97,288 @@ def _numbers(obj: dict, key: str, where: str, length: int,
     return v
 
 
-def read_trace(paths: Sequence[str | Path], spec: ModelSpec | str | None = None) -> RoutingTrace:
+TRACE_FORMATS = ("edgemoe", "vllm", "llamacpp")
+FORMAT_NAMES = {"edgemoe": "edgemoe JSONL", "vllm": "vLLM routed_experts JSONL", "llamacpp": "llama.cpp moe-trace CSV"}
+CSV_HEADER = "layer,expert"  # llama.cpp's moe-trace header line, skipped when present
+
+
+class _Rows:
+    """Route rows gathered from any format: tokens numbered by first appearance of (req_id, token_idx)."""
+
+    def __init__(self):
+        self.token_of: dict[tuple[str, int], int] = {}
+        self.tok_req: list[int] = []  # request number of each token (first appearance of its req_id)
+        self.tok_pos: list[int] = []
+        self.tok_domain: list[str | None] = []
+        self.req_of: dict[str, int] = {}
+        self.seen: dict[tuple[int, int], str] = {}  # (token, layer) -> "file:line" of its first line
+        self.tok, self.layer, self.ids, self.w, self.logits = [], [], [], [], []
+
+    def add(self, where: str, req: str, pos: int, layer: int, ids: list[int], weights: list[float],
+            logits: list[float] | None = None, domain: str | None = None) -> None:
+        key = (req, pos)
+        tok = self.token_of.get(key)
+        if tok is None:
+            tok = self.token_of[key] = len(self.tok_req)
+            self.tok_req.append(self.req_of.setdefault(req, len(self.req_of)))
+            self.tok_pos.append(pos)
+            self.tok_domain.append(domain)
+        elif domain is not None and self.tok_domain[tok] is not None and domain != self.tok_domain[tok]:
+            raise EdgeMoEError(f"{where}: field 'domain' is {domain!r} but earlier lines of token "
+                               f"(req_id {req!r}, token_idx {pos}) say {self.tok_domain[tok]!r}")
+        elif self.tok_domain[tok] is None:
+            self.tok_domain[tok] = domain
+        first = self.seen.get((tok, layer))
+        if first is not None:
+            raise EdgeMoEError(f"{where}: (req_id {req!r}, token_idx {pos}, layer {layer}) repeats line {first}")
+        self.seen[(tok, layer)] = where
+        self.tok.append(tok)
+        self.layer.append(layer)
+        self.ids.append(ids)
+        self.w.append(weights)
+        self.logits.append(logits)
+
+
+def _check_ids(ids: list, spec: ModelSpec, where: str, field: str = "topk_ids") -> None:
+    """Expert ids of one (token, layer): distinct ints in [0, E)."""
+    if any(type(e) is not int or not 0 <= e < spec.num_experts for e in ids):
+        raise EdgeMoEError(f"{where}: field {field!r} must hold expert ids in [0, {spec.num_experts}), got {ids}"[:300])
+    if len(set(ids)) != len(ids):
+        raise EdgeMoEError(f"{where}: field {field!r} repeats an expert: {ids}")
+
+
+def _meaningful(text: str) -> bool:
+    return bool(text.strip()) and not text.lstrip().startswith("#")
+
+
+def detect_format(path: Path, lineno: int, text: str) -> str:
+    """The format of a trace from its first non-blank line: a JSON object with `routed_experts` or a bare
+    JSON array is vLLM's, any other JSON object edgemoe's, `layer,expert` or two integers llama.cpp's."""
+    s = text.strip()
+    if s.startswith("["):
+        return "vllm"
+    if s.startswith("{"):
+        return "vllm" if '"routed_experts"' in s else "edgemoe"
+    cells = [c.strip() for c in s.split(",")]
+    if ",".join(cells).lower() == CSV_HEADER or (len(cells) == 2 and all(c.lstrip("-").isdigit() for c in cells)):
+        return "llamacpp"
+    raise EdgeMoEError(f"{path}:{lineno}: cannot tell the trace format from this line ({s[:60]!r}): expected a JSON "
+                       f"object (edgemoe), a routed_experts array (vLLM) or 'layer,expert' CSV (llama.cpp); "
+                       f"pass --trace-format {{{','.join(TRACE_FORMATS)}}}")
+
+
+def read_trace(paths: Sequence[str | Path], spec: ModelSpec | str | None = None, fmt: str | None = None) -> RoutingTrace:
     """Parse trace files into complete tokens. `spec`: a ModelSpec, a spec name/path, or None to take the
-    model named by a `meta` line (it must be a built-in). Raises EdgeMoEError naming file:line and field."""
+    model named by a `meta` line (it must be a built-in). `fmt`: one of TRACE_FORMATS, or None to detect
+    each file's format from its first non-blank line (all files must then agree). Raises EdgeMoEError
+    naming file:line and field."""
     if not paths:
         raise EdgeMoEError("--trace: give at least one trace file")
+    if fmt is not None and fmt not in TRACE_FORMATS:
+        raise EdgeMoEError(f"--trace-format: {fmt!r} is not one of auto, {', '.join(TRACE_FORMATS)}")
     if isinstance(spec, str):
         spec = model_spec(spec)
     files = [Path(p) for p in paths]
     digest = hashlib.sha256()
     meta_models: list[str] = []
     skipped: dict[str, int] = {}
-    token_of: dict[tuple[str, int], int] = {}  # (req_id, token_idx) -> token number (first appearance)
-    tok_req: list[int] = []  # request number of each token (first appearance of its req_id)
-    tok_pos: list[int] = []
-    tok_domain: list[str | None] = []
-    req_of: dict[str, int] = {}
-    seen: dict[tuple[int, int], str] = {}  # (token, layer) -> "file:line" of its first line
-    rows_tok, rows_layer, rows_ids, rows_w, rows_logits = [], [], [], [], []
+    rows = _Rows()
     lines_read = 0
+    formats: list[str] = []
     for path in files:
-        for lineno, text in _open_lines(path):
+        lines = _open_lines(path)
+        file_fmt = fmt
+        if file_fmt is None:  # peek at the first meaningful line, then put it back
+            head = []
+            for lineno, text in lines:
+                head.append((lineno, text))
+                if _meaningful(text):
+                    file_fmt = detect_format(path, lineno, text)
+                    break
+            lines = itertools.chain(head, lines)
+            file_fmt = file_fmt or "edgemoe"  # an empty file: the edgemoe reader says "no route lines"
+            if formats and file_fmt != formats[0]:
+                raise EdgeMoEError(f"{path}: looks like {FORMAT_NAMES[file_fmt]} but {files[0]} is "
+                                   f"{FORMAT_NAMES[formats[0]]}; give files of one format (or --trace-format)")
+        formats.append(file_fmt)
+        if file_fmt != "edgemoe" and spec is None:
+            raise EdgeMoEError(f"{path}: a {FORMAT_NAMES[file_fmt]} trace does not name its model; pass --model-spec")
+        csv = _CsvState(path.name) if file_fmt == "llamacpp" else None
+        for lineno, text in lines:
             digest.update(text.encode())
             lines_read += 1
             where = f"{path}:{lineno}"
-            if not text.strip():
-                continue
-            obj = loads_json(text, where, line_numbers=False)
-            if not isinstance(obj, dict):
-                raise EdgeMoEError(f"{where}: each line must be a JSON object, got {type(obj).__name__}")
-            kind = obj.get("type", "route")
-            if kind != "route":
-                skipped[str(kind)] = skipped.get(str(kind), 0) + 1
-                if kind == "meta" and isinstance(obj.get("model"), str):
-                    meta_models.append(obj["model"])
-                continue
-            if spec is None:
-                name = next((builtin_for(m) for m in meta_models if builtin_for(m)), None)
-                if name is None:
-                    raise EdgeMoEError(f"{where}: no --model-spec given and no earlier meta line names a built-in model "
-                                       f"(meta models: {meta_models or 'none'}); pass --model-spec")
-                spec = model_spec(name)
-            req = obj.get("req_id")
-            if isinstance(req, bool) or not isinstance(req, str | int):
-                raise EdgeMoEError(f"{where}: field 'req_id' must be a string, got {req!r}")
-            req = str(req)
-            pos = _int(obj, "token_idx", where)
-            layer = _int(obj, "layer", where)
-            if layer not in spec.moe_layer_ids:
-                raise EdgeMoEError(f"{where}: field 'layer' is {layer}, not a MoE layer of {spec.name}; "
-                                   f"its MoE layers are {_ranges(spec.moe_layer_ids)}")
-            ids = _numbers(obj, "topk_ids", where, spec.top_k)
-            if any(not isinstance(e, int) or not 0 <= e < spec.num_experts for e in ids):
-                raise EdgeMoEError(f"{where}: field 'topk_ids' must hold expert ids in [0, {spec.num_experts}), got {ids}")
-            if len(set(ids)) != len(ids):
-                raise EdgeMoEError(f"{where}: field 'topk_ids' repeats an expert: {ids}")
-            weights = _numbers(obj, "topk_weights", where, spec.top_k, GATE_RANGE)
-            logits = None
-            if obj.get("router_logits") is not None:
-                logits = _numbers(obj, "router_logits", where, spec.num_experts, LOGIT_RANGE)
-            domain = obj.get("domain")
-            if domain is not None and (not isinstance(domain, str) or not domain):
-                raise EdgeMoEError(f"{where}: field 'domain' must be a non-empty string, got {domain!r}")
-            key = (req, pos)
-            tok = token_of.get(key)
-            if tok is None:
-                tok = token_of[key] = len(tok_req)
-                tok_req.append(req_of.setdefault(req, len(req_of)))
-                tok_pos.append(pos)
-                tok_domain.append(domain)
-            elif domain is not None and tok_domain[tok] is not None and domain != tok_domain[tok]:
-                raise EdgeMoEError(f"{where}: field 'domain' is {domain!r} but earlier lines of token "
-                                   f"(req_id {req!r}, token_idx {pos}) say {tok_domain[tok]!r}")
-            elif tok_domain[tok] is None:
-                tok_domain[tok] = domain
-            first = seen.get((tok, layer))
-            if first is not None:
-                raise EdgeMoEError(f"{where}: (req_id {req!r}, token_idx {pos}, layer {layer}) repeats line {first}")
-            seen[(tok, layer)] = where
-            rows_tok.append(tok)
-            rows_layer.append(layer)
-            rows_ids.append(ids)
-            rows_w.append(weights)
-            rows_logits.append(logits)
-    if not rows_tok:
+            if file_fmt == "edgemoe":
+                spec = _edgemoe_line(text, where, spec, rows, meta_models, skipped)
+            elif file_fmt == "vllm":
+                _vllm_line(text, where, spec, rows, f"{path.name}#{lineno}")
+            else:
+                _llamacpp_line(text, where, spec, rows, csv)
+        if csv is not None:
+            _flush_run(csv, spec, rows)  # the file's last run
+    if not rows.tok:
         raise EdgeMoEError(f"{', '.join(map(str, files))}: no route lines (skipped by type: {skipped or 'none'})")
-    return _assemble(spec, files, digest.hexdigest(), meta_models, skipped, lines_read, tok_req, tok_pos, tok_domain,
-                     rows_tok, rows_layer, rows_ids, rows_w, rows_logits)
+    trace = _assemble(spec, files, digest.hexdigest(), meta_models, skipped, lines_read, rows.tok_req, rows.tok_pos,
+                      rows.tok_domain, rows.tok, rows.layer, rows.ids, rows.w, rows.logits)
+    trace.counts["format"] = formats[0]
+    if formats[0] != "edgemoe":
+        trace.counts["gates"] = f"equal 1/K (a {FORMAT_NAMES[formats[0]]} trace has no gate weights)"
+    return trace
+
+
+def _edgemoe_line(text: str, where: str, spec: ModelSpec | None, rows: _Rows, meta_models: list[str],
+                  skipped: dict[str, int]) -> ModelSpec | None:
+    """One line of edgemoe's JSONL format into `rows`; returns the spec (resolved from a meta line if None)."""
+    if not text.strip():
+        return spec
+    obj = loads_json(text, where, line_numbers=False)
+    if not isinstance(obj, dict):
+        raise EdgeMoEError(f"{where}: each line must be a JSON object, got {type(obj).__name__}")
+    kind = obj.get("type", "route")
+    if kind != "route":
+        skipped[str(kind)] = skipped.get(str(kind), 0) + 1
+        if kind == "meta" and isinstance(obj.get("model"), str):
+            meta_models.append(obj["model"])
+        return spec
+    if spec is None:
+        name = next((builtin_for(m) for m in meta_models if builtin_for(m)), None)
+        if name is None:
+            raise EdgeMoEError(f"{where}: no --model-spec given and no earlier meta line names a built-in model "
+                               f"(meta models: {meta_models or 'none'}); pass --model-spec")
+        spec = model_spec(name)
+    req = obj.get("req_id")
+    if isinstance(req, bool) or not isinstance(req, str | int):
+        raise EdgeMoEError(f"{where}: field 'req_id' must be a string, got {req!r}")
+    pos = _int(obj, "token_idx", where)
+    layer = _int(obj, "layer", where)
+    _check_layer(layer, spec, where)
+    ids = _numbers(obj, "topk_ids", where, spec.top_k)
+    _check_ids(ids, spec, where)
+    weights = _numbers(obj, "topk_weights", where, spec.top_k, GATE_RANGE)
+    logits = None
+    if obj.get("router_logits") is not None:
+        logits = _numbers(obj, "router_logits", where, spec.num_experts, LOGIT_RANGE)
+    domain = obj.get("domain")
+    if domain is not None and (not isinstance(domain, str) or not domain):
+        raise EdgeMoEError(f"{where}: field 'domain' must be a non-empty string, got {domain!r}")
+    rows.add(where, str(req), pos, layer, ids, weights, logits, domain)
+    return spec
+
+
+def _check_layer(layer: int, spec: ModelSpec, where: str) -> None:
+    if layer not in spec.moe_layer_ids:
+        raise EdgeMoEError(f"{where}: field 'layer' is {layer}, not a MoE layer of {spec.name}; "
+                           f"its MoE layers are {_ranges(spec.moe_layer_ids)}")
+
+
+def _vllm_line(text: str, where: str, spec: ModelSpec, rows: _Rows, default_req: str) -> None:
+    """One request of vLLM's routed experts: a JSON array [tokens][MoE layers][K] of expert ids (what
+    `CompletionOutput.routed_experts.tolist()` gives), or an object {"routed_experts": that array,
+    "req_id": optional, "domain": optional}. Axis 1 is the model's MoE layers in order (all of them); row t
+    is token_idx t. Gates are equal (1/K)."""
+    if not _meaningful(text):
+        return
+    obj = loads_json(text, where, line_numbers=False)
+    req, domain = default_req, None
+    if isinstance(obj, dict):
+        if "routed_experts" not in obj:
+            raise EdgeMoEError(f"{where}: a vLLM line must be a routed_experts array or an object with field "
+                               "'routed_experts'")
+        r = obj.get("req_id", req)
+        if isinstance(r, bool) or not isinstance(r, str | int) or r == "":
+            raise EdgeMoEError(f"{where}: field 'req_id' must be a non-empty string, got {r!r}")
+        req = str(r)
+        domain = obj.get("domain")
+        if domain is not None and (not isinstance(domain, str) or not domain):
+            raise EdgeMoEError(f"{where}: field 'domain' must be a non-empty string, got {domain!r}")
+        obj = obj["routed_experts"]
+    L, K = len(spec.moe_layer_ids), spec.top_k
+    shape = f"[tokens, {L} MoE layers of {spec.name}, top_k {K}]"
+    if not isinstance(obj, list) or not obj:
+        raise EdgeMoEError(f"{where}: field 'routed_experts' must be a non-empty array of shape {shape}, "
+                           f"got {str(obj)[:40]}")
+    gate = [1.0 / K] * K
+    for t, tok in enumerate(obj):
+        if not isinstance(tok, list) or len(tok) != L:
+            got = f"{len(tok)} layers" if isinstance(tok, list) else repr(tok)[:40]
+            raise EdgeMoEError(f"{where}: field 'routed_experts' is ragged: token {t} has {got}, expected shape {shape}")
+        for j, ids in enumerate(tok):
+            if not isinstance(ids, list) or len(ids) != K:
+                got = f"{len(ids)} experts" if isinstance(ids, list) else repr(ids)[:40]
+                raise EdgeMoEError(f"{where}: field 'routed_experts' is ragged: token {t}, layer {j} has {got}, "
+                                   f"expected shape {shape}")
+            _check_ids(ids, spec, f"{where}: token {t}, layer {j}", "routed_experts")
+            rows.add(where, req, t, spec.moe_layer_ids[j], ids, gate, None, domain)
+
+
+class _CsvState:
+    """llama.cpp CSV grouping state of one file: the current run of lines of one layer, and the current
+    step (runs whose layer index goes up)."""
+
+    def __init__(self, req: str):
+        self.req = req  # the file is one request
+        self.layer: int | None = None
+        self.run: list[int] = []  # expert ids of the current run
+        self.run_start = ""  # "file:line" of the run's first line
+        self.step_layers: list[int] = []
+        self.step_tokens = 0  # tokens of the current step (from its first run)
+        self.step_start = 0  # token_idx of the step's first token
+        self.header_ok = True
+
+
+def _llamacpp_line(text: str, where: str, spec: ModelSpec, rows: _Rows, st: _CsvState) -> None:
+    """One `layer,expert` line of llama.cpp's moe-trace CSV into the file's state `st`. Grouping: a run of
+    consecutive lines of one layer holds that layer's top-K of n tokens, K lines per token in token order
+    (the [n_tokens, K] id tensor of one micro-batch); runs with increasing layer index form one step, and a
+    layer index that does not go up starts the next step. Every run of a step must hold the same n. The file
+    is one request (req_id = the file name), token_idx counts tokens from 0."""
+    if not _meaningful(text):
+        return
+    cells = [c.strip() for c in text.strip().split(",")]
+    if st.header_ok and ",".join(cells).lower() == CSV_HEADER:
+        st.header_ok = False
+        return
+    st.header_ok = False
+    if len(cells) != 2:
+        raise EdgeMoEError(f"{where}: a llama.cpp moe-trace line must be 'layer,expert', got {text.strip()[:60]!r}")
+    vals = []
+    for name, c in zip(("layer", "expert"), cells, strict=True):
+        if not c.isdigit() or len(c) > 9:
+            raise EdgeMoEError(f"{where}: field {name!r} must be an integer >= 0, got {c[:40]!r}")
+        vals.append(int(c))
+    layer, expert = vals
+    _check_layer(layer, spec, where)
+    if not expert < spec.num_experts:
+        raise EdgeMoEError(f"{where}: field 'expert' must be an expert id in [0, {spec.num_experts}), got {expert}")
+    if layer != st.layer:
+        _flush_run(st, spec, rows)
+        if st.step_layers and layer <= st.step_layers[-1]:  # the layer index does not go up: a new step
+            st.step_start += st.step_tokens
+            st.step_layers, st.step_tokens = [], 0
+        st.layer, st.run_start = layer, where
+    st.run.append(expert)
+
+
+def _flush_run(st: _CsvState, spec: ModelSpec, rows: _Rows) -> None:
+    """The current run (one layer's consecutive lines) into rows: chunks of K are tokens of the step."""
+    if st.layer is None or not st.run:
+        return
+    K, n = spec.top_k, len(st.run)
+    if n % K:
+        raise EdgeMoEError(f"{st.run_start}: the run of {n} consecutive lines of layer {st.layer} that starts here is "
+                           f"not a multiple of top_k {K} (each token has K lines)")
+    tokens = n // K
+    if st.step_layers and tokens != st.step_tokens:
+        raise EdgeMoEError(f"{st.run_start}: layer {st.layer} has {tokens} tokens in this step but layer "
+                           f"{st.step_layers[0]} had {st.step_tokens}; the runs of one step must cover the same tokens")
+    st.step_layers.append(st.layer)
+    st.step_tokens = tokens
+    gate = [1.0 / K] * K
+    for i in range(tokens):
+        ids = st.run[i * K:(i + 1) * K]
+        _check_ids(ids, spec, f"{st.run_start}: token {i} of the run", "expert")
+        rows.add(st.run_start, st.req, st.step_start + i, st.layer, ids, gate)
+    st.run = []
 
 
 def _assemble(spec, files, sha, meta_models, skipped, lines_read, tok_req, tok_pos, tok_domain, rows_tok, rows_layer,
@@ -255,9 +456,10 @@ def routing_profile(spec: ModelSpec, topk: np.ndarray, gates: np.ndarray, domain
     return build_profile(meta, logits, topk, gates, domain, subst, spec.expert_bytes(L), spec.expert_flops(L), sim=sim)
 
 
-def trace_profile(paths: Sequence[str | Path], spec: ModelSpec | str | None = None) -> tuple[Profile, RoutingTrace]:
-    """Read trace files (read_trace) and build their profile; returns (profile, the parsed trace)."""
-    tr = read_trace(paths, spec)
+def trace_profile(paths: Sequence[str | Path], spec: ModelSpec | str | None = None,
+                  fmt: str | None = None) -> tuple[Profile, RoutingTrace]:
+    """Read trace files (read_trace, `fmt` None = detect) and build their profile; returns (profile, the parsed trace)."""
+    tr = read_trace(paths, spec, fmt)
     model = tr.meta_models[0] if tr.meta_models else (tr.spec.hf_id or tr.spec.name)
     source = {"kind": "trace", "files": [Path(f).name for f in tr.files], "sha256": tr.sha256, **tr.counts}
     prof = routing_profile(tr.spec, tr.topk, tr.gates, tr.domain, tr.domains, tr.router_logits, tr.layer_ids,
