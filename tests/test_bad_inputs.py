@@ -163,6 +163,17 @@ def _hostile_inputs(root: Path, cluster_yaml: str, placement: Path) -> None:
     (root / "trace_huge_weight.jsonl").write_text(json.dumps({**line, "topk_weights": [1e308, 0.5]}) + "\n")
     (root / "trace_logit_f16.jsonl").write_text(json.dumps({**line, "router_logits": [1e5] + [0.0] * 7}) + "\n")
     (root / "trace_nan_weight.jsonl").write_text(json.dumps({**line, "topk_weights": [float("nan"), 0.5]}) + "\n")
+    # the foreign formats (mixtral-8x7b: 32 MoE layers, 8 experts, top-2)
+    token = [[0, 1]] * 32
+    (root / "vllm_ragged.jsonl").write_text(json.dumps({"routed_experts": [token, token[:31]]}) + "\n")
+    (root / "vllm_expert_8.jsonl").write_text(json.dumps([token, [[0, 8]] + token[1:]]) + "\n")
+    (root / "vllm_short_topk.jsonl").write_text(json.dumps([[[0]] * 32]) + "\n")
+    (root / "llamacpp_expert_8.csv").write_text("layer,expert\n0,1\n0,8\n")
+    (root / "llamacpp_layer_float.csv").write_text("layer,expert\n0,1\n0,2\n1.5,3\n")
+    (root / "llamacpp_layer_40.csv").write_text("0,1\n0,2\n40,3\n")
+    (root / "llamacpp_odd_run.csv").write_text("0,1\n0,2\n0,3\n1,0\n1,1\n")
+    (root / "llamacpp_three_cols.csv").write_text("0,1,0.5\n")
+    (root / "unknown_format.txt").write_text("expert 3 chosen at layer 0\n")
 
 
 @pytest.fixture(scope="module")
@@ -360,6 +371,27 @@ CASES = [
     ("profile-trace-1e308-weight", [*TRACE, "{d}/trace_huge_weight.jsonl"], "outside [0, 10000]"),
     ("profile-trace-nan-weight", [*TRACE, "{d}/trace_nan_weight.jsonl"], "must hold finite numbers"),
     ("profile-trace-logit-beyond-f16", [*TRACE, "{d}/trace_logit_f16.jsonl"], "field 'router_logits' holds 100000.0"),
+    ("profile-trace-vllm-ragged", [*TRACE, "{d}/vllm_ragged.jsonl"],
+     "vllm_ragged.jsonl:1: field 'routed_experts' is ragged: token 1 has 31 layers"),
+    ("profile-trace-vllm-expert-out-of-range", [*TRACE, "{d}/vllm_expert_8.jsonl"],
+     "vllm_expert_8.jsonl:1: token 1, layer 0: field 'routed_experts' must hold expert ids in [0, 8)"),
+    ("profile-trace-vllm-short-topk", [*TRACE, "{d}/vllm_short_topk.jsonl"], "token 0, layer 0 has 1 experts"),
+    ("profile-trace-llamacpp-expert-out-of-range", [*TRACE, "{d}/llamacpp_expert_8.csv"],
+     "llamacpp_expert_8.csv:3: field 'expert' must be an expert id in [0, 8), got 8"),
+    ("profile-trace-llamacpp-layer-not-integer", [*TRACE, "{d}/llamacpp_layer_float.csv"],
+     "llamacpp_layer_float.csv:4: field 'layer' must be an integer >= 0, got '1.5'"),
+    ("profile-trace-llamacpp-layer-not-moe", [*TRACE, "{d}/llamacpp_layer_40.csv"],
+     "llamacpp_layer_40.csv:3: field 'layer' is 40, not a MoE layer of mixtral-8x7b"),
+    ("profile-trace-llamacpp-run-not-k", [*TRACE, "{d}/llamacpp_odd_run.csv"],
+     "llamacpp_odd_run.csv:1: the run of 3 consecutive lines of layer 0"),
+    ("profile-trace-llamacpp-three-columns", [*TRACE, "{d}/llamacpp_three_cols.csv", "--trace-format", "llamacpp"],
+     "llamacpp_three_cols.csv:1: a llama.cpp moe-trace line must be 'layer,expert'"),
+    ("profile-trace-unknown-format", [*TRACE, "{d}/unknown_format.txt"],
+     "unknown_format.txt:1: cannot tell the trace format"),
+    ("profile-trace-format-name", [*TRACE, "{d}/trace_ok.jsonl", "--trace-format", "csv"],
+     "--trace-format: 'csv' is not one of auto, edgemoe, vllm, llamacpp"),
+    ("profile-trace-vllm-as-llamacpp", [*TRACE, "{d}/vllm_ragged.jsonl", "--trace-format", "llamacpp"],
+     "vllm_ragged.jsonl:1: a llama.cpp moe-trace line must be 'layer,expert'"),
     # round two, every output claimed the same way: inputs never overwritten, outputs distinct, folders ours
     ("profile-trace-report-user-folder", [*TRACE, "{d}/trace_ok.jsonl", "--report", "{d}/user_docs"],
      "refusing to write into"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -299,3 +300,145 @@ def test_profile_trace_reads_stdin_for_a_dash(tmp_path):
                                     input=data)
         assert result.exit_code == 0, (result.stderr, result.exception)
         assert load_profile(out).num_tokens == 6
+
+
+# ------------------------------------------------- foreign formats: vLLM routed_experts, llama.cpp moe-trace CSV
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "traces"
+
+
+def _default_spec():
+    import edgemoe
+
+    return model_spec(str(Path(edgemoe.__file__).parent / "assets" / "default_model" / "config.json"))
+
+
+def test_foreign_examples_give_the_routing_of_the_edgemoe_trace_they_came_from():
+    """examples/make_traces.py wrote them from default-model.jsonl.gz: the same experts, token for token."""
+    spec = _default_spec()
+    full = read_trace([EXAMPLES / "default-model.jsonl.gz"], spec)
+    vllm = read_trace([EXAMPLES / "default-model.vllm.jsonl"], spec)  # format detected
+    want = np.concatenate([full.topk[r * 32:r * 32 + 8] for r in range(3)])
+    assert vllm.counts["format"] == "vllm" and vllm.counts["requests"] == 3
+    assert np.array_equal(vllm.topk, want) and np.allclose(vllm.gates, 0.5) and vllm.router_logits is None
+    assert vllm.domains == ("all",) and vllm.layer_ids == full.layer_ids
+    csv = read_trace([EXAMPLES / "default-model.llamacpp.csv"], spec)
+    assert csv.counts["format"] == "llamacpp" and csv.counts["requests"] == 1
+    assert np.array_equal(csv.topk, full.topk[:9])  # a 6-token prompt micro-batch, then 3 decode steps
+    prof, _ = trace_profile([EXAMPLES / "default-model.llamacpp.csv"], spec, "llamacpp")
+    assert prof.meta.similarity == "co-selection" and prof.meta.source["gates"].startswith("equal 1/K")
+
+
+def _csv(tmp_path, text, name="t.csv"):
+    return _write(tmp_path / name, [text])
+
+
+def test_llamacpp_grouping_of_lines_into_tokens(tmp_path):
+    """Runs of one layer hold K lines per token; runs with rising layer index form a step; a layer index
+    that does not rise starts the next step (mixtral-8x7b: K = 2, layers 0-31)."""
+    # a 2-token prompt step over layers 0 and 1, then one decode step: 3 tokens
+    tr = read_trace([_csv(tmp_path, "layer,expert\n0,1\n0,2\n0,3\n0,4\n1,5\n1,6\n1,7\n1,0\n0,2\n0,1\n1,3\n1,4\n")],
+                    "mixtral-8x7b")
+    assert tr.layer_ids == (0, 1) and tr.counts["tokens_kept"] == 3
+    assert tr.topk.tolist() == [[[1, 2], [5, 6]], [[3, 4], [7, 0]], [[2, 1], [3, 4]]]
+    # one logged layer: the whole file is one run, cut into tokens of K lines; blank and # lines are skipped
+    tr = read_trace([_csv(tmp_path, "# moe trace\n5,0\n5,1\n\n5,2\n5,3\n5,4\n5,5\n")], "mixtral-8x7b")
+    assert tr.layer_ids == (5,) and tr.topk[:, 0].tolist() == [[0, 1], [2, 3], [4, 5]]
+    # the layer index going down but not to the first layer still starts a step: its tokens lack layer 0
+    tr = read_trace([_csv(tmp_path, "0,1\n0,2\n1,3\n1,4\n2,5\n2,6\n1,0\n1,1\n2,2\n2,3\n")], "mixtral-8x7b")
+    assert tr.counts["tokens_kept"] == 1 and tr.counts["tokens_dropped_incomplete"] == 1
+    # two files are two requests
+    a, b = _csv(tmp_path, "0,1\n0,2\n", "a.csv"), _csv(tmp_path, "0,3\n0,4\n", "b.csv")
+    assert read_trace([a, b], "mixtral-8x7b").counts["requests"] == 2
+
+
+@pytest.mark.parametrize("text, line, match", [
+    ("0,1\n0,2\n0,3\n1,4\n1,5\n", 1, "the run of 3 consecutive lines of layer 0 that starts here"),
+    ("0,1\n0,2\n0,3\n0,4\n1,5\n1,6\n", 5, "layer 1 has 1 tokens in this step but layer 0 had 2"),
+    ("0,1\n0,1\n", 1, "field 'expert' repeats an expert: [1, 1]"),
+    ("0,1\n0,x\n", 2, "field 'expert' must be an integer >= 0, got 'x'"),
+    ("0,1\n-1,2\n", 2, "field 'layer' must be an integer >= 0, got '-1'"),
+    ("0,1\n32,2\n", 2, "field 'layer' is 32, not a MoE layer"),
+    ("0,1\nlayer,expert\n", 2, "field 'layer' must be an integer"),  # a header is only the first line
+])
+def test_llamacpp_bad_lines_name_file_and_line(tmp_path, text, line, match):
+    path = _csv(tmp_path, text)
+    with pytest.raises(EdgeMoEError, match=re.escape(match)) as exc:
+        read_trace([path], "mixtral-8x7b")
+    assert f"{path}:{line}" in str(exc.value)
+
+
+def test_vllm_lines_bare_arrays_objects_and_errors(tmp_path):
+    tok = [[0, 1]] * 32
+    path = _write(tmp_path / "v.jsonl", [json.dumps([tok, tok]) + "\n", "\n",
+                                        json.dumps({"req_id": 7, "domain": "chat", "routed_experts": [tok]}) + "\n"])
+    tr = read_trace([path], "mixtral-8x7b", "vllm")
+    assert tr.counts["requests"] == 2 and tr.counts["tokens_kept"] == 3 and tr.domains == ("all", "chat")
+    for bad, match in [
+        ({"routed_experts": [tok[:30]]}, "token 0 has 30 layers, expected shape [tokens, 32 MoE layers of mixtral-8x7b, top_k 2]"),
+        ([[[0, True]] * 32], "field 'routed_experts' must hold expert ids in [0, 8)"),
+        ([[[0, 1.0]] * 32], "field 'routed_experts' must hold expert ids in [0, 8)"),
+        ([[[2, 2]] * 32], "repeats an expert"),
+        ({"routed_experts": []}, "must be a non-empty array"),
+        ({"req_id": "", "routed_experts": [tok]}, "field 'req_id' must be a non-empty string"),
+        ({"tokens": [tok]}, "an object with field 'routed_experts'"),
+    ]:
+        p = _write(tmp_path / "b.jsonl", [json.dumps([tok]) + "\n", json.dumps(bad) + "\n"])
+        with pytest.raises(EdgeMoEError, match=re.escape(match)) as exc:
+            read_trace([p], "mixtral-8x7b", "vllm")
+        assert f"{p}:2" in str(exc.value)
+
+
+def test_format_detection_and_its_errors(tmp_path):
+    tok = [[0, 1]] * 32
+    cases = {"edgemoe": _line(), "vllm": json.dumps({"routed_experts": [tok]}) + "\n", "llamacpp": "layer,expert\n0,1\n0,2\n"}
+    paths = {k: _write(tmp_path / f"{k}.trace", ["\n", v]) for k, v in cases.items()}  # a blank first line is skipped
+    for fmt, path in paths.items():
+        assert read_trace([path], "mixtral-8x7b").counts["format"] == fmt
+    bare = _write(tmp_path / "bare.jsonl", [json.dumps([tok]) + "\n"])
+    assert read_trace([bare], "mixtral-8x7b").counts["format"] == "vllm"
+    with pytest.raises(EdgeMoEError, match=r"llamacpp.trace: looks like llama.cpp moe-trace CSV but .*edgemoe.trace is edgemoe"):
+        read_trace([paths["edgemoe"], paths["llamacpp"]], "mixtral-8x7b")
+    with pytest.raises(EdgeMoEError, match=r"x.txt:2: cannot tell the trace format .*pass --trace-format"):
+        read_trace([_write(tmp_path / "x.txt", ["\n", "layer 0 expert 1\n"])], "mixtral-8x7b")
+    with pytest.raises(EdgeMoEError, match="does not name its model; pass --model-spec"):
+        read_trace([paths["vllm"]])
+    with pytest.raises(EdgeMoEError, match=r"edgemoe.trace:2: a llama.cpp moe-trace line must be 'layer,expert'"):
+        read_trace([paths["edgemoe"]], "mixtral-8x7b", "llamacpp")  # explicit format: no detection
+
+
+@st.composite
+def _foreign_trace(draw):
+    """(format, text) of a small trace for the default model (4 MoE layers, 16 experts, top-2): in half of
+    them the top-2 pairs are drawn from -1..16 (so some ids out of range or repeated)."""
+    fmt = draw(st.sampled_from(["vllm", "llamacpp"]))
+    wild = draw(st.booleans())
+    pair = st.lists(st.integers(-1, 16) if wild else st.integers(0, 15), min_size=2, max_size=2, unique=not wild)
+    if fmt == "vllm":
+        reqs = draw(st.lists(st.lists(st.lists(pair, min_size=4, max_size=4), min_size=1, max_size=3),
+                             min_size=1, max_size=2))
+        return fmt, "".join(json.dumps(r) + "\n" for r in reqs)
+    rows = []
+    for _ in range(draw(st.integers(1, 3))):  # steps of n tokens over a rising set of layers
+        n = draw(st.integers(1, 2))
+        for layer in sorted(draw(st.sets(st.integers(0, 3), min_size=1))):
+            rows += [f"{layer},{e}" for _ in range(n) for e in draw(pair)]
+    return fmt, "\n".join(rows) + "\n"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(trace=_foreign_trace())
+def test_whatever_profile_trace_accepts_from_vllm_or_llamacpp_plan_accepts(tmp_path_factory, trace):
+    """The same property for the foreign formats: an accepted trace gives a profile that saves, loads and plans."""
+    fmt, text = trace
+    folder = tmp_path_factory.mktemp("foreign")
+    path = _write(folder / "t.trace", [text])
+    try:
+        prof, _ = trace_profile([path], _default_spec(), fmt if fmt == "llamacpp" else None)
+    except EdgeMoEError as exc:
+        assert "t.trace" in str(exc), exc
+        return
+    prof.save(folder / "p")
+    loaded = load_profile(folder / "p")
+    placement = plan(plan_problem(loaded, "device-edge-cloud"), "lfu")
+    assert placement.hosts.shape[2] == 16
