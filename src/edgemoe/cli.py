@@ -180,8 +180,9 @@ def profile(
     block_len: Annotated[int, typer.Option(min=2, help="tokens per sequence")] = 256,
     subst_tokens: Annotated[int, typer.Option(min=1, help="tokens per layer whose hidden states measure substitution error")] = 1024,
     report: Annotated[Path | None, typer.Option(help="also write the specialisation report (JSON + PNG) here")] = None,
-    trace: Annotated[list[Path] | None, typer.Option(help="routing trace JSONL (.gz) files instead of a model: "
-                                                          "--trace FILE [FILE ...] (docs/traces.md)")] = None,
+    trace: Annotated[list[Path] | None, typer.Option(help="routing trace files instead of a model (edgemoe "
+                                                          "JSONL, vLLM routed_experts JSONL, llama.cpp moe-trace CSV; "
+                                                          "plain or .gz): --trace FILE [FILE ...] (docs/traces.md)")] = None,
     model_spec: Annotated[str | None, typer.Option(help="with --trace: a built-in spec (mixtral-8x7b, qwen1.5-moe-a2.7b, "
                                                         "qwen3-30b-a3b, deepseek-v2-lite, olmoe-1b-7b, switch-base-8) or "
                                                         "an HF config.json (default: the model a meta line names)")] = None,
