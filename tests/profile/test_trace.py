@@ -358,6 +358,7 @@ def test_llamacpp_grouping_of_lines_into_tokens(tmp_path):
     ("0,1\n0,1\n", 1, "field 'expert' repeats an expert: [1, 1]"),
     ("0,1\n0,x\n", 2, "field 'expert' must be an integer >= 0, got 'x'"),
     ("0,1\n-1,2\n", 2, "field 'layer' must be an integer >= 0, got '-1'"),
+    ("0,1\n0,\u00b2\n", 2, "field 'expert' must be an integer >= 0"),
     ("0,1\n32,2\n", 2, "field 'layer' is 32, not a MoE layer"),
     ("0,1\nlayer,expert\n", 2, "field 'layer' must be an integer"),  # a header is only the first line
 ])
@@ -396,6 +397,8 @@ def test_format_detection_and_its_errors(tmp_path):
     for fmt, path in paths.items():
         assert read_trace([path], "mixtral-8x7b").counts["format"] == fmt
     bare = _write(tmp_path / "bare.jsonl", [json.dumps([tok]) + "\n"])
+    named = _write(tmp_path / "named.jsonl", [_line(domain='"routed_experts"')])  # the key, not a value, says vLLM
+    assert read_trace([named], "mixtral-8x7b").counts["format"] == "edgemoe"
     assert read_trace([bare], "mixtral-8x7b").counts["format"] == "vllm"
     with pytest.raises(EdgeMoEError, match=r"llamacpp.trace: looks like llama.cpp moe-trace CSV but .*edgemoe.trace is edgemoe"):
         read_trace([paths["edgemoe"], paths["llamacpp"]], "mixtral-8x7b")

@@ -147,6 +147,11 @@ def _check_ids(ids: list, spec: ModelSpec, where: str, field: str = "topk_ids") 
         raise EdgeMoEError(f"{where}: field {field!r} repeats an expert: {ids}")
 
 
+def _is_int_text(c: str) -> bool:
+    """ASCII decimal digits only (str.isdigit alone also takes '²', which int() refuses)."""
+    return c.isascii() and c.isdigit()
+
+
 def _meaningful(text: str) -> bool:
     return bool(text.strip()) and not text.lstrip().startswith("#")
 
@@ -158,9 +163,11 @@ def detect_format(path: Path, lineno: int, text: str) -> str:
     if s.startswith("["):
         return "vllm"
     if s.startswith("{"):
-        return "vllm" if '"routed_experts"' in s else "edgemoe"
+        obj = loads_json(s, f"{path}:{lineno}", line_numbers=False)
+        return "vllm" if isinstance(obj, dict) and "routed_experts" in obj else "edgemoe"
     cells = [c.strip() for c in s.split(",")]
-    if ",".join(cells).lower() == CSV_HEADER or (len(cells) == 2 and all(c.lstrip("-").isdigit() for c in cells)):
+    if ",".join(cells).lower() == CSV_HEADER or (len(cells) == 2 and all(_is_int_text(c.removeprefix("-"))
+                                                                         for c in cells)):
         return "llamacpp"
     raise EdgeMoEError(f"{path}:{lineno}: cannot tell the trace format from this line ({s[:60]!r}): expected a JSON "
                        f"object (edgemoe), a routed_experts array (vLLM) or 'layer,expert' CSV (llama.cpp); "
@@ -343,7 +350,7 @@ def _llamacpp_line(text: str, where: str, spec: ModelSpec, rows: _Rows, st: _Csv
         raise EdgeMoEError(f"{where}: a llama.cpp moe-trace line must be 'layer,expert', got {text.strip()[:60]!r}")
     vals = []
     for name, c in zip(("layer", "expert"), cells, strict=True):
-        if not c.isdigit() or len(c) > 9:
+        if not _is_int_text(c) or len(c) > 9:
             raise EdgeMoEError(f"{where}: field {name!r} must be an integer >= 0, got {c[:40]!r}")
         vals.append(int(c))
     layer, expert = vals
