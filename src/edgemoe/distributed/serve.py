@@ -6,7 +6,8 @@
     client = Client(dep)
     result = client.generate(user=3, prompt=ids, gen_tokens=16)
 
-Every server is an actor named `edgemoe-<node>` that needs one unit of the custom resource
+Every server is an actor named `edgemoe-<node>`, in a Ray namespace of its deployment's own
+(`edgemoe-<8 hex>`: two deployments on one Ray cluster never collide), that needs one unit of the custom resource
 `edgemoe_node_<node>`; the local instance declares one unit of each, a real cluster declares each on
 the machine that plays that server (docs/distributed.md). Actors restart after a crash (Ray reruns
 their constructor, which reloads their experts); homes probe excluded servers with backoff and
@@ -16,6 +17,7 @@ readmit them once they answer with the current configuration.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import re
 import threading
@@ -35,6 +37,10 @@ from .wire import ExpertCall, GenerateRequest, GenerateResult
 
 NAMESPACE = "edgemoe"
 DEFAULT_OBJECT_STORE_BYTES = 200 * 2**20
+log = logging.getLogger("edgemoe.distributed")
+# What a server's actor takes of its machine's `edgemoe_node_<name>` unit: a pin, not a reservation, so that
+# several deployments (each in its own namespace) can share one Ray cluster.
+NODE_SHARE = 0.01
 
 
 def node_resource(name: str) -> str:
@@ -130,6 +136,26 @@ def _latest_local_cluster() -> str | None:
     return text.splitlines()[0].strip() if text else None
 
 
+def check_resources(node_names) -> None:
+    """EdgeMoEError unless some alive Ray node declares `edgemoe_node_<name>` for every server name: without
+    it the server's actor would wait for a machine forever. Names the missing resources and what is declared."""
+    declared: set[str] = set()
+    for node in _ray().nodes():
+        if node.get("Alive"):
+            declared.update(k for k in node.get("Resources", {}) if k.startswith("edgemoe_node_"))
+    missing = [node_resource(n) for n in node_names if node_resource(n) not in declared]
+    if missing:
+        raise EdgeMoEError(f"no Ray node declares the resource {', '.join(missing)} (declared: "
+                           f"{', '.join(sorted(declared)) or 'none'}); start the machine that plays that server with "
+                           f"`ray start --address ... --resources '{{\"{missing[0]}\": 1}}'`")
+
+
+def ray_address_info() -> dict:
+    """The running Ray instance's GCS address and this node's IP (what a machine needs to join it)."""
+    ctx = _ray().get_runtime_context()
+    return {"gcs_address": ctx.gcs_address, "node_ip": _ray().util.get_node_ip_address()}
+
+
 def stop_ray() -> None:
     ray = _ray()
     if ray.is_initialized():
@@ -139,14 +165,14 @@ def stop_ray() -> None:
 class RayTransport(Transport):
     """Calls other servers' actors by name; calls to this node run on a local thread."""
 
-    def __init__(self, node: int, node_names, local: ServerCore, threads: int = 8):
-        self.node, self.node_names, self.local = node, tuple(node_names), local
+    def __init__(self, node: int, node_names, local: ServerCore, threads: int = 8, namespace: str = NAMESPACE):
+        self.node, self.node_names, self.local, self.namespace = node, tuple(node_names), local, namespace
         self.pool = ThreadPoolExecutor(threads)
         self._handles: dict[int, object] = {}
 
     def handle(self, n: int):
         if n not in self._handles:
-            self._handles[n] = _ray().get_actor(actor_name(self.node_names[n]), namespace=NAMESPACE)
+            self._handles[n] = _ray().get_actor(actor_name(self.node_names[n]), namespace=self.namespace)
         return self._handles[n]
 
     def submit(self, node: int, call: ExpertCall) -> Future:
@@ -174,6 +200,11 @@ class ServerActor:
             os.setpriority(os.PRIO_PROCESS, 0, 0)
         except (OSError, AttributeError):  # not permitted: measured lateness will show it
             pass
+        if not log.handlers:  # exclusions and readmissions of this home: one line each in the worker's log
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+            log.addHandler(handler)
+            log.setLevel(logging.INFO)
         self.node = int(node)
         self._drop_rate, self._drop_rng = 0.0, np.random.default_rng(0)
         self._configure(cfg)
@@ -186,10 +217,12 @@ class ServerActor:
                           cfg.make_clock())
         home = None
         if cfg.home_nodes()[self.node]:
-            membership = Membership(ctx.num_nodes, Backoff(cfg.backoff_base_s, cfg.backoff_max_s))
+            membership = Membership(ctx.num_nodes, Backoff(cfg.backoff_base_s, cfg.backoff_max_s), ctx.node_names,
+                                    f"home {ctx.node_names[self.node]}")
             prev = getattr(self, "home", None)  # same model: keep the loaded backbone (the demo swaps methods)
             adapter = prev.adapter if prev is not None and prev.cfg.model_path == cfg.model_path else None
-            home = HomeEngine(cfg, self.node, RayTransport(self.node, ctx.node_names, core), membership, adapter=adapter)
+            home = HomeEngine(cfg, self.node, RayTransport(self.node, ctx.node_names, core, namespace=cfg.namespace),
+                              membership, adapter=adapter)
         self.cfg, self.core, self.home = cfg, core, home
 
     def configure(self, cfg: ServerConfig) -> int:
@@ -282,9 +315,16 @@ class Deployment:
     cfg_ref: object = None  # keeps the constructor's argument alive for restarts
 
     @classmethod
-    def launch(cls, cfg: ServerConfig, max_concurrency: int = 128, ready_timeout_s: float = 300.0) -> Deployment:
-        """One actor per node (node-pinned by custom resource), then wait until every one answers."""
+    def launch(cls, cfg: ServerConfig, max_concurrency: int = 128, ready_timeout_s: float = 300.0,
+               namespace: str | None = None) -> Deployment:
+        """One actor per node (node-pinned by custom resource), then wait until every one answers.
+
+        namespace: the Ray namespace of this deployment's actors (default a fresh `edgemoe-<8 hex>`). A node
+        whose resource no Ray node declares is an EdgeMoEError at once; servers that do not answer within
+        `ready_timeout_s` (loading their experts) are one, naming them."""
         ray = _ray()
+        cfg = replace(cfg, namespace=namespace or f"edgemoe-{uuid.uuid4().hex[:8]}")
+        check_resources(cfg.ctx.node_names)
         remote_cls = ray.remote(ServerActor)
         # One pinned copy of the configuration: restarts rerun the constructor from it (Ray keeps the
         # arguments while this reference lives, see ray-project/ray#53727).
@@ -292,11 +332,28 @@ class Deployment:
         handles = []
         for n, name in enumerate(cfg.ctx.node_names):
             handles.append(remote_cls.options(
-                name=actor_name(name), namespace=NAMESPACE, num_cpus=0, resources={node_resource(name): 1.0},
+                name=actor_name(name), namespace=cfg.namespace, num_cpus=0, resources={node_resource(name): NODE_SHARE},
                 max_concurrency=max_concurrency, max_restarts=-1, max_task_retries=0, lifetime=None,
             ).remote(n, cfg_ref))
-        ray.get([h.ping.remote() for h in handles], timeout=ready_timeout_s)
-        return cls(cfg, handles, cfg_ref)
+        dep = cls(cfg, handles, cfg_ref)
+        try:
+            dep._get([h.ping.remote() for h in handles], ready_timeout_s, "start (load their experts)")
+        except EdgeMoEError:
+            dep.shutdown()
+            raise
+        return dep
+
+    def _get(self, refs: list, timeout_s: float, what: str) -> list:
+        """ray.get of one call per server (refs in node order), bounded: past `timeout_s` one EdgeMoEError
+        naming the servers that did not answer; a server's own error is raised as it is."""
+        ray = _ray()
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if len(ready) < len(refs):
+            done = set(ready)
+            late = [self.node_names[i] for i, r in enumerate(refs) if r not in done]
+            raise EdgeMoEError(f"servers {', '.join(late)} did not {what} within {timeout_s:g} s "
+                               f"(Ray namespace {self.cfg.namespace}); see their logs under /tmp/ray/session_latest/logs")
+        return ray.get(refs)
 
     @property
     def node_names(self) -> tuple[str, ...]:
@@ -304,8 +361,8 @@ class Deployment:
 
     def configure(self, cfg: ServerConfig, timeout_s: float = 300.0) -> None:
         """Reconfigure every server (new placement or policy); bumps the version."""
-        cfg = replace(cfg, version=self.cfg.version + 1)
-        _ray().get([h.configure.remote(cfg) for h in self.handles], timeout=timeout_s)
+        cfg = replace(cfg, version=self.cfg.version + 1, namespace=self.cfg.namespace)
+        self._get([h.configure.remote(cfg) for h in self.handles], timeout_s, "take the new configuration")
         self.cfg = cfg
 
     def retime(self, clock: str | None = None, dilation: float | None = None, use_load: bool | None = None,
@@ -315,17 +372,21 @@ class Deployment:
         cfg = replace(self.cfg, version=self.cfg.version + 1, clock=self.cfg.clock if clock is None else clock,
                       dilation=self.cfg.dilation if dilation is None else float(dilation),
                       use_load=self.cfg.use_load if use_load is None else bool(use_load))
-        _ray().get([h.retime.remote(cfg) for h in self.handles], timeout=timeout_s)
+        self._get([h.retime.remote(cfg) for h in self.handles], timeout_s, "take the new clock")
         self.cfg = cfg
 
     def pids(self) -> list[int]:
-        return [d["pid"] for d in _ray().get([h.cpu.remote() for h in self.handles], timeout=60)]
+        return [d["pid"] for d in self._get([h.cpu.remote() for h in self.handles], 60.0, "report their process")]
 
     def memory(self) -> list[dict]:
-        return _ray().get([h.memory.remote() for h in self.handles], timeout=60)
+        return self._get([h.memory.remote() for h in self.handles], 60.0, "report their memory")
 
     def health(self, node: int) -> dict:
-        return _ray().get(self.handles[node].health.remote(), timeout=30)
+        ray = _ray()
+        try:
+            return ray.get(self.handles[node].health.remote(), timeout=30)
+        except ray.exceptions.GetTimeoutError:
+            raise EdgeMoEError(f"server {self.node_names[node]} did not report its health within 30 s") from None
 
     def kill(self, node: int, restart: bool = True) -> None:
         """Kill server `node`'s process (a crash); Ray restarts it unless restart=False."""
@@ -358,11 +419,21 @@ class Client:
     counted and ignored)."""
 
     def __init__(self, deployment: Deployment, request_timeout_s: float = 120.0, max_attempts: int = 4,
-                 backoff: Backoff | None = None):
+                 backoff: Backoff | None = None, home_backoff: Backoff | None = None, probe: bool = True):
+        """backoff: the wait before each retry of a request; home_backoff: the probe schedule of an excluded
+        home (default the deployment's server backoff); probe=False: no background prober (`probe_homes`
+        readmits on demand)."""
         self.dep = deployment
         self.request_timeout_s = request_timeout_s
         self.max_attempts = max_attempts
         self.backoff = backoff or Backoff(0.2, 2.0)
+        cfg = deployment.cfg
+        # The ingress's own view of the homes: a home that failed a request is skipped until a probe readmits it.
+        self.homes = Membership(cfg.ctx.num_nodes, home_backoff or Backoff(cfg.backoff_base_s, cfg.backoff_max_s),
+                                cfg.ctx.node_names, "ingress")
+        self._prober: threading.Thread | None = None
+        self._probe = probe
+        self._closed = threading.Event()
         # Ids unique per client and run: a home answers a seen id from its cache of finished requests, so a
         # second client (or a second load run) on the same deployment must never reuse "req-0".
         self.run_id = uuid.uuid4().hex[:12]
@@ -382,39 +453,87 @@ class Client:
         return f"req-{self.run_id}-{next(self._ids)}"
 
     def homes_for(self, user: int) -> list[int]:
-        """The user's home first, then the other home nodes by one-way latency from it."""
+        """The user's home first, then the other home nodes by one-way latency from it; homes this client
+        excluded go last (tried only when no other home is left)."""
         ctx = self.dep.cfg.ctx
         home = int(ctx.user_home[user])
         others = [int(n) for n in np.flatnonzero(self.dep.cfg.home_nodes()) if n != home]
-        return [home, *sorted(others, key=lambda n: ctx.lat_s[home, n])]
+        order = [home, *sorted(others, key=lambda n: ctx.lat_s[home, n])]
+        alive, _ = self.homes.snapshot()
+        return [n for n in order if alive[n]] + [n for n in order if not alive[n]]
 
     def generate(self, user: int, prompt, gen_tokens: int, request_id: str | None = None,
-                 submit_s: float | None = None) -> GenerateResult:
+                 submit_s: float | None = None, allow_degraded: bool = False) -> GenerateResult:
         """Run one request; submit_s: its nominal arrival (default: now on the deployment's clock; the
-        virtual clock needs it). Retries keep the id and the arrival, so failover time counts in TTFT."""
+        virtual clock needs it). Retries keep the id and the arrival, so failover time counts in TTFT.
+        allow_degraded: with the exact policy, accept slots a failure drops (else server.Degraded, a 503)."""
         ray = _ray()
         rid = request_id or self.next_id()
         submit = self.clock.now() if submit_s is None else float(submit_s)
         homes = self.homes_for(user)
+        names = self.dep.cfg.ctx.node_names
         last: Exception | None = None
         for attempt in range(self.max_attempts):
             home = homes[min(attempt, len(homes) - 1)]
             if attempt:
+                log.warning("ingress: request %s of user %s fails over to home %s (attempt %d)", rid,
+                            self.dep.cfg.ctx.user_names[user], names[home], attempt + 1)
                 time.sleep(self.backoff.delay_s(attempt))
-            req = GenerateRequest(rid, int(user), np.asarray(prompt, np.int64), int(gen_tokens), attempt, submit)
+            req = GenerateRequest(rid, int(user), np.asarray(prompt, np.int64), int(gen_tokens), attempt, submit,
+                                  bool(allow_degraded))
             try:
                 result = ray.get(self.dep.handles[home].generate.remote(req), timeout=self.request_timeout_s)
             except EdgeMoEError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the home died or timed out: fail over
                 last = exc
+                self._exclude_home(home, exc)
                 with self._lock:
                     self.failovers += 1
                 continue
             return self._record(result)
         with self._lock:
             self.errors.append(f"{rid}: {type(last).__name__}: {last}")
-        raise EdgeMoEError(f"request {rid} failed on {self.max_attempts} attempts: {last}")
+        raise EdgeMoEError(f"request {rid} failed on {self.max_attempts} attempts: {_first_line(last)}")
+
+    def _exclude_home(self, home: int, exc: Exception) -> None:
+        self.homes.exclude(home, why=f"a request failed there: {type(exc).__name__}")
+        if self._probe and self._prober is None:
+            with self._lock:
+                if self._prober is None:
+                    self._prober = threading.Thread(target=self._probe_loop, name="edgemoe-ingress-probe", daemon=True)
+                    self._prober.start()
+
+    def probe_homes(self, force: bool = False, timeout_s: float = 2.0) -> list[int]:
+        """Ping the excluded homes whose probe is due (all of them with force) and readmit those that answer
+        with the deployment's configuration (a restarted home is sent it first). Returns the readmitted."""
+        ray = _ray()
+        back = []
+        for n in self.homes.due(float("inf") if force else None):
+            try:
+                info = ray.get(self.dep.handles[n].ping.remote(), timeout=timeout_s)
+                if info["version"] != self.dep.cfg.version:
+                    ray.get(self.dep.handles[n].configure.remote(self.dep.cfg), timeout=120.0)
+            except Exception:  # noqa: BLE001 - still down: back off further
+                self.homes.exclude(n)
+                continue
+            self.homes.readmit(n)
+            back.append(n)
+        return back
+
+    def _probe_loop(self) -> None:
+        """Probe excluded homes when due; sleeps while none is excluded."""
+        while not self._closed.is_set():
+            wait = self.homes.next_probe_in()
+            self.homes.wakeup.wait(timeout=1.0 if wait is None else min(max(wait, 0.0), 1.0))
+            self.homes.wakeup.clear()
+            if not self._closed.is_set():
+                self.probe_homes()
+
+    def close(self) -> None:
+        """Stop the background prober."""
+        self._closed.set()
+        self.homes.wakeup.set()
 
     def _record(self, result: GenerateResult) -> GenerateResult:
         with self._lock:
@@ -423,6 +542,14 @@ class Client:
                 return self.answers[result.request_id]
             self.answers[result.request_id] = result
         return result
+
+
+def _first_line(exc: BaseException | None) -> str:
+    """An exception's own message, first line (Ray's errors carry whole remote tracebacks)."""
+    if exc is None:
+        return "no attempt made"
+    text = str(getattr(exc, "cause", None) or exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 @dataclass(frozen=True)

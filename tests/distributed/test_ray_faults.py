@@ -1,0 +1,83 @@
+"""Faults on the Ray deployment that a user can see and choose (issue 20, section 5): an exact request with no
+reachable replica is a 503 unless it allows degradation, the ingress skips a failed home until a probe
+readmits it, and each exclusion, failover and readmission is a log line naming the node."""
+
+import logging
+import time
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+openai = pytest.importorskip("openai")
+
+PROMPT = [5, 6, 7, 8, 9, 10, 11]
+
+
+def _wait_all_alive(dep, node: int, timeout_s: float = 180.0) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if dep.health(node)["alive"] == [True] * dep.cfg.ctx.num_nodes:
+            return True
+        time.sleep(0.3)
+    return False
+
+
+def test_exact_request_without_a_replica_is_a_503_unless_it_allows_degradation(lab3_deployment, tiny_path):
+    from edgemoe.models import load_tokenizer
+    from edgemoe.serve.api import create_app
+    from edgemoe.serve.ray_engine import RayEngine
+    from edgemoe.serve.service import ServerThread
+
+    dep = lab3_deployment
+    assert dep.cfg.policy == "exact"
+    engine = RayEngine(dep, load_tokenizer(str(tiny_path)))
+    # a and c lose every message (fault injection): b, u1's home, then has no replica of the experts e % 3 == 1
+    ray.get([dep.handles[n].set_faults.remote(1.0) for n in (0, 2)])
+    try:
+        with ServerThread(create_app(engine, "tiny")) as s:
+            c = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=120)
+            with pytest.raises(openai.APIStatusError) as err:
+                c.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, temperature=0,
+                                     extra_body={"edgemoe": {"user": "u1"}})
+            assert err.value.status_code == 503
+            body = err.value.body if isinstance(err.value.body, dict) else {}
+            message = body.get("message", "") or str(err.value)
+            assert "no reachable replica" in message and "allow_degraded" in message
+            r = c.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, temperature=0,
+                                     extra_body={"edgemoe": {"user": "u1", "allow_degraded": True}})
+            stats = r.model_extra["edgemoe"]
+            slots = stats["expert_slots"]
+            assert stats["allow_degraded"] is True and stats["home"] == "b"
+            assert slots["degraded"] > 0 and slots["substituted"] + slots["dropped"] >= slots["degraded"]
+    finally:
+        ray.get([dep.handles[n].set_faults.remote(0.0) for n in (0, 2)])
+        engine.close()
+    assert _wait_all_alive(dep, 1)  # b's probes readmit a and c once they answer again
+
+
+def test_ingress_skips_a_failed_home_until_a_probe_readmits_it(lab3_deployment, caplog):
+    from edgemoe.distributed.health import Backoff
+    from edgemoe.distributed.serve import Client
+
+    dep = lab3_deployment
+    # probes only on demand here (probe_homes), so that "skipped until readmitted" does not race a timer
+    client = Client(dep, home_backoff=Backoff(1e4, 1e4), probe=False)
+    try:
+        with caplog.at_level(logging.INFO, logger="edgemoe.distributed"):
+            dep.kill(1)  # u1's home b crashes (Ray restarts it)
+            first = client.generate(1, np.array(PROMPT), 2)
+            assert first.served_by != 1 and client.failovers == 1
+            second = client.generate(1, np.array(PROMPT), 2)
+            assert second.served_by != 1 and client.failovers == 1  # b was not tried again
+            assert dep.wait_alive(1, timeout_s=180)
+            assert client.probe_homes(force=True) == [1]
+            third = client.generate(1, np.array(PROMPT), 2)
+        assert third.served_by == 1 and client.failovers == 1
+        lines = [r.getMessage() for r in caplog.records if r.name == "edgemoe.distributed"]
+        assert sum(m.startswith("ingress: excluded b") for m in lines) == 1
+        assert sum("fails over to home" in m for m in lines) == 1
+        assert sum(m.startswith("ingress: readmitted b") for m in lines) == 1
+    finally:
+        client.close()
+    assert _wait_all_alive(dep, 0) and _wait_all_alive(dep, 2)
