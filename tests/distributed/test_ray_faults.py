@@ -81,3 +81,44 @@ def test_ingress_skips_a_failed_home_until_a_probe_readmits_it(lab3_deployment, 
     finally:
         client.close()
     assert _wait_all_alive(dep, 0) and _wait_all_alive(dep, 2)
+
+
+def test_a_server_no_ray_node_declares_is_an_error_at_once_naming_its_resource(ray_session, tiny_path, lab3):
+    """Issue 22 item 4: the actor of a node without a Ray machine would wait forever; launch refuses first."""
+    from dataclasses import replace
+
+    from edgemoe.distributed.serve import Deployment
+    from edgemoe.distributed.server import ServerConfig
+    from edgemoe.errors import EdgeMoEError
+
+    ctx = replace(lab3(), node_names=("a", "b", "lab-9"))
+    with pytest.raises(EdgeMoEError, match=r"edgemoe_node_lab_9 \(declared: edgemoe_node_a, edgemoe_node_b, "
+                                           r"edgemoe_node_c\)"):
+        Deployment.launch(ServerConfig(ctx, str(tiny_path), wire="fp32"))
+
+
+def test_servers_that_do_not_start_in_time_are_named_and_stopped(ray_session, tiny_path, lab3):
+    from edgemoe.distributed.serve import Deployment
+    from edgemoe.distributed.server import ServerConfig
+    from edgemoe.errors import EdgeMoEError
+
+    namespace = "edgemoe-slow-start"
+    with pytest.raises(EdgeMoEError, match=r"servers a, b, c did not start \(load their experts\) within 0\.001 s "
+                                           r"\(Ray namespace edgemoe-slow-start\)"):
+        Deployment.launch(ServerConfig(lab3(), str(tiny_path), wire="fp32"), ready_timeout_s=0.001, namespace=namespace)
+    end = time.monotonic() + 60  # the half-started actors were killed: their names are free again
+    while time.monotonic() < end and _named(namespace):
+        time.sleep(0.2)
+    assert _named(namespace) == []
+
+
+def _named(namespace: str) -> list[str]:
+    """The lab3 server names still held by a live actor in `namespace`."""
+    held = []
+    for name in ("a", "b", "c"):
+        try:
+            ray.get_actor(f"edgemoe-{name}", namespace=namespace)
+        except ValueError:  # no such (live) actor
+            continue
+        held.append(name)
+    return held
