@@ -243,8 +243,8 @@ class ServerActor:
         return cfg.version
 
     def cpu(self) -> dict:
-        """This process's id (the driver reads its CPU time from /proc)."""
-        return {"node": self.node, "pid": os.getpid()}
+        """This process's id (the driver reads its CPU time from /proc) and the Ray node it runs on."""
+        return {"node": self.node, "pid": os.getpid(), "ray_node": _ray().get_runtime_context().get_node_id()}
 
     def ping(self) -> dict:
         if self._drop_rate and self._drop_rng.random() < self._drop_rate:
