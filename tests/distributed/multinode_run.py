@@ -27,7 +27,7 @@ def main(tiny: str) -> dict:
     import ray
     from conftest import lab3_context
     from edgemoe.distributed.health import Backoff
-    from edgemoe.distributed.serve import Deployment, node_resource, start_ray, stop_ray
+    from edgemoe.distributed.serve import Deployment, join_instructions, node_resource, start_ray, stop_ray
     from edgemoe.distributed.server import ServerConfig
     from edgemoe.models import load_tokenizer
     from edgemoe.serve.api import create_app
@@ -46,6 +46,7 @@ def main(tiny: str) -> dict:
         dep = Deployment.launch(ServerConfig(lab3_context(), tiny, wire="fp32", call_timeout_s=3.0,
                                              backoff_base_s=0.2, backoff_max_s=1.0))
         out["namespace"] = dep.cfg.namespace
+        out["join"] = join_instructions(out["ray"], dep.cfg.namespace, ("a", "b", "c"))
         placed = {d["node"]: d["ray_node"] for d in dep._get([h.cpu.remote() for h in dep.handles], 60, "report")}
         out["on_their_nodes"] = all(placed[i] == nodes[n].node_id for i, n in enumerate("abc"))
         engine = RayEngine(dep, load_tokenizer(tiny))

@@ -3,6 +3,7 @@ reachable replica is a 503 unless it allows degradation, the ingress skips a fai
 readmits it, and each exclusion, failover and readmission is a log line naming the node."""
 
 import logging
+import os
 import time
 
 import numpy as np
@@ -122,3 +123,67 @@ def _named(namespace: str) -> list[str]:
             continue
         held.append(name)
     return held
+
+
+def test_serve_says_where_ray_is_and_how_machines_join(ray_session):
+    from edgemoe.distributed.serve import _local_ip_towards, join_instructions
+
+    lines = join_instructions(ray_session, "edgemoe-1234abcd", ("a", "b", "c"))
+    assert lines[0].startswith("ray: a private local instance at 127.0.0.1:") and "'edgemoe-1234abcd'" in lines[0]
+    assert "127.0.0.1 only" in lines[1] and "ray start --head --node-ip-address" in lines[1]
+    assert "edgemoe_node_a" in lines[1] and "--ray-address" in lines[1]
+    assert _local_ip_towards("127.0.0.1:6379") is None and _local_ip_towards("localhost:6379") is None
+
+
+def test_the_local_instance_listens_on_loopback_only(ray_session):
+    """Nothing of the session's local Ray listens beyond 127.0.0.1, although this module imported Ray before
+    edgemoe.distributed (Ray's own switch was read then; start_ray keeps the instance on loopback anyway)."""
+    assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
+    listening = _listening_addresses(_descendants(os.getpid()))
+    assert listening and all(host == "127.0.0.1" for host, _ in listening), listening
+
+
+def _descendants(root: int) -> set[int]:
+    """root's child processes, recursively (Linux /proc): the GCS, the raylet, the workers."""
+    parent = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {p for p, pp in parent.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
+def _listening_addresses(pids: set[int]) -> list[tuple[str, int]]:
+    """(host, port) of every TCP socket in LISTEN state that one of `pids` holds (/proc/net/tcp, tcp6)."""
+    import ipaddress
+
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if cols[3] != "0A" or cols[9] not in inodes:  # 0A: LISTEN
+                    continue
+                hexip, hexport = cols[1].split(":")
+                raw = bytes.fromhex(hexip)
+                # /proc prints the address as 32-bit words in host (little-endian) order
+                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                ip = ipaddress.ip_address(raw)
+                out.append((str(getattr(ip, "ipv4_mapped", None) or ip), int(hexport, 16)))
+    return out

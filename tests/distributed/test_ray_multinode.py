@@ -26,6 +26,9 @@ def test_three_node_cluster_on_loopback_serves_fails_over_and_readmits(tiny_path
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["ray"]["started"] is False and out["ray"]["address"] == out["address"]
     assert out["namespace"].startswith("edgemoe-") and out["on_their_nodes"] is True
+    join = out["join"]
+    assert join[0].startswith(f"ray: joined the cluster at {out['address']} (3 nodes, auth token)")
+    assert f"ray start --address {out['address']}" in join[1] and "b -> edgemoe_node_b" in join[1]
     assert out["b_seen_dead"]
     before, down, after = out["before"], out["b_down"], out["after"]
     assert [r["home"] for r in before] == ["a", "b", "c"]

@@ -83,15 +83,29 @@ def start_ray(node_names=(), address: str | None = None, num_cpus: int = 2,
     if address:
         # Ray's own wait for a GCS that stops answering is bounded too (its default is a minute of retries)
         os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", str(int(CONNECT_TIMEOUT_S)))
-        ray.init(address=address, **common)
+        # edgemoe.distributed keeps Ray's node address on loopback (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0); joining a
+        # cluster on other machines, this driver's node is the interface that reaches the head (where its raylet is).
+        own_ip = _local_ip_towards(address)
+        ray.init(address=address, **common, **({"_node_ip_address": own_ip} if own_ip else {}))
         return {"started": False, "address": address, "auth": os.environ.get("RAY_AUTH_MODE", "disabled")}
     # No dashboard, no Ray client server, no job API: the only entry points are Ray's core RPCs, which
     # token authentication guards; with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (set by edgemoe.distributed)
     # they listen on 127.0.0.1 only (docs/distributed.md "Security").
     # address="local": always a fresh instance of our own. Without it Ray joins whatever RAY_ADDRESS or a
     # stale /tmp/ray/ray_current_cluster (left by any earlier `ray start`) names, and then refuses num_cpus.
+    from ray._private import ray_constants
+
+    if os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") != "1":
+        # Ray reads this switch when it is imported: a program that imported Ray before edgemoe.distributed has it
+        # on, and Ray then swaps 127.0.0.1 for the machine's address and listens on every interface. Unless the
+        # user asked for that (=1), the local instance stays on loopback whatever the import order.
+        ray_constants.ENABLE_RAY_CLUSTER = False
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, object_store_memory=int(object_store_bytes),
              _node_ip_address="127.0.0.1", resources={node_resource(n): 1.0 for n in node_names}, **common)
+    gcs_host = ray.get_runtime_context().gcs_address.rpartition(":")[0]
+    if not ray_constants.ENABLE_RAY_CLUSTER and gcs_host != "127.0.0.1":
+        ray.shutdown()
+        raise EdgeMoEError(f"the local Ray instance came up at {gcs_host}, not on loopback; stopped it")
     return {"started": True, "address": "local", "auth": os.environ.get("RAY_AUTH_MODE", "disabled"),
             "dashboard": False}
 
@@ -123,6 +137,43 @@ def _reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str:
         raise EdgeMoEError(f"--ray-address {address}: nothing answers at {host}:{port} within {timeout_s:g} s ({why}); "
                            "check the address and that the Ray cluster runs (`ray status` there)") from None
     return target if address == "auto" else address
+
+
+def _local_ip_towards(address: str) -> str | None:
+    """This machine's IP on the route to `address`'s host (no packet is sent), or None for a loopback host."""
+    import ipaddress
+    import socket
+
+    host = address.split("://", 1)[-1].rstrip("/").rpartition(":")[0].strip("[]")
+    try:
+        if ipaddress.ip_address(socket.gethostbyname(host)).is_loopback:
+            return None
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, 9))
+            return probe.getsockname()[0]
+    except (OSError, ValueError):
+        return None
+
+
+def join_instructions(info: dict, namespace: str, node_names) -> list[str]:
+    """What `serve` prints about Ray: the address, the deployment's namespace, how a machine joins."""
+    ray = _ray()
+    gcs = ray.get_runtime_context().gcs_address
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    lines = [f"ray: {'a private local instance' if info.get('started') else 'joined the cluster'} at {gcs} "
+             f"({len(nodes)} node{'s' * (len(nodes) != 1)}, auth {info.get('auth', 'disabled')}); "
+             f"this deployment's actors: namespace {namespace!r}, named edgemoe-<node>"]
+    res = {n: node_resource(n) for n in node_names}
+    if info.get("started"):
+        lines.append("ray: the local instance listens on 127.0.0.1 only and takes no other machine; to serve from "
+                     "several machines start Ray on each (`ray start --head --node-ip-address IP --resources "
+                     f"'{{\"{next(iter(res.values()))}\": 1}}'` on the first) and pass --ray-address IP:6379 "
+                     "(docs/distributed.md)")
+    else:
+        lines.append(f"ray: to add a machine: ray start --address {gcs} --node-ip-address <its IP> --resources "
+                     "'{\"edgemoe_node_<name>\": 1}' with this cluster's token (RAY_AUTH_TOKEN or ~/.ray/auth_token); "
+                     f"servers: {', '.join(f'{n} -> {r}' for n, r in res.items())}")
+    return lines
 
 
 def _latest_local_cluster() -> str | None:

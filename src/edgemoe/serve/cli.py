@@ -167,7 +167,7 @@ def _serve_ray_http(cluster, placement, profile, model, policy, param, mode, wir
     import uvicorn
 
     from edgemoe.distributed.cli import _checked_inputs, _dilation
-    from edgemoe.distributed.serve import Deployment, start_ray, stop_ray
+    from edgemoe.distributed.serve import Deployment, join_instructions, start_ray, stop_ray
     from edgemoe.models import load_tokenizer
 
     from .api import create_app
@@ -182,8 +182,9 @@ def _serve_ray_http(cluster, placement, profile, model, policy, param, mode, wir
                                domain_fallback, links and ray_address is None)
     cfg = replace(cfg, dilation=k)
     info = start_ray(ctx.node_names if ray_address is None else (), address=ray_address)
-    typer.echo(f"ray: {info}")
     dep = Deployment.launch(cfg)
+    for line in join_instructions(info, dep.cfg.namespace, ctx.node_names):
+        typer.echo(line)
     try:
         engine = RayEngine(dep, load_tokenizer(model), max_running, max_queue,
                            Telemetry(ctx.node_names, policies=(policy,)))
