@@ -42,6 +42,7 @@ def main(tiny: str) -> dict:
         nodes = {"a": cluster.head_node}
         for name in ("b", "c"):
             nodes[name] = cluster.add_node(resources={node_resource(name): 1}, **small)
+        out["wrong_token"] = _join_with_wrong_token(cluster.address)
         out["ray"] = start_ray(address=cluster.address)
         dep = Deployment.launch(ServerConfig(lab3_context(), tiny, wire="fp32", call_timeout_s=3.0,
                                              backoff_base_s=0.2, backoff_max_s=1.0))
@@ -82,6 +83,26 @@ def main(tiny: str) -> dict:
         stop_ray()
         cluster.shutdown()
     return out
+
+
+def _join_with_wrong_token(address: str) -> dict:
+    """start_ray(address) in a process holding another token: its error line and how long it took."""
+    import os
+    import subprocess
+
+    code = ("import time; t = time.monotonic()\n"
+            "import edgemoe.distributed\n"
+            "from edgemoe.distributed.serve import start_ray\n"
+            "from edgemoe.errors import EdgeMoEError\n"
+            "try:\n"
+            f"    start_ray(address={address!r})\n"
+            "except EdgeMoEError as exc:\n"
+            "    print(exc)\n"
+            "print(time.monotonic() - t)\n")
+    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="0" * 32)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    lines = proc.stdout.strip().splitlines()
+    return {"rc": proc.returncode, "message": lines[0] if len(lines) > 1 else "", "seconds": float(lines[-1])}
 
 
 def _wait_dead(ray, handle, timeout_s: float = 120.0) -> bool:

@@ -24,6 +24,10 @@ def test_three_node_cluster_on_loopback_serves_fails_over_and_readmits(tiny_path
                           timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # a wrong auth token: one line naming the token's source, from one GCS call bounded at 10 s (no timing
+    # assertion here: the seconds it took are in out["wrong_token"] for a reader)
+    wrong = out["wrong_token"]
+    assert wrong["rc"] == 0 and "refused this process's auth token (token from: RAY_AUTH_TOKEN)" in wrong["message"]
     assert out["ray"]["started"] is False and out["ray"]["address"] == out["address"]
     assert out["namespace"].startswith("edgemoe-") and out["on_their_nodes"] is True
     join = out["join"]

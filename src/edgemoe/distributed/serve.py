@@ -85,6 +85,7 @@ def start_ray(node_names=(), address: str | None = None, num_cpus: int = 2,
         os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", str(int(CONNECT_TIMEOUT_S)))
         # edgemoe.distributed keeps Ray's node address on loopback (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0); joining a
         # cluster on other machines, this driver's node is the interface that reaches the head (where its raylet is).
+        _check_token(address)
         own_ip = _local_ip_towards(address)
         ray.init(address=address, **common, **({"_node_ip_address": own_ip} if own_ip else {}))
         return {"started": False, "address": address, "auth": os.environ.get("RAY_AUTH_MODE", "disabled")}
@@ -137,6 +138,33 @@ def _reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str:
         raise EdgeMoEError(f"--ray-address {address}: nothing answers at {host}:{port} within {timeout_s:g} s ({why}); "
                            "check the address and that the Ray cluster runs (`ray status` there)") from None
     return target if address == "auto" else address
+
+
+def _check_token(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """One GCS call before ray.init: a cluster that refuses this process's auth token is one clear line at once
+    (ray.init itself retries for about 20 s and then says only "Failed to connect"). Other failures are left
+    to ray.init. Ray Client addresses (ray://) are not GCS addresses: not checked here."""
+    if address.startswith("ray://"):
+        return
+    ray = _ray()
+    from ray._raylet import GcsClient
+
+    try:
+        GcsClient(address=address, cluster_id=None).internal_kv_get(b"edgemoe-auth-check", None, timeout=timeout_s)
+    except ray.exceptions.AuthenticationError:
+        if os.environ.get("RAY_AUTH_TOKEN"):
+            source = "RAY_AUTH_TOKEN"
+        elif os.environ.get("RAY_AUTH_TOKEN_PATH"):
+            source = f"RAY_AUTH_TOKEN_PATH={os.environ['RAY_AUTH_TOKEN_PATH']}"
+        elif os.path.exists(os.path.expanduser("~/.ray/auth_token")):
+            source = "~/.ray/auth_token"
+        else:
+            source = "none found"
+        raise EdgeMoEError(f"--ray-address {address}: the Ray cluster refused this process's auth token (token from: "
+                           f"{source}); give the head's token (its ~/.ray/auth_token) as RAY_AUTH_TOKEN, "
+                           "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token") from None
+    except Exception:  # noqa: BLE001 - anything else: ray.init reports it
+        return
 
 
 def _local_ip_towards(address: str) -> str | None:
