@@ -49,12 +49,7 @@ def serve_command(
         ctx, cfg = _checked_inputs(cluster, placement, profile, model, policy, param, mode, wire, domain_fallback,
                                    links and ray_address is None)
         cfg = replace(cfg, dilation=1.0 if k == "auto" else k)
-        try:
-            info = start_ray(ctx.node_names if ray_address is None else (), address=ray_address)
-        except (TimeoutError, ConnectionError, RuntimeError) as exc:  # ray.init: "Failed to start/connect to GCS"
-            detail = " ".join(str(exc).split())[:300]
-            raise EdgeMoEError(f"Ray did not start or could not be reached at {ray_address or 'a local instance'} "
-                               f"({type(exc).__name__}: {detail}); check --ray-address and that Ray runs") from None
+        info = start_ray_clearly(start_ray, ctx.node_names, ray_address)
         t0 = time.perf_counter()
         dep = Deployment.launch(cfg)
         typer.echo(f"{len(dep.handles)} servers up in {time.perf_counter() - t0:.1f} s")
@@ -80,6 +75,16 @@ def serve_command(
         fail(exc)  # one line, like every other command (a cluster file's errors span several)
     except KeyboardInterrupt:
         typer.echo("stopped")
+
+
+def start_ray_clearly(start_ray, node_names, ray_address: str | None) -> dict:
+    """`start_ray` (passed in: tests replace it) with Ray's own start/connect failures as one EdgeMoEError line."""
+    try:
+        return start_ray(node_names if ray_address is None else (), address=ray_address)
+    except (TimeoutError, ConnectionError, RuntimeError) as exc:  # ray.init: "Failed to start/connect to GCS"
+        detail = " ".join(str(exc).split())[:300]
+        raise EdgeMoEError(f"Ray did not start or could not be reached at {ray_address or 'a local instance'} "
+                           f"({type(exc).__name__}: {detail}); check --ray-address and that Ray runs") from None
 
 
 def _checked_inputs(cluster: str, placement: Path, profile: Path, model: str, policy: str, param: list[str],

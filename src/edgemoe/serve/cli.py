@@ -166,7 +166,7 @@ def _serve_ray_http(cluster, placement, profile, model, policy, param, mode, wir
 
     import uvicorn
 
-    from edgemoe.distributed.cli import _checked_inputs, _dilation
+    from edgemoe.distributed.cli import _checked_inputs, _dilation, start_ray_clearly
     from edgemoe.distributed.serve import Deployment, join_instructions, start_ray, stop_ray
     from edgemoe.models import load_tokenizer
 
@@ -181,8 +181,12 @@ def _serve_ray_http(cluster, placement, profile, model, policy, param, mode, wir
     ctx, cfg = _checked_inputs(cluster, Path(placement), Path(profile), model, policy, param, mode, wire,
                                domain_fallback, links and ray_address is None)
     cfg = replace(cfg, dilation=k)
-    info = start_ray(ctx.node_names if ray_address is None else (), address=ray_address)
-    dep = Deployment.launch(cfg)
+    info = start_ray_clearly(start_ray, ctx.node_names, ray_address)
+    try:
+        dep = Deployment.launch(cfg)
+    except BaseException:
+        stop_ray()
+        raise
     for line in join_instructions(info, dep.cfg.namespace, ctx.node_names):
         typer.echo(line)
     try:
