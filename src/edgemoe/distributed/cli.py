@@ -40,7 +40,7 @@ def serve_command(
     """Run the cluster's servers as Ray actors (one per node, pinned by the `edgemoe_node_<name>` resource)."""
     from edgemoe.io import Output, atomic_write_text, check_outputs
 
-    from .serve import Deployment, join_instructions, start_ray
+    from .serve import Deployment, join_instructions, log_to_stderr, start_ray
 
     try:
         check_outputs({"--out": Output(out)}, {"--cluster": cluster, "--placement": placement, "--profile": profile,
@@ -49,6 +49,7 @@ def serve_command(
         ctx, cfg = _checked_inputs(cluster, placement, profile, model, policy, param, mode, wire, domain_fallback,
                                    links and ray_address is None)
         cfg = replace(cfg, dilation=1.0 if k == "auto" else k)
+        log_to_stderr()
         info = start_ray_clearly(start_ray, ctx.node_names, ray_address)
         t0 = time.perf_counter()
         dep = Deployment.launch(cfg)

@@ -52,6 +52,30 @@ def actor_name(name: str) -> str:
     return f"edgemoe-{name}"
 
 
+class _CurrentStderr(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at each line (a program, or a test runner, may swap it)."""
+
+    @property
+    def stream(self):
+        import sys
+
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
+def log_to_stderr() -> None:
+    """Exclusions, failovers and readmissions (logger `edgemoe.distributed`, INFO and up) as one stderr line each,
+    unless the program configured that logger itself."""
+    if not log.handlers:
+        handler = _CurrentStderr()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
+
 def _ray():
     try:
         import ray
@@ -279,11 +303,7 @@ class ServerActor:
             os.setpriority(os.PRIO_PROCESS, 0, 0)
         except (OSError, AttributeError):  # not permitted: measured lateness will show it
             pass
-        if not log.handlers:  # exclusions and readmissions of this home: one line each in the worker's log
-            handler = logging.StreamHandler()
-            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-            log.addHandler(handler)
-            log.setLevel(logging.INFO)
+        log_to_stderr()  # exclusions and readmissions of this home: one line each in the worker's log
         self.node = int(node)
         self._drop_rate, self._drop_rng = 0.0, np.random.default_rng(0)
         self._configure(cfg)

@@ -167,7 +167,7 @@ def _serve_ray_http(cluster, placement, profile, model, policy, param, mode, wir
     import uvicorn
 
     from edgemoe.distributed.cli import _checked_inputs, _dilation, start_ray_clearly
-    from edgemoe.distributed.serve import Deployment, join_instructions, start_ray, stop_ray
+    from edgemoe.distributed.serve import Deployment, join_instructions, log_to_stderr, start_ray, stop_ray
     from edgemoe.models import load_tokenizer
 
     from .api import create_app
@@ -181,6 +181,7 @@ def _serve_ray_http(cluster, placement, profile, model, policy, param, mode, wir
     ctx, cfg = _checked_inputs(cluster, Path(placement), Path(profile), model, policy, param, mode, wire,
                                domain_fallback, links and ray_address is None)
     cfg = replace(cfg, dilation=k)
+    log_to_stderr()
     info = start_ray_clearly(start_ray, ctx.node_names, ray_address)
     try:
         dep = Deployment.launch(cfg)
