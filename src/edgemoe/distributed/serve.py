@@ -7,8 +7,8 @@
     result = client.generate(user=3, prompt=ids, gen_tokens=16)
 
 Every server is an actor named `edgemoe-<node>`, in a Ray namespace of its deployment's own
-(`edgemoe-<8 hex>`: two deployments on one Ray cluster never collide), that needs one unit of the custom resource
-`edgemoe_node_<node>`; the local instance declares one unit of each, a real cluster declares each on
+(`edgemoe-<8 hex>`: two deployments on one Ray cluster never collide), pinned by a 0.01 share of the custom
+resource `edgemoe_node_<node>`; the local instance declares one unit of each, a real cluster declares each on
 the machine that plays that server (docs/distributed.md). Actors restart after a crash (Ray reruns
 their constructor, which reloads their experts); homes probe excluded servers with backoff and
 readmit them once they answer with the current configuration.
