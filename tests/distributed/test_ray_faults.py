@@ -187,3 +187,31 @@ def _listening_addresses(pids: set[int]) -> list[tuple[str, int]]:
                 ip = ipaddress.ip_address(raw)
                 out.append((str(getattr(ip, "ipv4_mapped", None) or ip), int(hexport, 16)))
     return out
+
+
+def test_two_deployments_on_one_ray_cluster_do_not_collide(lab3_deployment, tiny_path):
+    """Same server names, same cluster: each deployment's actors live in its own namespace, and each answers."""
+    from edgemoe.distributed.serve import Client, Deployment
+
+    first = lab3_deployment
+    second = Deployment.launch(first.cfg)
+    try:
+        assert second.cfg.namespace != first.cfg.namespace
+        a = Client(first).generate(2, np.array(PROMPT), 3)
+        b = Client(second).generate(2, np.array(PROMPT), 3)
+        assert a.tokens.tolist() == b.tokens.tolist() and a.served_by == b.served_by == 2
+        pids = set(first.pids())
+        assert pids.isdisjoint(second.pids())  # the second deployment's calls went to its own processes
+    finally:
+        second.shutdown()
+    assert _wait_gone(second.cfg.namespace)  # shutdown freed its names
+    assert Client(first).generate(0, np.array(PROMPT), 2).served_by == 0  # the first one is untouched
+
+
+def _wait_gone(namespace: str, timeout_s: float = 60.0) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if not _named(namespace):
+            return True
+        time.sleep(0.2)
+    return False
