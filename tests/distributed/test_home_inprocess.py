@@ -173,3 +173,26 @@ def test_zeroed_branches_combine_like_the_local_backend(tiny_path, lab3):
     res = engine.generate(GenerateRequest("z", 0, PROMPT, 4))
     assert res.counts["dropped"] > 0  # zeroed slots are counted among the slots not run
     assert res.tokens.tolist() == _greedy_local(tiny_path, 4, make_policy("ordermoe", ctx, **params))
+
+
+def test_exact_home_refuses_to_degrade_unless_the_request_allows_it(tiny_path, lab3, caplog):
+    """Servers a and c lost: the experts e % 3 == 1 have no replica left (b lacks them). An exact request fails
+    with Degraded naming the expert; one that allows degradation is answered and counts the slots it lost.
+    Each exclusion is one log line naming the server."""
+    import logging
+
+    from edgemoe.distributed.server import Degraded
+
+    ctx = lab3("home")
+    engine, servers = _engine(ctx, tiny_path, home=1)
+    del servers[0], servers[2]
+    with caplog.at_level(logging.INFO, logger="edgemoe.distributed"):
+        with pytest.raises(Degraded, match="no reachable replica"):
+            engine.generate(GenerateRequest("strict", 1, PROMPT, 2))
+        res = engine.generate(GenerateRequest("lenient", 1, PROMPT, 2, allow_degraded=True))
+        engine.membership.readmit(0)
+    assert res.counts["degraded"] > 0 and res.counts["substituted"] + res.counts["dropped"] == res.counts["degraded"]
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum(m.startswith("home b: excluded a") for m in lines) == 1
+    assert sum(m.startswith("home b: excluded c") for m in lines) == 1
+    assert any(m.startswith("home b: readmitted a") for m in lines)

@@ -40,7 +40,7 @@ def serve_command(
     """Run the cluster's servers as Ray actors (one per node, pinned by the `edgemoe_node_<name>` resource)."""
     from edgemoe.io import Output, atomic_write_text, check_outputs
 
-    from .serve import Deployment, start_ray
+    from .serve import Deployment, join_instructions, log_to_stderr, start_ray
 
     try:
         check_outputs({"--out": Output(out)}, {"--cluster": cluster, "--placement": placement, "--profile": profile,
@@ -49,21 +49,18 @@ def serve_command(
         ctx, cfg = _checked_inputs(cluster, placement, profile, model, policy, param, mode, wire, domain_fallback,
                                    links and ray_address is None)
         cfg = replace(cfg, dilation=1.0 if k == "auto" else k)
-        try:
-            info = start_ray(ctx.node_names if ray_address is None else (), address=ray_address)
-        except (TimeoutError, ConnectionError, RuntimeError) as exc:  # ray.init: "Failed to start/connect to GCS"
-            detail = " ".join(str(exc).split())[:300]
-            raise EdgeMoEError(f"Ray did not start or could not be reached at {ray_address or 'a local instance'} "
-                               f"({type(exc).__name__}: {detail}); check --ray-address and that Ray runs") from None
-        typer.echo(f"ray: {info}")
+        log_to_stderr()
+        info = start_ray_clearly(start_ray, ctx.node_names, ray_address)
         t0 = time.perf_counter()
         dep = Deployment.launch(cfg)
         typer.echo(f"{len(dep.handles)} servers up in {time.perf_counter() - t0:.1f} s")
+        for line in join_instructions(info, dep.cfg.namespace, ctx.node_names):
+            typer.echo(line)
         for m in dep.memory():
             typer.echo(f"  {ctx.node_names[m['node']]:<12} experts {m['experts']:4d}  expert MB {m['expert_bytes'] / 1e6:7.2f}  "
                        f"backbone MB {m['backbone_bytes'] / 1e6:6.2f}  RSS MB {m['rss_bytes'] / 1e6:7.1f}")
         if load_users <= 0:
-            typer.echo("serving; actors are named edgemoe-<node> in namespace 'edgemoe'. Ctrl-C stops.")
+            typer.echo("serving; Ctrl-C stops.")
             while True:
                 time.sleep(3600)
         from edgemoe.progress import ticker
@@ -79,6 +76,16 @@ def serve_command(
         fail(exc)  # one line, like every other command (a cluster file's errors span several)
     except KeyboardInterrupt:
         typer.echo("stopped")
+
+
+def start_ray_clearly(start_ray, node_names, ray_address: str | None) -> dict:
+    """`start_ray` (passed in: tests replace it) with Ray's own start/connect failures as one EdgeMoEError line."""
+    try:
+        return start_ray(node_names if ray_address is None else (), address=ray_address)
+    except (TimeoutError, ConnectionError, RuntimeError) as exc:  # ray.init: "Failed to start/connect to GCS"
+        detail = " ".join(str(exc).split())[:300]
+        raise EdgeMoEError(f"Ray did not start or could not be reached at {ray_address or 'a local instance'} "
+                           f"({type(exc).__name__}: {detail}); check --ray-address and that Ray runs") from None
 
 
 def _checked_inputs(cluster: str, placement: Path, profile: Path, model: str, policy: str, param: list[str],

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
 
 import numpy as np
+
+log = logging.getLogger("edgemoe.distributed")
 
 
 @dataclass(frozen=True)
@@ -21,9 +24,14 @@ class Backoff:
 
 
 class Membership:
-    """alive [N] plus a version that changes whenever a server leaves or rejoins (thread safe)."""
+    """alive [N] plus a version that changes whenever a server leaves or rejoins (thread safe).
 
-    def __init__(self, num_nodes: int, backoff: Backoff | None = None):
+    Each exclusion and readmission is one log line (logger `edgemoe.distributed`, WARNING and INFO) naming
+    the node: `names` [N] its names, `owner` who keeps this view (e.g. "home b", "ingress")."""
+
+    def __init__(self, num_nodes: int, backoff: Backoff | None = None, names=None, owner: str = ""):
+        self.names = tuple(names) if names is not None else tuple(f"node {n}" for n in range(num_nodes))
+        self.owner = owner
         self._lock = threading.Lock()
         self.alive = np.ones(num_nodes, bool)
         self.failures = np.zeros(num_nodes, np.int64)
@@ -37,26 +45,36 @@ class Membership:
         with self._lock:
             return self.alive.copy(), self.version
 
-    def exclude(self, node: int, now: float | None = None) -> None:
+    def exclude(self, node: int, now: float | None = None, why: str = "") -> None:
         """A call to `node` failed or timed out: stop using it and schedule a probe."""
         now = time.monotonic() if now is None else now
         with self._lock:
             self.failures[node] += 1
             self.next_probe[node] = now + self.backoff.delay_s(int(self.failures[node]))
-            if self.alive[node]:
+            changed = bool(self.alive[node])
+            if changed:
                 self.alive[node] = False
                 self.version += 1
                 self.events.append((now, "excluded", int(node)))
+        if changed:
+            log.warning("%sexcluded %s%s; probing it with backoff", self._who(), self.names[node],
+                        f" ({why})" if why else "")
         self.wakeup.set()
 
     def readmit(self, node: int, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         with self._lock:
             self.failures[node] = 0
-            if not self.alive[node]:
+            changed = not self.alive[node]
+            if changed:
                 self.alive[node] = True
                 self.version += 1
                 self.events.append((now, "readmitted", int(node)))
+        if changed:
+            log.info("%sreadmitted %s: it answered a probe", self._who(), self.names[node])
+
+    def _who(self) -> str:
+        return f"{self.owner}: " if self.owner else ""
 
     def next_probe_in(self, now: float | None = None) -> float | None:
         """Seconds until the next excluded server's probe is due (None: nothing is excluded)."""

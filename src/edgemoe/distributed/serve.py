@@ -6,8 +6,9 @@
     client = Client(dep)
     result = client.generate(user=3, prompt=ids, gen_tokens=16)
 
-Every server is an actor named `edgemoe-<node>` that needs one unit of the custom resource
-`edgemoe_node_<node>`; the local instance declares one unit of each, a real cluster declares each on
+Every server is an actor named `edgemoe-<node>`, in a Ray namespace of its deployment's own
+(`edgemoe-<8 hex>`: two deployments on one Ray cluster never collide), pinned by a 0.01 share of the custom
+resource `edgemoe_node_<node>`; the local instance declares one unit of each, a real cluster declares each on
 the machine that plays that server (docs/distributed.md). Actors restart after a crash (Ray reruns
 their constructor, which reloads their experts); homes probe excluded servers with backoff and
 readmit them once they answer with the current configuration.
@@ -16,6 +17,7 @@ readmit them once they answer with the current configuration.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import re
 import threading
@@ -35,6 +37,10 @@ from .wire import ExpertCall, GenerateRequest, GenerateResult
 
 NAMESPACE = "edgemoe"
 DEFAULT_OBJECT_STORE_BYTES = 200 * 2**20
+log = logging.getLogger("edgemoe.distributed")
+# What a server's actor takes of its machine's `edgemoe_node_<name>` unit: a pin, not a reservation, so that
+# several deployments (each in its own namespace) can share one Ray cluster.
+NODE_SHARE = 0.01
 
 
 def node_resource(name: str) -> str:
@@ -44,6 +50,30 @@ def node_resource(name: str) -> str:
 
 def actor_name(name: str) -> str:
     return f"edgemoe-{name}"
+
+
+class _CurrentStderr(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at each line (a program, or a test runner, may swap it)."""
+
+    @property
+    def stream(self):
+        import sys
+
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
+def log_to_stderr() -> None:
+    """Exclusions, failovers and readmissions (logger `edgemoe.distributed`, INFO and up) as one stderr line each,
+    unless the program configured that logger itself."""
+    if not log.handlers:
+        handler = _CurrentStderr()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
 
 
 def _ray():
@@ -77,15 +107,30 @@ def start_ray(node_names=(), address: str | None = None, num_cpus: int = 2,
     if address:
         # Ray's own wait for a GCS that stops answering is bounded too (its default is a minute of retries)
         os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", str(int(CONNECT_TIMEOUT_S)))
-        ray.init(address=address, **common)
+        # edgemoe.distributed keeps Ray's node address on loopback (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0); joining a
+        # cluster on other machines, this driver's node is the interface that reaches the head (where its raylet is).
+        _check_token(address)
+        own_ip = _local_ip_towards(address)
+        ray.init(address=address, **common, **({"_node_ip_address": own_ip} if own_ip else {}))
         return {"started": False, "address": address, "auth": os.environ.get("RAY_AUTH_MODE", "disabled")}
     # No dashboard, no Ray client server, no job API: the only entry points are Ray's core RPCs, which
     # token authentication guards; with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (set by edgemoe.distributed)
     # they listen on 127.0.0.1 only (docs/distributed.md "Security").
     # address="local": always a fresh instance of our own. Without it Ray joins whatever RAY_ADDRESS or a
     # stale /tmp/ray/ray_current_cluster (left by any earlier `ray start`) names, and then refuses num_cpus.
+    from ray._private import ray_constants
+
+    if os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") != "1":
+        # Ray reads this switch when it is imported: a program that imported Ray before edgemoe.distributed has it
+        # on, and Ray then swaps 127.0.0.1 for the machine's address and listens on every interface. Unless the
+        # user asked for that (=1), the local instance stays on loopback whatever the import order.
+        ray_constants.ENABLE_RAY_CLUSTER = False
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, object_store_memory=int(object_store_bytes),
              _node_ip_address="127.0.0.1", resources={node_resource(n): 1.0 for n in node_names}, **common)
+    gcs_host = ray.get_runtime_context().gcs_address.rpartition(":")[0]
+    if not ray_constants.ENABLE_RAY_CLUSTER and gcs_host != "127.0.0.1":
+        ray.shutdown()
+        raise EdgeMoEError(f"the local Ray instance came up at {gcs_host}, not on loopback; stopped it")
     return {"started": True, "address": "local", "auth": os.environ.get("RAY_AUTH_MODE", "disabled"),
             "dashboard": False}
 
@@ -119,6 +164,70 @@ def _reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str:
     return target if address == "auto" else address
 
 
+def _check_token(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """One GCS call before ray.init: a cluster that refuses this process's auth token is one clear line at once
+    (ray.init itself retries for about 20 s and then says only "Failed to connect"). Other failures are left
+    to ray.init. Ray Client addresses (ray://) are not GCS addresses: not checked here."""
+    if address.startswith("ray://"):
+        return
+    ray = _ray()
+    from ray._raylet import GcsClient
+
+    try:
+        GcsClient(address=address, cluster_id=None).internal_kv_get(b"edgemoe-auth-check", None, timeout=timeout_s)
+    except ray.exceptions.AuthenticationError:
+        if os.environ.get("RAY_AUTH_TOKEN"):
+            source = "RAY_AUTH_TOKEN"
+        elif os.environ.get("RAY_AUTH_TOKEN_PATH"):
+            source = f"RAY_AUTH_TOKEN_PATH={os.environ['RAY_AUTH_TOKEN_PATH']}"
+        elif os.path.exists(os.path.expanduser("~/.ray/auth_token")):
+            source = "~/.ray/auth_token"
+        else:
+            source = "none found"
+        raise EdgeMoEError(f"--ray-address {address}: the Ray cluster refused this process's auth token (token from: "
+                           f"{source}); give the head's token (its ~/.ray/auth_token) as RAY_AUTH_TOKEN, "
+                           "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token") from None
+    except Exception:  # noqa: BLE001 - anything else: ray.init reports it
+        return
+
+
+def _local_ip_towards(address: str) -> str | None:
+    """This machine's IP on the route to `address`'s host (no packet is sent), or None for a loopback host."""
+    import ipaddress
+    import socket
+
+    host = address.split("://", 1)[-1].rstrip("/").rpartition(":")[0].strip("[]")
+    try:
+        if ipaddress.ip_address(socket.gethostbyname(host)).is_loopback:
+            return None
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, 9))
+            return probe.getsockname()[0]
+    except (OSError, ValueError):
+        return None
+
+
+def join_instructions(info: dict, namespace: str, node_names) -> list[str]:
+    """What `serve` prints about Ray: the address, the deployment's namespace, how a machine joins."""
+    ray = _ray()
+    gcs = ray.get_runtime_context().gcs_address
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    lines = [f"ray: {'a private local instance' if info.get('started') else 'joined the cluster'} at {gcs} "
+             f"({len(nodes)} node{'s' * (len(nodes) != 1)}, auth {info.get('auth', 'disabled')}); "
+             f"this deployment's actors: namespace {namespace!r}, named edgemoe-<node>"]
+    res = {n: node_resource(n) for n in node_names}
+    if info.get("started"):
+        lines.append("ray: the local instance listens on 127.0.0.1 only and takes no other machine; to serve from "
+                     "several machines start Ray on each (`ray start --head --node-ip-address IP --resources "
+                     f"'{{\"{next(iter(res.values()))}\": 1}}'` on the first) and pass --ray-address IP:6379 "
+                     "(docs/distributed.md)")
+    else:
+        lines.append(f"ray: to add a machine: ray start --address {gcs} --node-ip-address <its IP> --resources "
+                     "'{\"edgemoe_node_<name>\": 1}' with this cluster's token (RAY_AUTH_TOKEN or ~/.ray/auth_token); "
+                     f"servers: {', '.join(f'{n} -> {r}' for n, r in res.items())}")
+    return lines
+
+
 def _latest_local_cluster() -> str | None:
     """The address in /tmp/ray/ray_current_cluster (written by `ray start`), or None."""
     from edgemoe.io import read_text
@@ -130,6 +239,26 @@ def _latest_local_cluster() -> str | None:
     return text.splitlines()[0].strip() if text else None
 
 
+def check_resources(node_names) -> None:
+    """EdgeMoEError unless some alive Ray node declares `edgemoe_node_<name>` for every server name: without
+    it the server's actor would wait for a machine forever. Names the missing resources and what is declared."""
+    declared: set[str] = set()
+    for node in _ray().nodes():
+        if node.get("Alive"):
+            declared.update(k for k in node.get("Resources", {}) if k.startswith("edgemoe_node_"))
+    missing = [node_resource(n) for n in node_names if node_resource(n) not in declared]
+    if missing:
+        raise EdgeMoEError(f"no Ray node declares the resource {', '.join(missing)} (declared: "
+                           f"{', '.join(sorted(declared)) or 'none'}); start the machine that plays that server with "
+                           f"`ray start --address ... --resources '{{\"{missing[0]}\": 1}}'`")
+
+
+def ray_address_info() -> dict:
+    """The running Ray instance's GCS address and this node's IP (what a machine needs to join it)."""
+    ctx = _ray().get_runtime_context()
+    return {"gcs_address": ctx.gcs_address, "node_ip": _ray().util.get_node_ip_address()}
+
+
 def stop_ray() -> None:
     ray = _ray()
     if ray.is_initialized():
@@ -139,14 +268,14 @@ def stop_ray() -> None:
 class RayTransport(Transport):
     """Calls other servers' actors by name; calls to this node run on a local thread."""
 
-    def __init__(self, node: int, node_names, local: ServerCore, threads: int = 8):
-        self.node, self.node_names, self.local = node, tuple(node_names), local
+    def __init__(self, node: int, node_names, local: ServerCore, threads: int = 8, namespace: str = NAMESPACE):
+        self.node, self.node_names, self.local, self.namespace = node, tuple(node_names), local, namespace
         self.pool = ThreadPoolExecutor(threads)
         self._handles: dict[int, object] = {}
 
     def handle(self, n: int):
         if n not in self._handles:
-            self._handles[n] = _ray().get_actor(actor_name(self.node_names[n]), namespace=NAMESPACE)
+            self._handles[n] = _ray().get_actor(actor_name(self.node_names[n]), namespace=self.namespace)
         return self._handles[n]
 
     def submit(self, node: int, call: ExpertCall) -> Future:
@@ -174,6 +303,7 @@ class ServerActor:
             os.setpriority(os.PRIO_PROCESS, 0, 0)
         except (OSError, AttributeError):  # not permitted: measured lateness will show it
             pass
+        log_to_stderr()  # exclusions and readmissions of this home: one line each in the worker's log
         self.node = int(node)
         self._drop_rate, self._drop_rng = 0.0, np.random.default_rng(0)
         self._configure(cfg)
@@ -186,10 +316,12 @@ class ServerActor:
                           cfg.make_clock())
         home = None
         if cfg.home_nodes()[self.node]:
-            membership = Membership(ctx.num_nodes, Backoff(cfg.backoff_base_s, cfg.backoff_max_s))
+            membership = Membership(ctx.num_nodes, Backoff(cfg.backoff_base_s, cfg.backoff_max_s), ctx.node_names,
+                                    f"home {ctx.node_names[self.node]}")
             prev = getattr(self, "home", None)  # same model: keep the loaded backbone (the demo swaps methods)
             adapter = prev.adapter if prev is not None and prev.cfg.model_path == cfg.model_path else None
-            home = HomeEngine(cfg, self.node, RayTransport(self.node, ctx.node_names, core), membership, adapter=adapter)
+            home = HomeEngine(cfg, self.node, RayTransport(self.node, ctx.node_names, core, namespace=cfg.namespace),
+                              membership, adapter=adapter)
         self.cfg, self.core, self.home = cfg, core, home
 
     def configure(self, cfg: ServerConfig) -> int:
@@ -210,8 +342,8 @@ class ServerActor:
         return cfg.version
 
     def cpu(self) -> dict:
-        """This process's id (the driver reads its CPU time from /proc)."""
-        return {"node": self.node, "pid": os.getpid()}
+        """This process's id (the driver reads its CPU time from /proc) and the Ray node it runs on."""
+        return {"node": self.node, "pid": os.getpid(), "ray_node": _ray().get_runtime_context().get_node_id()}
 
     def ping(self) -> dict:
         if self._drop_rate and self._drop_rng.random() < self._drop_rate:
@@ -282,9 +414,16 @@ class Deployment:
     cfg_ref: object = None  # keeps the constructor's argument alive for restarts
 
     @classmethod
-    def launch(cls, cfg: ServerConfig, max_concurrency: int = 128, ready_timeout_s: float = 300.0) -> Deployment:
-        """One actor per node (node-pinned by custom resource), then wait until every one answers."""
+    def launch(cls, cfg: ServerConfig, max_concurrency: int = 128, ready_timeout_s: float = 300.0,
+               namespace: str | None = None) -> Deployment:
+        """One actor per node (node-pinned by custom resource), then wait until every one answers.
+
+        namespace: the Ray namespace of this deployment's actors (default a fresh `edgemoe-<8 hex>`). A node
+        whose resource no Ray node declares is an EdgeMoEError at once; servers that do not answer within
+        `ready_timeout_s` (loading their experts) are one, naming them."""
         ray = _ray()
+        cfg = replace(cfg, namespace=namespace or f"edgemoe-{uuid.uuid4().hex[:8]}")
+        check_resources(cfg.ctx.node_names)
         remote_cls = ray.remote(ServerActor)
         # One pinned copy of the configuration: restarts rerun the constructor from it (Ray keeps the
         # arguments while this reference lives, see ray-project/ray#53727).
@@ -292,11 +431,28 @@ class Deployment:
         handles = []
         for n, name in enumerate(cfg.ctx.node_names):
             handles.append(remote_cls.options(
-                name=actor_name(name), namespace=NAMESPACE, num_cpus=0, resources={node_resource(name): 1.0},
+                name=actor_name(name), namespace=cfg.namespace, num_cpus=0, resources={node_resource(name): NODE_SHARE},
                 max_concurrency=max_concurrency, max_restarts=-1, max_task_retries=0, lifetime=None,
             ).remote(n, cfg_ref))
-        ray.get([h.ping.remote() for h in handles], timeout=ready_timeout_s)
-        return cls(cfg, handles, cfg_ref)
+        dep = cls(cfg, handles, cfg_ref)
+        try:
+            dep._get([h.ping.remote() for h in handles], ready_timeout_s, "start (load their experts)")
+        except EdgeMoEError:
+            dep.shutdown()
+            raise
+        return dep
+
+    def _get(self, refs: list, timeout_s: float, what: str) -> list:
+        """ray.get of one call per server (refs in node order), bounded: past `timeout_s` one EdgeMoEError
+        naming the servers that did not answer; a server's own error is raised as it is."""
+        ray = _ray()
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if len(ready) < len(refs):
+            done = set(ready)
+            late = [self.node_names[i] for i, r in enumerate(refs) if r not in done]
+            raise EdgeMoEError(f"servers {', '.join(late)} did not {what} within {timeout_s:g} s "
+                               f"(Ray namespace {self.cfg.namespace}); see their logs under /tmp/ray/session_latest/logs")
+        return ray.get(refs)
 
     @property
     def node_names(self) -> tuple[str, ...]:
@@ -304,8 +460,8 @@ class Deployment:
 
     def configure(self, cfg: ServerConfig, timeout_s: float = 300.0) -> None:
         """Reconfigure every server (new placement or policy); bumps the version."""
-        cfg = replace(cfg, version=self.cfg.version + 1)
-        _ray().get([h.configure.remote(cfg) for h in self.handles], timeout=timeout_s)
+        cfg = replace(cfg, version=self.cfg.version + 1, namespace=self.cfg.namespace)
+        self._get([h.configure.remote(cfg) for h in self.handles], timeout_s, "take the new configuration")
         self.cfg = cfg
 
     def retime(self, clock: str | None = None, dilation: float | None = None, use_load: bool | None = None,
@@ -315,17 +471,21 @@ class Deployment:
         cfg = replace(self.cfg, version=self.cfg.version + 1, clock=self.cfg.clock if clock is None else clock,
                       dilation=self.cfg.dilation if dilation is None else float(dilation),
                       use_load=self.cfg.use_load if use_load is None else bool(use_load))
-        _ray().get([h.retime.remote(cfg) for h in self.handles], timeout=timeout_s)
+        self._get([h.retime.remote(cfg) for h in self.handles], timeout_s, "take the new clock")
         self.cfg = cfg
 
     def pids(self) -> list[int]:
-        return [d["pid"] for d in _ray().get([h.cpu.remote() for h in self.handles], timeout=60)]
+        return [d["pid"] for d in self._get([h.cpu.remote() for h in self.handles], 60.0, "report their process")]
 
     def memory(self) -> list[dict]:
-        return _ray().get([h.memory.remote() for h in self.handles], timeout=60)
+        return self._get([h.memory.remote() for h in self.handles], 60.0, "report their memory")
 
     def health(self, node: int) -> dict:
-        return _ray().get(self.handles[node].health.remote(), timeout=30)
+        ray = _ray()
+        try:
+            return ray.get(self.handles[node].health.remote(), timeout=30)
+        except ray.exceptions.GetTimeoutError:
+            raise EdgeMoEError(f"server {self.node_names[node]} did not report its health within 30 s") from None
 
     def kill(self, node: int, restart: bool = True) -> None:
         """Kill server `node`'s process (a crash); Ray restarts it unless restart=False."""
@@ -358,11 +518,21 @@ class Client:
     counted and ignored)."""
 
     def __init__(self, deployment: Deployment, request_timeout_s: float = 120.0, max_attempts: int = 4,
-                 backoff: Backoff | None = None):
+                 backoff: Backoff | None = None, home_backoff: Backoff | None = None, probe: bool = True):
+        """backoff: the wait before each retry of a request; home_backoff: the probe schedule of an excluded
+        home (default the deployment's server backoff); probe=False: no background prober (`probe_homes`
+        readmits on demand)."""
         self.dep = deployment
         self.request_timeout_s = request_timeout_s
         self.max_attempts = max_attempts
         self.backoff = backoff or Backoff(0.2, 2.0)
+        cfg = deployment.cfg
+        # The ingress's own view of the homes: a home that failed a request is skipped until a probe readmits it.
+        self.homes = Membership(cfg.ctx.num_nodes, home_backoff or Backoff(cfg.backoff_base_s, cfg.backoff_max_s),
+                                cfg.ctx.node_names, "ingress")
+        self._prober: threading.Thread | None = None
+        self._probe = probe
+        self._closed = threading.Event()
         # Ids unique per client and run: a home answers a seen id from its cache of finished requests, so a
         # second client (or a second load run) on the same deployment must never reuse "req-0".
         self.run_id = uuid.uuid4().hex[:12]
@@ -382,39 +552,87 @@ class Client:
         return f"req-{self.run_id}-{next(self._ids)}"
 
     def homes_for(self, user: int) -> list[int]:
-        """The user's home first, then the other home nodes by one-way latency from it."""
+        """The user's home first, then the other home nodes by one-way latency from it; homes this client
+        excluded go last (tried only when no other home is left)."""
         ctx = self.dep.cfg.ctx
         home = int(ctx.user_home[user])
         others = [int(n) for n in np.flatnonzero(self.dep.cfg.home_nodes()) if n != home]
-        return [home, *sorted(others, key=lambda n: ctx.lat_s[home, n])]
+        order = [home, *sorted(others, key=lambda n: ctx.lat_s[home, n])]
+        alive, _ = self.homes.snapshot()
+        return [n for n in order if alive[n]] + [n for n in order if not alive[n]]
 
     def generate(self, user: int, prompt, gen_tokens: int, request_id: str | None = None,
-                 submit_s: float | None = None) -> GenerateResult:
+                 submit_s: float | None = None, allow_degraded: bool = False) -> GenerateResult:
         """Run one request; submit_s: its nominal arrival (default: now on the deployment's clock; the
-        virtual clock needs it). Retries keep the id and the arrival, so failover time counts in TTFT."""
+        virtual clock needs it). Retries keep the id and the arrival, so failover time counts in TTFT.
+        allow_degraded: with the exact policy, accept slots a failure drops (else server.Degraded, a 503)."""
         ray = _ray()
         rid = request_id or self.next_id()
         submit = self.clock.now() if submit_s is None else float(submit_s)
         homes = self.homes_for(user)
+        names = self.dep.cfg.ctx.node_names
         last: Exception | None = None
         for attempt in range(self.max_attempts):
             home = homes[min(attempt, len(homes) - 1)]
             if attempt:
+                log.warning("ingress: request %s of user %s fails over to home %s (attempt %d)", rid,
+                            self.dep.cfg.ctx.user_names[user], names[home], attempt + 1)
                 time.sleep(self.backoff.delay_s(attempt))
-            req = GenerateRequest(rid, int(user), np.asarray(prompt, np.int64), int(gen_tokens), attempt, submit)
+            req = GenerateRequest(rid, int(user), np.asarray(prompt, np.int64), int(gen_tokens), attempt, submit,
+                                  bool(allow_degraded))
             try:
                 result = ray.get(self.dep.handles[home].generate.remote(req), timeout=self.request_timeout_s)
             except EdgeMoEError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the home died or timed out: fail over
                 last = exc
+                self._exclude_home(home, exc)
                 with self._lock:
                     self.failovers += 1
                 continue
             return self._record(result)
         with self._lock:
             self.errors.append(f"{rid}: {type(last).__name__}: {last}")
-        raise EdgeMoEError(f"request {rid} failed on {self.max_attempts} attempts: {last}")
+        raise EdgeMoEError(f"request {rid} failed on {self.max_attempts} attempts: {_first_line(last)}")
+
+    def _exclude_home(self, home: int, exc: Exception) -> None:
+        self.homes.exclude(home, why=f"a request failed there: {type(exc).__name__}")
+        if self._probe and self._prober is None:
+            with self._lock:
+                if self._prober is None:
+                    self._prober = threading.Thread(target=self._probe_loop, name="edgemoe-ingress-probe", daemon=True)
+                    self._prober.start()
+
+    def probe_homes(self, force: bool = False, timeout_s: float = 2.0) -> list[int]:
+        """Ping the excluded homes whose probe is due (all of them with force) and readmit those that answer
+        with the deployment's configuration (a restarted home is sent it first). Returns the readmitted."""
+        ray = _ray()
+        back = []
+        for n in self.homes.due(float("inf") if force else None):
+            try:
+                info = ray.get(self.dep.handles[n].ping.remote(), timeout=timeout_s)
+                if info["version"] != self.dep.cfg.version:
+                    ray.get(self.dep.handles[n].configure.remote(self.dep.cfg), timeout=120.0)
+            except Exception:  # noqa: BLE001 - still down: back off further
+                self.homes.exclude(n)
+                continue
+            self.homes.readmit(n)
+            back.append(n)
+        return back
+
+    def _probe_loop(self) -> None:
+        """Probe excluded homes when due; sleeps while none is excluded."""
+        while not self._closed.is_set():
+            wait = self.homes.next_probe_in()
+            self.homes.wakeup.wait(timeout=1.0 if wait is None else min(max(wait, 0.0), 1.0))
+            self.homes.wakeup.clear()
+            if not self._closed.is_set():
+                self.probe_homes()
+
+    def close(self) -> None:
+        """Stop the background prober."""
+        self._closed.set()
+        self.homes.wakeup.set()
 
     def _record(self, result: GenerateResult) -> GenerateResult:
         with self._lock:
@@ -423,6 +641,14 @@ class Client:
                 return self.answers[result.request_id]
             self.answers[result.request_id] = result
         return result
+
+
+def _first_line(exc: BaseException | None) -> str:
+    """An exception's own message, first line (Ray's errors carry whole remote tracebacks)."""
+    if exc is None:
+        return "no attempt made"
+    text = str(getattr(exc, "cause", None) or exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 @dataclass(frozen=True)

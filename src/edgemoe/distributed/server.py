@@ -49,6 +49,7 @@ class ServerConfig:
     clock: str = "real"  # "real" (deadlines on the monotonic clock) or "virtual" (pure arithmetic, no waits)
     dilation: float = 1.0  # every emulated delay lasts this many times longer in wall time (real clock)
     use_load: bool = True  # policies see node backlogs estimated from replies (the simulator gives backlogs)
+    namespace: str = "edgemoe"  # the deployment's Ray namespace (its actors' names live there; Deployment.launch sets it)
 
     @property
     def params(self) -> dict:
@@ -76,6 +77,11 @@ def process_rss_bytes() -> int:
     except OSError:
         pass
     return 0
+
+
+class Degraded(EdgeMoEError):
+    """Exact execution is impossible: some routed expert has no reachable replica (HTTP 503). Raised only for
+    requests that did not allow degradation (GenerateRequest.allow_degraded)."""
 
 
 class ServerCore:
@@ -189,10 +195,11 @@ class _Pass:
     estimate_s: float = 0.0  # the policy's own estimate of the pass (per layer its slowest row's latency_s)
     spent: float = 0.0  # quality budget the pass's rows spent
     late_s: float = 0.0  # host lateness: how much later than their deadlines the layers started (and the pass ended)
+    strict: bool = False  # exact execution or nothing: a slot that a failure would drop or substitute raises Degraded
 
 
 COUNT_KEYS = ("slots", "remote", "substituted", "dropped", "repaired", "failed_calls", "calls", "link_bytes",
-              "process_bytes", "emulated_s")
+              "process_bytes", "emulated_s", "degraded")  # degraded: slots a failure dropped or substituted
 
 
 class HomeEngine:
@@ -210,7 +217,8 @@ class HomeEngine:
         self.cfg, self.node, self.transport = cfg, int(node), transport
         self.ctx = cfg.ctx
         self.clock = cfg.make_clock()
-        self.membership = membership or Membership(self.ctx.num_nodes, Backoff(cfg.backoff_base_s, cfg.backoff_max_s))
+        self.membership = membership or Membership(self.ctx.num_nodes, Backoff(cfg.backoff_base_s, cfg.backoff_max_s),
+                                                   self.ctx.node_names, f"home {self.ctx.node_names[self.node]}")
         # The backbone: the HF model with its experts modules dropped (their weights are freed; the
         # peak while loading still holds them once, see docs/distributed.md).
         if adapter is None:
@@ -278,6 +286,7 @@ class HomeEngine:
         p.estimate_s += float(dec.latency_s.max(initial=0.0))
         p.spent += float(dec.quality_cost.sum())
         experts, node, fixed = repair_slots(self.ctx, layer, dec.experts, dec.node, dec.location, st.user, alive)
+        self._degraded(layer, dec.experts, experts, p)
         meet = np.where(alive[dec.next_location], dec.next_location, dec.location)
         sent = self.clock.stamp(ready)  # the calls leave now: their deadline, or later if the host ran late
         p.late_s += sent - ready
@@ -346,15 +355,34 @@ class HomeEngine:
                 break
             pending = np.concatenate(failed)
             alive, _ = self.membership.snapshot()
+            before = experts.copy()
             experts, node, _ = repair_slots(self.ctx, layer, experts, node, src, users, alive)
+            self._degraded(layer, before, experts, p)
             meet = np.where(alive[meet], meet, src)
             counts["repaired"] += len(pending)
             pending = pending[node[pending[:, 0], pending[:, 1]] >= 0]
             sent = self.clock.stamp(sent)  # the retry leaves now
         if len(pending):  # still failing after every attempt: drop those slots (gates renormalised)
+            before = experts.copy()
             experts[pending[:, 0], pending[:, 1]] = -1
+            self._degraded(layer, before, experts, p)
             node[pending[:, 0], pending[:, 1]] = -1
         return out, experts, node, meet, done
+
+    def _degraded(self, layer: int, planned: np.ndarray, executed: np.ndarray, p: _Pass) -> None:
+        """Count the slots [T, K] a failure changed (planned an expert, now another or none); on a strict pass,
+        raise Degraded naming the first such expert instead."""
+        changed = (planned >= 0) & (executed != planned)
+        if not changed.any():
+            return
+        if p.strict:
+            t, k = np.argwhere(changed)[0]
+            alive, _ = self.membership.snapshot()
+            down = [self.ctx.node_names[n] for n in np.flatnonzero(~alive)]
+            raise Degraded(f"exact execution impossible: expert {int(planned[t, k])} of layer {layer} has no reachable "
+                           f"replica (servers down: {', '.join(down) or 'none'}); send edgemoe.allow_degraded: true "
+                           "to accept dropped or substituted slots")
+        p.counts["degraded"] += int(changed.sum())
 
     def _collect(self, calls, layer, out, done, meet, st, p: _Pass, sent: float, last: bool) -> list:
         """Wait for the replies of `calls`, fill out/done, record events; returns the failed calls' slots.
@@ -370,7 +398,7 @@ class HomeEngine:
                 reply: ExpertReply = fut.result(timeout=max(deadline - time.monotonic(), 0.0))
             except Exception:  # noqa: BLE001 - actor died, unavailable, or timed out: all mean "not now"
                 counts["failed_calls"] += 1
-                self.membership.exclude(n)
+                self.membership.exclude(n, why=f"an expert call of layer {layer} failed")
                 failed.append(mine)
                 continue
             r, k = mine[:, 0], mine[:, 1]
@@ -391,7 +419,7 @@ class HomeEngine:
 
     # ---- requests -----------------------------------------------------------------------------
     def _forward(self, ids: torch.Tensor, cache, user: int, index: int, t: float, counts: dict, tally, rec,
-                 busy: np.ndarray, events: list, dense_events: list) -> tuple[int, float, float, float]:
+                 busy: np.ndarray, events: list, dense_events: list, strict: bool = False) -> tuple[int, float, float, float]:
         """One pass over ids [1, S] due at nominal time t -> (greedy next token, begin, end, end - host lateness).
 
         Host lateness: the time by which the layers' starts and the pass's end missed their deadlines (the
@@ -402,7 +430,7 @@ class HomeEngine:
         state.home[:] = self.node  # the row lives here, even when this home stands in for another
         state.location[:] = self.node
         begin = self.clock.stamp(t)
-        p = _Pass(state, index == 0, counts, [], [], tally, begin, index, events, dense_events, busy)
+        p = _Pass(state, index == 0, counts, [], [], tally, begin, index, events, dense_events, busy, strict=strict)
         self._local.current = p
         try:
             logits = self.adapter.model(input_ids=ids, cache=cache, use_cache=True).logits
@@ -455,8 +483,12 @@ class HomeEngine:
         ids = torch.as_tensor(np.asarray(req.prompt, np.int64))[None]
         tokens, begin, end, emulated = [], [], [], []
         t = arrival
+        # Exact execution never silently degrades: with the exact policy, a slot that a failure would drop or
+        # substitute fails the request (Degraded) unless the request allows it.
+        strict = self.cfg.policy == "exact" and not req.allow_degraded
         for i in range(req.gen_tokens):
-            token, b, e, d = self._forward(ids, cache, req.user, i, t, counts, tally, rec, busy, events, dense_events)
+            token, b, e, d = self._forward(ids, cache, req.user, i, t, counts, tally, rec, busy, events, dense_events,
+                                           strict)
             tokens.append(token)
             begin.append(b)
             end.append(e)

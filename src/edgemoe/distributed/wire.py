@@ -76,6 +76,7 @@ class GenerateRequest:
     gen_tokens: int
     attempt: int = 0
     submit_s: float = float("nan")  # nominal time the client submitted it (nan: the home's now)
+    allow_degraded: bool = False  # exact policy: accept slots a failure drops or substitutes (else Degraded)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ Errors are OpenAI-style bodies `{"error": {"message", "type", "param", "code"}}`
 401 (API key), 404 (no such model or route), 413 (body too large), 429 (queue full, with Retry-After),
 503 (engine stopped). edgemoe's own part of a request is the `edgemoe` object of the body (the OpenAI client
 sends it with `extra_body`): `user` (name or index: whose home), `budget` (quality allowance per token-layer)
-or `exact: true`, `explain: true`; the response carries an `edgemoe` object with the request's counts.
+or `exact: true`, `explain: true`, `allow_degraded: true` (the ray backend: a failed server may cost slots); the response carries an `edgemoe` object with the request's counts.
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ class EdgeMoEOptions(BaseModel):
     budget: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None  # quality allowance per token-layer
     exact: bool = False
     explain: bool = False
+    allow_degraded: bool = False  # accept slots that a failed server drops (else exact execution fails with 503)
 
 
 class _Sampling(BaseModel):
@@ -243,7 +244,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
             raise ApiError(400, str(exc)) from None
         return GenerationRequest(tuple(ids), max_tokens, sampling, stops(body) + tuple(extra_stop), logprobs,
                                  user_of(opts), bool(opts and opts.exact), None if opts is None else opts.budget,
-                                 bool(opts and opts.explain), engine.new_request_id(prefix))
+                                 bool(opts and opts.explain), engine.new_request_id(prefix),
+                                 bool(opts and opts.allow_degraded))
 
     def submit(req: GenerationRequest):
         loop = asyncio.get_running_loop()

@@ -166,8 +166,8 @@ def _serve_ray_http(cluster, placement, profile, model, policy, param, mode, wir
 
     import uvicorn
 
-    from edgemoe.distributed.cli import _checked_inputs, _dilation
-    from edgemoe.distributed.serve import Deployment, start_ray, stop_ray
+    from edgemoe.distributed.cli import _checked_inputs, _dilation, start_ray_clearly
+    from edgemoe.distributed.serve import Deployment, join_instructions, log_to_stderr, start_ray, stop_ray
     from edgemoe.models import load_tokenizer
 
     from .api import create_app
@@ -181,9 +181,15 @@ def _serve_ray_http(cluster, placement, profile, model, policy, param, mode, wir
     ctx, cfg = _checked_inputs(cluster, Path(placement), Path(profile), model, policy, param, mode, wire,
                                domain_fallback, links and ray_address is None)
     cfg = replace(cfg, dilation=k)
-    info = start_ray(ctx.node_names if ray_address is None else (), address=ray_address)
-    typer.echo(f"ray: {info}")
-    dep = Deployment.launch(cfg)
+    log_to_stderr()
+    info = start_ray_clearly(start_ray, ctx.node_names, ray_address)
+    try:
+        dep = Deployment.launch(cfg)
+    except BaseException:
+        stop_ray()
+        raise
+    for line in join_instructions(info, dep.cfg.namespace, ctx.node_names):
+        typer.echo(line)
     try:
         engine = RayEngine(dep, load_tokenizer(model), max_running, max_queue,
                            Telemetry(ctx.node_names, policies=(policy,)))

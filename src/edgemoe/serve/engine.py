@@ -60,6 +60,7 @@ class GenerationRequest:
     budget: float | None = None  # quality allowance per token-layer (capped at the deployment's); None: its own
     explain: bool = False  # record, per token and layer, where each slot ran and what stood in
     request_id: str = ""
+    allow_degraded: bool = False  # ray backend: a failure may drop slots of an exact request (else 503)
 
 
 @dataclass

@@ -5,7 +5,9 @@ nearest other home included): the home's own generation, greedy and exactly `max
 is cut here at EOS or a stop string and sent in one piece when the request ends (no token streaming, no
 batching across requests: the Ray home runs one thread per request). What the Ray home cannot do is a 400
 naming the field: temperature > 0 (and so top_p / top_k / seed), logprobs, per-request budgets, `exact`
-and `explain`. The response's `edgemoe` object carries the home's own counts (`backend: "ray"`).
+and `explain`. The response's `edgemoe` object carries the home's own counts (`backend: "ray"`), among them
+`expert_slots.degraded`: slots a failed server dropped or substituted. With the exact policy no slot is
+degraded silently: such a request fails with 503 unless it sends `edgemoe.allow_degraded: true`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edgemoe.distributed.server import Degraded
 from edgemoe.errors import EdgeMoEError
 
 from .engine import Busy, Closed, Delta, Failed, Finished, GenerationRequest, TokenInfo, _eos_ids
@@ -110,10 +113,15 @@ class RayEngine:
         try:
             if self.telemetry is not None:
                 self.telemetry.load(*self.load().values())
-            result = self.client.generate(req.user, np.asarray(req.prompt_ids, np.int64), req.max_tokens)
+            result = self.client.generate(req.user, np.asarray(req.prompt_ids, np.int64), req.max_tokens,
+                                          allow_degraded=req.allow_degraded)
+        except Degraded as exc:  # exact execution impossible and not allowed to degrade
+            h.done = True
+            h.sink(Failed(503, _message(exc)))
+            return
         except Exception as exc:  # noqa: BLE001 - every home failed, or a bad request the home refused
             h.done = True
-            h.sink(Failed(503, f"the ray deployment did not answer: {exc}"))
+            h.sink(Failed(503, f"the ray deployment did not answer: {_message(exc)}"))
             return
         finally:
             with self._lock:
@@ -136,7 +144,8 @@ class RayEngine:
             "request_id": req.request_id, "backend": "ray", "user": self.ctx.user_names[req.user],
             "home": self.ctx.node_names[result.served_by], "policy": self.policy_name,
             "expert_slots": {k: int(counts.get(k, 0)) for k in ("slots", "remote", "substituted", "dropped",
-                                                                   "repaired", "failed_calls")},
+                                                                   "repaired", "failed_calls", "degraded")},
+            "allow_degraded": req.allow_degraded,
             "budget_spent": float(counts.get("quality_cost", 0.0)), "remote_bytes": int(counts.get("link_bytes", 0)),
             "modelled_ms_per_token": None,
             "measured": {"queue_ms": None, "ttft_ms": None,
@@ -152,4 +161,11 @@ class RayEngine:
     def close(self) -> None:
         with self._lock:
             self._closed = True
+        self.client.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _message(exc: BaseException) -> str:
+    """The first line of an error's own message (Ray's task errors carry the remote traceback)."""
+    text = str(getattr(exc, "cause", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

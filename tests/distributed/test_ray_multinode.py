@@ -1,0 +1,44 @@
+"""Several machines (issue 20, section 4), on loopback: a real three-node Ray cluster (ray.cluster_utils), each
+node declaring its server's resource; the deployment joins it, answers over HTTP, survives node b's death
+(failover of b's user, every expert still has a replica) and readmits b when its machine returns."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("openai")
+
+SCRIPT = Path(__file__).resolve().parent / "multinode_run.py"
+
+
+@pytest.mark.slow
+def test_three_node_cluster_on_loopback_serves_fails_over_and_readmits(tiny_path):
+    env = dict(os.environ, RAY_AUTH_MODE="token")
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(tiny_path)], capture_output=True, text=True,
+                          timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # a wrong auth token: one line naming the token's source, from one GCS call bounded at 10 s (no timing
+    # assertion here: the seconds it took are in out["wrong_token"] for a reader)
+    wrong = out["wrong_token"]
+    assert wrong["rc"] == 0 and "refused this process's auth token (token from: RAY_AUTH_TOKEN)" in wrong["message"]
+    assert out["ray"]["started"] is False and out["ray"]["address"] == out["address"]
+    assert out["namespace"].startswith("edgemoe-") and out["on_their_nodes"] is True
+    join = out["join"]
+    assert join[0].startswith(f"ray: joined the cluster at {out['address']} (3 nodes, auth token)")
+    assert f"ray start --address {out['address']}" in join[1] and "b -> edgemoe_node_b" in join[1]
+    assert out["b_seen_dead"]
+    before, down, after = out["before"], out["b_down"], out["after"]
+    assert [r["home"] for r in before] == ["a", "b", "c"]
+    # b gone: its user is answered by another home, and only the first of its requests tried b
+    assert down[0]["home"] != "b" and down[2]["home"] != "b" and out["failovers"] == 1
+    assert all(r["expert_slots"]["degraded"] == 0 for r in down)  # every expert had a live replica
+    assert down[0]["text"] == before[1]["text"]  # the same exact answer, from another home
+    assert out["b_back_alive"] and out["readmitted"] == [[True, True, True]] * 3
+    assert after[0]["home"] == "b" and after[0]["text"] == before[1]["text"] and out["b_node_after"]
