@@ -49,6 +49,9 @@ class Comparison:
     budgets: tuple[float, ...] = ()  # the sweep's budgets; the calibrated operating points' budgets join them
     operating_points: tuple[tuple[str, float], ...] = ()  # (name, max ppl_rel_increase) budgets to calibrate
     calibrate_method: str | None = None  # the method (placement + policy) whose budget is calibrated
+    # methods whose operating-point budget is calibrated for their own policy (on their own placement, its
+    # operating-point names resolved by calibrate_method's points) rather than taken from calibrate_method's
+    self_calibrated: tuple[str, ...] = ()
 
 
 ORDERMOE_BUDGET = 0.05  # per token-layer, in gate-weighted measured substitution error (docs/runtime.md)
@@ -64,10 +67,18 @@ EXACT_POLICIES = ("exact", "slimcaching")  # never change which expert runs: the
 RAY_SIMULATED_ONLY = {"oracle": "the oracle needs every token's future routing, which a serving home does not have"}
 
 
+FIELD_BASELINES = tuple(
+    MethodSpec(f"{policy}-{point}", "ordermoe", policy, {"budget": point, **params}, placement_params={"budget": point})
+    for point in ("paper", "strict")
+    for policy, params in (("skip", {}), ("reroute", {}), ("random-local", {"seed": 0}),
+                           ("ordermoe-error-groups", {"horizon": 2})))
+
+
 def ordermoe_comparison(cluster: str = "edge8", budget: float | str = "paper") -> Comparison:
     """OrderMoE's comparison: exact-execution baselines (SlimCaching refined and as published) vs drop vs
     OrderMoE's runtime at look-ahead H = 0..3 and the hindsight oracle (same budget), its two operating points
-    (`paper`, `strict`), and the all-local floor."""
+    (`paper`, `strict`), the field's skip / re-route / random-substitute baselines and OrderMoE on
+    measured-error groups at the same two points (each calibrated for itself), and the all-local floor."""
     # OrderMoE's runtime rows run on an OrderMoE placement planned for their budget (exact@ordermoe: the default)
     at = {"budget": budget}
     H = [MethodSpec(f"ordermoe-H{h}", "ordermoe", "ordermoe", {"budget": budget, "horizon": h}, placement_params=at)
@@ -91,8 +102,12 @@ def ordermoe_comparison(cluster: str = "edge8", budget: float | str = "paper") -
             # OrderMoE's runtime on the strongest exact-execution placement: the policy's own contribution
             MethodSpec("paper@slimcaching", "slimcaching", "ordermoe", {"budget": "paper", "horizon": 2},
                        placement_params=SLIM_PARAMS),
+            # the field's answers to a remote expert (edgemoe.runtime.policies.field_baselines), each calibrated to the
+            # same operating point on calibration text and run on OrderMoE's placement for that point
+            *FIELD_BASELINES,
             MethodSpec("all-local", "all-local", "exact"),
         ),
+        self_calibrated=tuple(m.name for m in FIELD_BASELINES),
         # H = 0 and H = 2 (= `paper`) swept: look-ahead compared at equal perplexity (`lookahead_equal_quality`)
         budget_sweep_methods=("ordermoe-H0", "paper"), budgets=(0.005, 0.02, 0.05, 0.2),
         operating_points=OPERATING_POINTS, calibrate_method="paper",
@@ -323,20 +338,36 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
                        "calib_tokens": int(text.calib_ids.size)}
     else:
         calibration = None
+    # self-calibrated methods: their own budget for each operating point (trials shared per policy + placement)
+    own: dict = {}
+    own_trials: dict = {}
+    for name in comp.self_calibrated:
+        spec = next(m for m in comp.methods if m.name == name)
+        point = spec.policy_params.get("budget")
+        target = dict(comp.operating_points).get(point)
+        if target is None or text.calib_ids is None:
+            raise EdgeMoEError(f"method {name}: self-calibrated methods need a budget naming an operating point "
+                               f"of the comparison ({[p for p, _ in comp.operating_points]}) and calibration text")
+        pla = _with_budget(spec.placement_params, _point_budget(points, spec.placement_params.get("budget"), name))
+        params = {k: v for k, v in spec.policy_params.items() if k != "budget"}
+        key = json.dumps([spec.placement, pla, spec.policy, params], sort_keys=True)
+        trials = own_trials.setdefault(key, {})
+        t0 = time.perf_counter()
+        b = calibrate_budget(adapter, context_for(spec.placement, pla, record=False), spec.policy, params, text, target,
+                             trials)
+        own[name] = {"budget": b, "target_ppl_rel_increase": target, "calib_ppl_rel_increase": trials[b][0],
+                     "calib_ppl_rel_increase_upper95": trials[b][1]}
+        log(f"  operating point {point} of {name}: budget {b:.4g} (calibration ppl +{100 * trials[b][0]:.2f}%; "
+            f"{time.perf_counter() - t0:.0f} s)")
+    if own and calibration is not None:
+        calibration["self_calibrated"] = own
 
     def resolved(spec: MethodSpec) -> MethodSpec:
         """`spec` with operating-point names in its policy's and its placement's `budget` replaced by budgets."""
-        def number(b):
-            if not isinstance(b, str):
-                return b
-            if b not in points:
-                raise EdgeMoEError(f"method {spec.name}: budget {b!r} names no calibrated operating point "
-                                   f"(have {sorted(points)})")
-            return points[b]["budget"]
-
         pol, pla = spec.policy_params, spec.placement_params
-        return replace(spec, policy_params=_with_budget(pol, number(pol.get("budget"))),
-                       placement_params=_with_budget(pla, number(pla.get("budget"))))
+        pol_budget = own[spec.name]["budget"] if spec.name in own else _point_budget(points, pol.get("budget"), spec.name)
+        return replace(spec, policy_params=_with_budget(pol, pol_budget),
+                       placement_params=_with_budget(pla, _point_budget(points, pla.get("budget"), spec.name)))
 
     def make(spec: MethodSpec, ctx):
         extra = {"routing": (text.topk, text.gates)} if spec.policy == "oracle" else {}
@@ -430,6 +461,15 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
     doc["placements"] = placements
     doc["summary"] = summarise(doc)
     return doc
+
+
+def _point_budget(points: dict, b, method: str):
+    """`b` itself, or the calibrated budget of the operating point it names."""
+    if not isinstance(b, str):
+        return b
+    if b not in points:
+        raise EdgeMoEError(f"method {method}: budget {b!r} names no calibrated operating point (have {sorted(points)})")
+    return points[b]["budget"]
 
 
 def _with_budget(params: dict, budget) -> dict:
@@ -554,6 +594,16 @@ def summarise(doc: dict) -> list[str]:
         if floor:
             for name, v in subst.items():
                 out.append(f"{name}: mean latency {v['latency_ms']['mean'] / floor['latency_ms']['mean']:.2f}x the all-local floor")
+    field_policies = {spec.policy for spec in FIELD_BASELINES}
+    for point in ("paper", "strict"):  # OrderMoE against the field's baselines calibrated to the same point
+        rows = {k: v for k, v in m.items() if v["policy"] in field_policies and v.get("operating_point") == point}
+        if point in m and rows:
+            best = min(rows, key=lambda k: rows[k]["latency_ms"]["mean"])
+            om, b = m[point], rows[best]
+            out.append(f"{point} vs the fastest baseline calibrated to the same point ({best}): mean latency "
+                       f"{om['latency_ms']['mean'] / b['latency_ms']['mean']:.2f}x, perplexity "
+                       f"{100 * om['ppl_rel_increase']:+.2f}% vs {100 * b['ppl_rel_increase']:+.2f}% (same target, "
+                       f"not equal measured quality: bench/equal_quality.py interpolates at equal perplexity)")
     sc = {k: v for k, v in m.items() if v["policy"] == "slimcaching"}
     if "slimcaching@slimcaching" in sc:
         s = sc["slimcaching@slimcaching"]

@@ -92,7 +92,10 @@ class _PolicyBridge:
             self.state = self.policy.start(self.users, tokens=self.tokens)
         topk = call.topk.cpu().numpy().astype(np.int64)
         gates = call.gates.float().cpu().numpy().astype(np.float64)
-        dec = self.policy.decide(call.layer, topk, gates, self.state)
+        # a policy that ranks stand-ins by the token's own router (`reroute`) gets the real logits
+        extra = {"router_logits": call.router_logits.float().cpu().numpy().astype(np.float64)} \
+            if getattr(self.policy, "wants_router_logits", False) else {}
+        dec = self.policy.decide(call.layer, topk, gates, self.state, **extra)
         self.topk.append(topk)
         self.gates.append(gates)
         self.decisions.append(dec)

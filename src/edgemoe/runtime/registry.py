@@ -1,6 +1,6 @@
 """The policy registry: names -> Policy classes, and `make_policy`.
 
-Imports run one way: registry -> the policy modules (baselines, ordermoe, oracle) -> policy (the interface)
+Imports run one way: registry -> the policy modules (baselines, ordermoe, oracle, field_baselines) -> policy (the interface)
 -> context. The policy modules know nothing of the registry; each class carries its `name`.
 """
 
@@ -13,12 +13,20 @@ from edgemoe.params import validate_params
 
 from .context import RuntimeContext
 from .policies.baselines import DropPolicy, ExactPolicy, SlimCachingPolicy
+from .policies.field_baselines import (
+    OrderMoECalibratedPolicy,
+    OrderMoEErrorGroupsPolicy,
+    RandomLocalPolicy,
+    RerouteLocalPolicy,
+    SkipPolicy,
+)
 from .policies.oracle import OraclePolicy
 from .policies.ordermoe import OrderMoEPolicy
 from .policy import Policy
 
 _POLICIES: dict[str, Callable[..., Policy]] = {cls.name: cls for cls in (
-    ExactPolicy, SlimCachingPolicy, DropPolicy, OrderMoEPolicy, OraclePolicy)}
+    ExactPolicy, SlimCachingPolicy, DropPolicy, OrderMoEPolicy, OraclePolicy,
+    SkipPolicy, RerouteLocalPolicy, RandomLocalPolicy, OrderMoEErrorGroupsPolicy, OrderMoECalibratedPolicy)}
 
 
 def register_policy(name: str):

@@ -71,9 +71,8 @@ def stand_in_costs(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray,
     - drop: the remaining gates are renormalised, so the slot's share goes to the exactly run slots j of the
       action: |g_k| * sum_j w_j subst_err[l, e_k, e_j] with w the renormalised weights (a triangle-inequality
       bound; for K = 2 it is exact: dropping k runs the other routed expert in its place).
-    The cost charged is that perturbation to the power `power`: 2 (default) is the second-order view (extra
-    nats per token grow with the square of a small output perturbation), so one large perturbation, such as
-    losing a top-1 expert, costs much more than several small ones; 1 is the linear proxy.
+    The cost charged is the power `power` of the layer's perturbation (the sum over the action's replaced
+    slots), shared among them in proportion to each slot's perturbation (`standins.choose_stand_ins`).
     Returns (kind [R, M, K] index into KINDS, cost [R, M, K] (inf: no stand-in allowed), sub [R, K] ids).
     """
     R, K = topk.shape
@@ -93,10 +92,15 @@ def stand_in_costs(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray,
         q_drop = np.full((R, M, K), np.inf)
     costs = np.stack([np.broadcast_to(q_sub[:, None, :], (R, M, K)), q_drop,
                       np.broadcast_to(q_zero[:, None, :], (R, M, K))], axis=-1)  # [R, M, K, 3] in KINDS order
-    if power != 1.0:
-        costs = costs ** power
     kind = costs.argmin(axis=-1)
-    return kind, np.take_along_axis(costs, kind[..., None], -1)[..., 0], sub
+    p = np.take_along_axis(costs, kind[..., None], -1)[..., 0]
+    if K:  # no action may leave the layer without any expert output
+        p = np.where((mask & (kind != 0)).all(axis=2, keepdims=True), np.inf, p)
+    if power != 1.0:  # the power of the layer's perturbation, shared among its slots (issue 19)
+        layer_p = np.where(mask, p, 0.0).sum(axis=2, keepdims=True)
+        with np.errstate(invalid="ignore"):
+            p = np.where(mask, np.where(np.isfinite(layer_p), p * layer_p ** (power - 1.0), np.inf), p ** power)
+    return kind, p, sub
 
 
 def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, home: np.ndarray, usable: np.ndarray,

@@ -83,9 +83,19 @@ def choose_stand_ins(layer: np.ndarray, topk: np.ndarray, gates: np.ndarray, sub
     - drop: the remaining gates are renormalised, so the slot's share goes to the exactly run slots j of the
       action: |g_k| * sum_j w_j subst_err[l, e_k, e_j] with w the renormalised weights (a triangle-inequality
       bound; for K = 2 it is exact: dropping k runs the other routed expert in its place).
-    The cost charged is that perturbation to the power `power`: 2 (default) is the second-order view (extra
-    nats per token grow with the square of a small output perturbation), so one large perturbation, such as
-    losing a top-1 expert, costs much more than several small ones; 1 is the linear proxy.
+    The cost charged is the power `power` of the *layer's* perturbation, not of each slot's: the slots'
+    perturbations p_k add up (triangle bound) to the layer's P = sum_k p_k over the action's replaced slots,
+    and the action costs P ** power, shared among its slots in proportion to p_k (slot k is charged
+    p_k * P ** (power - 1), so the slots' costs sum to the action's). 2 (default) is the second-order view
+    (extra nats per token grow with the square of a small output perturbation), so one large perturbation,
+    such as losing a top-1 expert, costs much more than several small ones; 1 is the linear proxy. Squaring
+    each slot's share and adding the squares instead (before issue 19) priced zeroing every branch of a layer
+    at sum_k g_k ** 2 (0.5 for two equal gates) although the layer then loses its whole MoE output (P = 1):
+    with a few tenths of budget the policy bought exactly that, and perplexity jumped by orders of magnitude.
+    The kind of each slot is the one with the least perturbation (the same order as the least cost). An
+    action that runs no expert at all at the layer (every slot dropped or zeroed) gets cost inf: zeroing the
+    whole MoE output is P = 1, where the square law says nothing (it still cost a few hundred percent of
+    perplexity at budgets that allowed it once per token).
     Returns (kind [R, M, K] index into KINDS, cost [R, M, K] (inf: no stand-in allowed)).
     """
     R, K = topk.shape
@@ -103,8 +113,6 @@ def choose_stand_ins(layer: np.ndarray, topk: np.ndarray, gates: np.ndarray, sub
         q_drop = np.where(wsum > 0, g[:, None, :] * mix / np.where(wsum > 0, wsum, 1.0), np.inf)
     else:
         q_drop = np.full((R, M, K), np.inf)
-    if power != 1.0:
-        q_sub, q_zero, q_drop = q_sub ** power, q_zero ** power, q_drop ** power
     # the least of (sub, drop, zero), first on ties, as an argmin over the three would give; sub and zero do not
     # depend on the action, so they are compared once per slot [R, K]
     sub_first = q_sub <= q_zero
@@ -112,4 +120,14 @@ def choose_stand_ins(layer: np.ndarray, topk: np.ndarray, gates: np.ndarray, sub
     q_sz = np.where(sub_first, q_sub, q_zero)[:, None, :]
     take_drop = (q_drop < q_sz) | ((q_drop == q_sz) & ~sub_first[:, None, :])  # [R, M, K]
     kind = np.where(take_drop, 1, kind_sz[:, None, :])
-    return kind, np.where(take_drop, q_drop, q_sz)
+    p = np.where(take_drop, q_drop, q_sz)  # [R, M, K] each slot's perturbation
+    # an action that leaves the layer no expert output at all (every slot dropped or zeroed) is not allowed: it
+    # is far outside the small-perturbation view the cost rests on (it was the cliff of issue 19)
+    if K:
+        p = np.where((mask & (kind != 0)).all(axis=2, keepdims=True), np.inf, p)
+    if power == 1.0:
+        return kind, p
+    layer_p = np.where(mask, p, 0.0).sum(axis=2, keepdims=True)  # [R, M, 1] the action's perturbation P
+    with np.errstate(invalid="ignore"):  # inf x 0 in slots or actions not taken (replaced by the where)
+        share = np.where(np.isfinite(layer_p), p * layer_p ** (power - 1.0), np.inf)
+    return kind, np.where(mask, share, p ** power)

@@ -1,0 +1,292 @@
+"""OrderMoE against the field's baselines at equal perplexity, and the quality dial (issue 19).
+
+    python -m bench.studies.equal_quality [--eval-tokens 4096] [--calib-tokens 2048] [--models default-upcycled,default] [--quick]
+
+Per model (the shipped `default-upcycled` and `default`), with the demo's settings (edge8, migrate mode,
+WikiText-2 test as evaluation text, the shared corpus' held-out split as calibration text, the demo's
+simulated workload and dense cost):
+- one `ordermoe` placement planned at the demo's default OrderMoE budget (ORDERMOE_BUDGET), shared by every
+  method, so the rows differ only in the runtime policy;
+- per method (ordermoe H=2 on router-cosine groups, ordermoe-error-groups H=2, skip, reroute, random-local):
+  the `paper` and `strict` operating points calibrated on calibration text exactly as the demo calibrates
+  OrderMoE's (`calibrate_budget`: the largest budget whose one-sided 95% upper bound fits the target), then a
+  budget sweep on evaluation text: mean/p99 latency from the simulator, perplexity increase and the shares of
+  slots substituted / dropped / zeroed from the real model (`local` backend);
+- equal quality: at the perplexity increase OrderMoE measures at its `paper` and `strict` points, each
+  baseline's mean latency interpolated on its sweep (`latency_at_quality`, lower envelope), and OrderMoE's
+  latency over the best of them;
+- section 2: each stand-in kind's measured nats per unit of predicted cost on calibration text
+  (`kind_scales`), `ordermoe-calibrated` (kinds priced on that one scale) swept and compared like OrderMoE,
+  and predicted vs measured increase over OrderMoE's sweeps with their rank correlation;
+- the dial: OrderMoE's calibration curve on calibration text (`edgemoe.eval.dial`), asked 1%, 3%, 7.8% and
+  15% mapped to budgets and measured on evaluation text.
+Writes bench/results/equal_quality.json (commit, load, CPU s, token counts) and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import replace
+from itertools import pairwise
+from pathlib import Path
+
+import numpy as np
+
+from bench.common import RESULTS
+from edgemoe.eval.dial import calibrate_dial
+from edgemoe.eval.experiment import (
+    OPERATING_POINTS,
+    ORDERMOE_BUDGET,
+    EvalText,
+    ExperimentConfig,
+    cached_profile,
+    calibrate_budget,
+    default_specs,
+    eval_trace,
+    latency_at_quality,
+    load_eval_text,
+    rise_with_bound,
+)
+from edgemoe.io import atomic_write_json
+from edgemoe.results import environment
+from edgemoe.runtime.policies.field_baselines import kind_scales
+
+REPO = RESULTS.parents[1]
+
+MODELS = ("default-upcycled", "default")
+# (name, policy, fixed params, sweep budgets on evaluation text besides 0 and the calibrated points)
+ORDERMOE_SWEEP = (0.05, 0.2, 0.5)  # per token-layer, OrderMoE's unit (gate-weighted measured error, squared)
+GATE_SWEEP = (0.5, 1.0, 2.0)  # per token-layer, the baselines' unit (gate share of the replaced slots)
+METHODS = (
+    ("ordermoe", "ordermoe", {"horizon": 2}, ORDERMOE_SWEEP),
+    ("ordermoe-error-groups", "ordermoe-error-groups", {"horizon": 2}, ORDERMOE_SWEEP),
+    ("skip", "skip", {}, GATE_SWEEP),
+    ("reroute", "reroute", {}, GATE_SWEEP),
+    ("random-local", "random-local", {"seed": 0}, GATE_SWEEP),
+)
+BASELINES = ("ordermoe-error-groups", "skip", "reroute", "random-local")  # what "the best baseline" is chosen from
+FIELD = ("skip", "reroute", "random-local")  # the field's own answers (not OrderMoE's machinery)
+DIAL_ASKED = (0.01, 0.03, 0.078, 0.15)
+DIAL_GRID = (0.01, 0.02, 0.05, 0.08, 0.12, 0.16, 0.2, 0.3, 0.5, 1.0)  # joined by the bisection's trial budgets
+KIND_BUDGET = ORDERMOE_BUDGET  # budget of the per-kind calibration runs (section 2)
+CALIB_STEPS = 4  # bisection halvings per operating point (the demo: 6; fewer to fit the run in minutes)
+
+
+def run_model(model: str, cfg: ExperimentConfig, log) -> dict:
+    from edgemoe.runtime.simulate import simulate
+    from edgemoe.runtime.workload import Workload
+
+    from edgemoe.cluster.load import load_cluster
+    from edgemoe.models import load_moe, load_tokenizer
+    from edgemoe.models.scoring import quality_metrics
+    from edgemoe.plan import plan
+    from edgemoe.plan.problem import plan_problem
+    from edgemoe.runtime import make_context, make_policy
+    from edgemoe.runtime.dense import dense_cost_of_model
+    from edgemoe.runtime.local import score_local
+
+    t_model = time.perf_counter()
+    adapter, tokenizer = load_moe(model), load_tokenizer(model)
+    eval_spec, calib_spec = default_specs(cfg)
+    profile = cached_profile(adapter, tokenizer, calib_spec, cfg, log)
+    text: EvalText = load_eval_text(adapter, tokenizer, cfg, eval_spec, calib_spec, log)
+    cluster = load_cluster("edge8")
+    problem = plan_problem(profile, cluster)
+    t0 = time.perf_counter()
+    placement = plan(problem, "ordermoe", budget=ORDERMOE_BUDGET)
+    plan_s = time.perf_counter() - t0
+    ctx = make_context(profile, cluster, placement, mode="migrate", dense=dense_cost_of_model(adapter))
+    workload = Workload(num_requests=cfg.num_requests, prompt_tokens=cfg.prompt_tokens, gen_tokens=cfg.gen_tokens,
+                        rate_per_s=cfg.rate_per_s, seed=cfg.seed)
+    trace = eval_trace(text.topk, text.gates, ctx.user_domain, cfg.block_len)
+    eval_users = np.arange(len(text.ids)) % ctx.num_users
+    calib_users = np.arange(len(text.calib_ids)) % ctx.num_users
+    log(f"{model}: placement planned in {plan_s:.0f} s; {text.ids.size} evaluation, {text.calib_ids.size} calibration tokens")
+
+    def evaluate(policy: str, params: dict, budget: float) -> dict:
+        pol = make_policy(policy, ctx, **params, budget=budget)
+        nll, top1, dec = score_local(adapter, pol, text.ids, eval_users)
+        q = quality_metrics(nll, top1, text.nll, text.top1)
+        sim = simulate(ctx, make_policy(policy, ctx, **params, budget=budget), trace, workload)
+        sub = dec.substituted()
+        return {"budget": budget, "latency_ms_mean": sim.latency_ms["mean"], "latency_ms_p99": sim.latency_ms["p99"],
+                "ppl": q["ppl"], "ppl_rel_increase": q["ppl_rel_increase"], "top1_agreement": q["top1_agreement"],
+                "slots_substituted": float(sub.mean()), "slots_dropped": float(((dec.experts < 0) & ~dec.zeroed).mean()),
+                "slots_zeroed": float(dec.zeroed.mean()), "spent_per_token": float(dec.quality_cost.sum(axis=1).mean()),
+                "sim_substitution_ratio": sim.substitution_ratio,
+                "sim_drop_ratio": sim.drop_ratio}
+
+    def calib_rise(policy: str, params: dict, trials: dict):
+        def at(b: float) -> tuple[float, float]:
+            if b not in trials:
+                nll, _, _ = score_local(adapter, make_policy(policy, ctx, **params, budget=b), text.calib_ids, calib_users)
+                trials[b] = rise_with_bound(nll, text.calib_nll)
+            return trials[b]
+        return at
+
+    exact = evaluate("exact", {}, 0.0)
+    dial_trials: dict = {}
+    out: dict = {"model": model, "placement": {"planner": "ordermoe", "budget": ORDERMOE_BUDGET, "plan_s": round(plan_s, 1),
+                                                "copies": placement.replicas().tolist()},
+                 "eval_tokens": int(text.ids.size), "calib_tokens": int(text.calib_ids.size),
+                 "ppl_exact": float(np.exp(text.nll.mean())), "exact": exact, "methods": {}}
+    # section 2: price every stand-in kind on one measured scale. One calibration run per kind alone (and the
+    # full policy) at the demo's default budget: measured extra nats per token over predicted cost spent
+    kinds: dict = {"budget": KIND_BUDGET, "nats": {}, "spent": {}}
+    for kind in ("sub", "drop", "zero", "sub,drop,zero"):
+        pol = make_policy("ordermoe", ctx, horizon=2, substitutes=kind, budget=KIND_BUDGET)
+        nll, _, dec = score_local(adapter, pol, text.calib_ids, calib_users)
+        kinds["nats"][kind] = float(nll.mean() - text.calib_nll.mean())
+        kinds["spent"][kind] = float(dec.quality_cost.sum(axis=1).mean())
+    kinds["scales"] = kind_scales(kinds["nats"], kinds["spent"])
+    full = kinds["nats"]["sub,drop,zero"] / max(kinds["spent"]["sub,drop,zero"], 1e-12)
+    kinds["nats_per_unit_full_policy"] = full
+    log(f"  stand-in kinds on one scale: {kinds['scales']} (nats/unit: "
+        + ", ".join(f"{k} {kinds['nats'][k] / max(kinds['spent'][k], 1e-12):.3g}" for k in kinds["nats"]) + ")")
+    out["kind_calibration"] = kinds
+    methods = [*METHODS, ("ordermoe-calibrated", "ordermoe-calibrated", {"horizon": 2, **kinds["scales"]}, ORDERMOE_SWEEP)]
+    for name, policy, params, sweep in methods:
+        t0 = time.perf_counter()
+        trials: dict = {}
+        at = calib_rise(policy, params, trials)
+        points = {}
+        for point, target in OPERATING_POINTS:
+            b = calibrate_budget(adapter, ctx, policy, params, text, target, trials, steps=CALIB_STEPS)
+            points[point] = {"budget": b, "target": target, "calib_ppl_rel_increase": at(b)[0],
+                             "calib_upper95": at(b)[1]}
+        budgets = sorted({*sweep, *(p["budget"] for p in points.values())})
+        rows = [dict(exact, budget=0.0)] + [evaluate(policy, params, b) for b in budgets]
+        for pt in points.values():
+            pt["eval"] = next(r for r in rows if r["budget"] == pt["budget"])
+        if name == "ordermoe":
+            dial_trials = trials
+        out["methods"][name] = {"policy": policy, "params": params, "points": points, "sweep": rows,
+                                "calib_trials": [{"budget": b, "ppl_rel_increase": r, "upper95": u}
+                                                 for b, (r, u) in sorted(trials.items())],
+                                "seconds": round(time.perf_counter() - t0, 1)}
+        log(f"  {name:<22} paper b={points['paper']['budget']:.4g} {points['paper']['eval']['latency_ms_mean']:.2f} ms "
+            f"+{100 * points['paper']['eval']['ppl_rel_increase']:.2f}%; strict b={points['strict']['budget']:.4g} "
+            f"{points['strict']['eval']['latency_ms_mean']:.2f} ms +{100 * points['strict']['eval']['ppl_rel_increase']:.2f}% "
+            f"({time.perf_counter() - t0:.0f} s)")
+    out["equal_quality"] = equal_quality(out)
+    out["equal_quality_calibrated"] = equal_quality(out, "ordermoe-calibrated")
+    out["predicted_vs_measured"] = predicted_vs_measured(out, full)
+    # the dial: OrderMoE's calibration curve (point estimates) on calibration text, then asked vs measured
+    t0 = time.perf_counter()
+    trials = dial_trials  # OrderMoE's own calibration trials (same policy, parameters and text) join the grid
+    at = calib_rise("ordermoe", {"horizon": 2}, trials)
+    grid = sorted({*DIAL_GRID, *trials})
+    dial = calibrate_dial(lambda b: at(b)[0], grid, policy="ordermoe", calib_tokens=int(text.calib_ids.size))
+    rows = []
+    for asked in DIAL_ASKED:
+        b = float(dial.budget(asked))
+        r = evaluate("ordermoe", {"horizon": 2}, b)
+        rows.append({"asked": asked, "budget": b, "measured": r["ppl_rel_increase"],
+                     "ratio": r["ppl_rel_increase"] / asked, "latency_ms_mean": r["latency_ms_mean"],
+                     "in_target": bool(0.5 <= r["ppl_rel_increase"] / asked <= 1.2)})
+        log(f"  dial asked {100 * asked:.1f}% -> budget {b:.4g} -> measured {100 * r['ppl_rel_increase']:+.2f}%")
+    out["dial"] = {**dial.to_dict(), "asked_vs_measured": rows,
+                   "measured_monotone": bool(all(b["measured"] >= a["measured"] - 1e-4 for a, b in pairwise(rows))),
+                   "target": "measured in [0.5x, 1.2x] of asked, on evaluation text", "seconds": round(time.perf_counter() - t0, 1)}
+    out["seconds"] = round(time.perf_counter() - t_model, 1)
+    return out
+
+
+def predicted_vs_measured(doc: dict, nats_per_unit: float) -> dict:
+    """Per OrderMoE variant, over its sweep: the predicted increase expm1(nats_per_unit x predicted cost spent
+    per token) (nats_per_unit from the full policy's calibration run) beside the measured one, and the
+    Spearman rank correlation of predicted cost and measured increase."""
+    from scipy.stats import spearmanr
+
+    out = {}
+    for name in ("ordermoe", "ordermoe-calibrated"):
+        rows = [r for r in doc["methods"][name]["sweep"] if r["budget"] > 0]
+        pred = [float(np.expm1(nats_per_unit * r.get("spent_per_token", 0.0))) for r in rows]
+        meas = [r["ppl_rel_increase"] for r in rows]
+        rho = spearmanr([r.get("spent_per_token", 0.0) for r in rows], meas).statistic if len(rows) > 2 else None
+        out[name] = {"budgets": [r["budget"] for r in rows], "predicted": pred, "measured": meas,
+                     "spearman": None if rho is None or not np.isfinite(rho) else float(rho)}
+    return out
+
+
+def equal_quality(doc: dict, method: str = "ordermoe") -> dict:
+    """At `method`'s measured increase at each operating point: every baseline's interpolated mean latency
+    and the method's latency over the best baseline's (None where no baseline's sweep reaches that increase)."""
+    om = doc["methods"][method]
+    table = {}
+    for point in ("paper", "strict"):
+        ev = om["points"][point]["eval"]
+        rise = ev["ppl_rel_increase"]
+        at = {name: latency_at_quality(doc["methods"][name]["sweep"], rise) for name in BASELINES}
+        reach = {k: v for k, v in at.items() if v is not None}
+        best = min(reach, key=reach.get) if reach else None
+        field_reach = {k: v for k, v in reach.items() if k in FIELD}
+        best_field = min(field_reach, key=field_reach.get) if field_reach else None
+        table[point] = {"ordermoe_ppl_rel_increase": rise, "ordermoe_latency_ms_mean": ev["latency_ms_mean"],
+                        "exact_latency_ms_mean": doc["exact"]["latency_ms_mean"],
+                        "baselines_latency_ms_at_same_ppl": at, "best_baseline": best,
+                        "ratio_to_best": ev["latency_ms_mean"] / reach[best] if best else None,
+                        "best_field_baseline": best_field,
+                        "ratio_to_best_field": ev["latency_ms_mean"] / field_reach[best_field] if best_field else None}
+    return table
+
+
+def print_table(models: list[dict]) -> None:
+    print("\nmodel | point | ordermoe ms (ppl +%) | best baseline at same ppl (ms) | ratio | best field (skip/reroute/random) | ratio")
+    for m in models:
+        for point, row in m["equal_quality"].items():
+            bb, bf = row["best_baseline"], row["best_field_baseline"]
+            at = row["baselines_latency_ms_at_same_ppl"]
+            print(f"{m['model']} | {point} | {row['ordermoe_latency_ms_mean']:.2f} (+{100 * row['ordermoe_ppl_rel_increase']:.2f}%) | "
+                  f"{bb}: {at[bb]:.2f} | {row['ratio_to_best']:.2f}x | {bf}: {at[bf]:.2f} | {row['ratio_to_best_field']:.2f}x"
+                  if bb and bf else f"{m['model']} | {point} | no baseline reaches that increase")
+    print("\nordermoe-calibrated (kinds on one measured scale) at equal perplexity:")
+    for m in models:
+        for point, row in m["equal_quality_calibrated"].items():
+            if row["best_baseline"]:
+                print(f"{m['model']} | {point} | {row['ordermoe_latency_ms_mean']:.2f} (+{100 * row['ordermoe_ppl_rel_increase']:.2f}%) "
+                      f"| {row['best_baseline']} | {row['ratio_to_best']:.2f}x | {row['best_field_baseline']} | {row['ratio_to_best_field']:.2f}x")
+    print("\npredicted vs measured increase over the sweep (Spearman of predicted cost and measured increase):")
+    for m in models:
+        for name, r in m["predicted_vs_measured"].items():
+            pairs = ", ".join(f"{100 * p:.1f}/{100 * q:.1f}%" for p, q in zip(r["predicted"], r["measured"], strict=True))
+            print(f"{m['model']} | {name} | rho {r['spearman']} | {pairs}")
+    print("\nmodel | asked | budget | measured | ratio")
+    for m in models:
+        for r in m["dial"]["asked_vs_measured"]:
+            print(f"{m['model']} | {100 * r['asked']:.1f}% | {r['budget']:.4g} | {100 * r['measured']:+.2f}% | {r['ratio']:.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--eval-tokens", type=int, default=4096)
+    ap.add_argument("--calib-tokens", type=int, default=2048)
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 1024 evaluation and calibration tokens")
+    ap.add_argument("--out", default=str(RESULTS / "equal_quality.json"))
+    args = ap.parse_args()
+    ev, ca = (1024, 1024) if args.quick else (args.eval_tokens, args.calib_tokens)
+    cfg = ExperimentConfig(shared_data=str(REPO.parent / "shared" / "data"), cache_dir=str(REPO / "runs" / "cache"),
+                           eval_tokens=ev, calib_quality_tokens=ca)
+    load0, c0, w0 = os.getloadavg(), time.process_time(), time.perf_counter()
+    models = []
+    for model in args.models.split(","):
+        models.append(run_model(model, replace(cfg, model=model), print))
+    doc = {"schema": "edgemoe.bench.equal_quality/1", "environment": environment(),
+           "load_before": list(load0), "load_after": list(os.getloadavg()),
+           "cpu_s": round(time.process_time() - c0, 1), "wall_s": round(time.perf_counter() - w0, 1),
+           "config": {"cluster": "edge8", "mode": "migrate", "eval_tokens": ev, "calib_quality_tokens": ca,
+                      "num_requests": cfg.num_requests, "prompt_tokens": cfg.prompt_tokens, "gen_tokens": cfg.gen_tokens,
+                      "rate_per_s": cfg.rate_per_s, "operating_points": dict(OPERATING_POINTS),
+                      "calibration_steps": CALIB_STEPS, "dial_grid": DIAL_GRID, "dial_asked": DIAL_ASKED,
+                      "baselines": BASELINES, "field_baselines": FIELD},
+           "models": models}
+    atomic_write_json(Path(args.out), doc)
+    print_table(models)
+    print(f"\nwrote {args.out} ({doc['wall_s']:.0f} s wall, {doc['cpu_s']:.0f} s CPU, load {load0[0]:.2f} -> {os.getloadavg()[0]:.2f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""The quality dial: a user states quality in the field's unit, a maximum relative perplexity increase
+(`max_ppl_increase`), and the dial turns it into a policy's internal budget (issue 19, section 3).
+
+The map comes from a calibration curve: the policy's perplexity increase on calibration text (never the
+evaluation text) at a grid of budgets. The curve is made monotone by its running maximum (a budget is never
+credited with less harm than a smaller budget showed), and the dial returns the largest budget whose
+calibrated increase is <= the asked value, interpolated linearly between the two grid budgets that bracket
+it. Assumption: the point estimate on calibration text is what the dial aims at (not its 95% upper bound,
+which the named operating points `paper`/`strict` use), so the increase measured on other text scatters
+around the asked value rather than below it. `raw_monotone` says whether the measured curve needed the
+running maximum at all (a measured increase that falls with more budget is a defect of the policy, reported,
+not hidden).
+
+Per user: `dial.budget(max_ppl_increase)` with a [U] array gives the policy's [U] budgets. Per request:
+`dial.grant(state, rows, max_ppl_increase)` sets the budget of one request's rows in a started TokenState.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgemoe.errors import EdgeMoEError
+
+
+@dataclass(frozen=True)
+class QualityDial:
+    """max_ppl_increase -> budget per token-layer, for one policy on one deployment. G grid points."""
+
+    budgets: np.ndarray  # [G] ascending budgets (the first is 0: exact execution)
+    rise: np.ndarray  # [G] measured relative perplexity increase on calibration text at each budget
+    policy: str = ""
+    calib_tokens: int = 0
+
+    def __post_init__(self):
+        b, r = np.asarray(self.budgets, float), np.asarray(self.rise, float)
+        if b.ndim != 1 or b.shape != r.shape or len(b) < 2 or b[0] != 0 or (np.diff(b) <= 0).any():
+            raise EdgeMoEError("dial: budgets must be [G >= 2] ascending from 0, with one rise per budget")
+        if not np.isfinite(r).all():
+            raise EdgeMoEError("dial: every calibration rise must be finite")
+
+    @property
+    def envelope(self) -> np.ndarray:
+        """[G] the running maximum of the calibrated rise (what a budget is credited with), from 0."""
+        return np.maximum.accumulate(np.maximum(np.asarray(self.rise, float), 0.0))
+
+    @property
+    def raw_monotone(self) -> bool:
+        """Whether the measured curve never falls as the budget grows (up to 1e-4 of perplexity)."""
+        return bool((np.diff(np.asarray(self.rise, float)) >= -1e-4).all())
+
+    def budget(self, max_ppl_increase) -> np.ndarray:
+        """[...] the largest budget whose calibrated rise is <= max_ppl_increase [...] (>= 0), interpolated
+        linearly inside the bracketing grid step; beyond the last grid point's rise, the last budget."""
+        asked = np.asarray(max_ppl_increase, dtype=float)
+        if not np.isfinite(asked).all() or (asked < 0).any():
+            raise EdgeMoEError(f"max_ppl_increase must be finite and >= 0, got {max_ppl_increase}")
+        b, env = np.asarray(self.budgets, float), self.envelope
+        # i: the last grid point whose credited rise fits; the next one (if any) does not
+        i = np.searchsorted(env, asked, side="right") - 1
+        i = np.clip(i, 0, len(b) - 1)
+        j = np.minimum(i + 1, len(b) - 1)
+        lo, hi = env[i], env[j]
+        frac = np.where((j > i) & (hi > lo), (asked - lo) / np.where(hi > lo, hi - lo, 1.0), 0.0)
+        return np.where(j > i, b[i] + np.clip(frac, 0.0, 1.0) * (b[j] - b[i]), b[i])
+
+    def grant(self, state, rows, max_ppl_increase, num_layers: int) -> None:
+        """Per request: give the TokenState rows `rows` [R] of one request the budget of max_ppl_increase
+        (scalar or [R]) for all num_layers layers (before their first layer is decided)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if (state.layer[rows] != 0).any():
+            raise EdgeMoEError("dial: a request's budget is granted before its first layer")
+        state.budget_total[rows] = np.broadcast_to(self.budget(max_ppl_increase), rows.shape) * num_layers
+
+    def to_dict(self) -> dict:
+        return {"policy": self.policy, "calib_tokens": self.calib_tokens, "budgets": np.asarray(self.budgets).tolist(),
+                "calib_ppl_rel_increase": np.asarray(self.rise).tolist(), "raw_monotone": self.raw_monotone}
+
+
+def calibrate_dial(rise_at: Callable[[float], float], budgets, policy: str = "", calib_tokens: int = 0) -> QualityDial:
+    """The dial of a policy from `rise_at(budget)` (its perplexity increase on calibration text) on the grid
+    `budgets` (0 is added when missing)."""
+    grid = np.unique(np.concatenate([[0.0], np.asarray(budgets, float)]))
+    return QualityDial(grid, np.array([float(rise_at(float(b))) for b in grid]), policy, calib_tokens)
