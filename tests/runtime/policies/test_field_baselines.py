@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from edgemoe.runtime.field_baselines import assign_stand_ins, coselection_counts, gate_share
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,9 +14,10 @@ from edgemoe.plan import plan_problem
 from edgemoe.plan.base import plan
 from edgemoe.profile import synthetic_profile
 from edgemoe.runtime import make_context, make_policy, policy_names
+from edgemoe.runtime.policies.field_baselines import assign_stand_ins, coselection_counts, gate_share
 from edgemoe.runtime.registry import policy_params
 
-from .conftest import CALL, XFER, tiny_cluster, tiny_context, tiny_profile
+from ..conftest import CALL, XFER, tiny_cluster, tiny_context, tiny_profile
 
 FIELD = ("skip", "reroute", "random-local")
 
@@ -255,7 +255,7 @@ def test_an_action_pays_the_power_of_its_layers_perturbation():
     # slot 0 has a local substitute at error 0.2, slot 1 only zeroing; gates (0.5, 0.5). Replacing both: the
     # layer's perturbation P = 0.5 * 0.2 + 0.5 = 0.6 costs 0.6 ** 2 = 0.36, shared 0.06 / 0.30 (the per-slot
     # squares, 0.01 + 0.25, under-priced it: issue 19). Zeroing both leaves no expert output: not allowed.
-    from edgemoe.plan.standins import choose_stand_ins, subset_bits
+    from edgemoe.plan.ordermoe.standins import choose_stand_ins, subset_bits
 
     topk, gates = np.array([[0, 1]]), np.array([[0.5, 0.5]])
     err = np.ones((1, 2, 2))
@@ -271,7 +271,7 @@ def test_an_action_pays_the_power_of_its_layers_perturbation():
 
 
 def test_kind_scales_known_answers():
-    from edgemoe.runtime.field_baselines import kind_scales
+    from edgemoe.runtime.policies.field_baselines import kind_scales
 
     # zero: 0.2 nats per unit; sub: 0.05 (a quarter: its perturbation is worth half, power 2); drop: 0.8
     s = kind_scales({"sub": 0.01, "drop": 0.08, "zero": 0.02}, {"sub": 0.2, "drop": 0.1, "zero": 0.1})
