@@ -558,7 +558,8 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
     """Run the whole simulation of `engine` (a WaveEngine) with `policy` (OrderMoE, `supported`) decided in the
     compiled loop. state: the policy's TokenState of every row (updated in place); feedback: the run's
     `Feedback` (its estimate, spent and observed arrays are filled here; its `observe` calls happen in
-    Python); count(dec, topk, layer, home, row_pass) receives the decisions in `_TallyBuffer`'s chunks."""
+    Python); count(dec, topk, layer, home, row_pass) receives the decisions in `_TallyBuffer`'s chunks (the
+    same rows: waves until >= chunk_rows, then the rest), as views of buffers reused afterwards."""
     ctx = policy.ctx
     K = ctx.top_k
     zero = engine._no_rows
@@ -607,9 +608,8 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
         if b and (b >= chunk_rows or not more):
             experts, node, loc, nxt, lat, topk, lv, home, row_pass = (a[:b] for a in out)
             quality, zeroed = (a[:b] for a in extra)
-            count(Decision(experts=experts.copy(), node=node.copy(), location=loc.copy(), next_location=nxt.copy(),
-                           quality_cost=quality.copy(), latency_s=lat.copy(), zeroed=zeroed.copy()),
-                  topk.copy(), lv.copy(), home.copy(), row_pass.copy())
+            count(Decision(experts=experts, node=node, location=loc, next_location=nxt, quality_cost=quality,
+                           latency_s=lat, zeroed=zeroed), topk, lv, home, row_pass)
             b = 0
         if not more:
             break

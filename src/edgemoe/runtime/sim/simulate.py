@@ -85,9 +85,9 @@ def run_fast(ctx: RuntimeContext, policy: Policy, trace: Trace, sc: Scenario, wi
         from .ordermoe_loop import run_ordermoe
 
         feedback = Feedback(policy, sc, state, run, dense_s=engine.pass_dense)
-        tally = _TallyBuffer(run.tally, sc.pass_prefill)
-        run_ordermoe(engine, policy, state, trace, feedback, tally.add)
-        tally.flush()
+        prefill = sc.pass_prefill
+        run_ordermoe(engine, policy, state, trace, feedback,
+                     lambda dec, topk, layer, home, row_pass: run.tally.add(dec, topk, layer, home, prefill[row_pass]))
         feedback.flush(force=True)
         return run
     if rule is not None:
