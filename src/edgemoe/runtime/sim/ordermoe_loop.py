@@ -465,9 +465,10 @@ def _drive_ordermoe(chunk_rows, every, stamp, b, wave, ex, ex_scratch, scratch_o
                     scenario, cost):  # pragma: no cover - compiled
     """Decide (`_decide_ordermoe`), feed back (`Feedback.add`) and run (`_wave_step`) waves from the picked
     one until the run ends, the buffers hold >= chunk_rows rows, the policy is due to observe finished
-    passes (`Feedback.flush`), or the next wave does not fit in the buffers or the job queue. fb: (estimate
-    [P], spent [P], dense [P], observed [P], calls [1], pass_end [P]). Returns (next wave's ids, rows, pass,
-    layer, token, stamp, more, rows buffered, observe now)."""
+    passes (`Feedback.flush`: every `every`-th wave, when passes ended since the last observation; the
+    engine logs ended passes in `ended`), or the next wave does not fit in the buffers or the job queue. fb:
+    (estimate [P], spent [P], dense [P], observed [P], [policy calls, passes ended when last observed],
+    pass_end [P]). Returns (next wave's ids, rows, pass, layer, token, stamp, more, rows buffered, observe now)."""
     ids, rows, rpass, rlayer, rtok = wave
     estimate, spent, dense, observed, calls, pass_end = fb
     out_pass, out_lat = out[8], out[4]
@@ -499,11 +500,8 @@ def _drive_ordermoe(chunk_rows, every, stamp, b, wave, ex, ex_scratch, scratch_o
         ids, rows, rpass, rlayer, rtok, stamp, more = _wave_step(True, stamp, ids, dec, passes, nodes, scenario, cost)
         b = e
         calls[0] += 1
-        if calls[0] % every == 0:
-            for q_ in range(pass_end.shape[0]):
-                if not observed[q_] and np.isfinite(pass_end[q_]):
-                    observe = True
-                    break
+        if calls[0] % every == 0 and counters[4] > calls[1]:  # passes ended since the last observation
+            observe = True
         if not more or b >= chunk_rows or observe:
             break
     return ids, rows, rpass, rlayer, rtok, stamp, more, b, observe
@@ -575,7 +573,7 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
     ex_scratch = ex[:4] + (np.zeros(R, _I), np.zeros(R, _I), np.zeros(R, _I)) + ex[7:]  # shares the sorted tables
     om = ordermoe_tables(policy, state)
     qpress = om[11]
-    fb = (feedback.estimate, feedback.spent, feedback.dense, feedback.observed, np.array([feedback.calls], _I),
+    fb = (feedback.estimate, feedback.spent, feedback.dense, feedback.observed, np.array([feedback.calls, 0], _I),
           engine.run.pass_end)
 
     def buffers(cap, keep=None, rows_kept=0):
@@ -601,10 +599,12 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
         ids, rows, rpass, rlayer, rtok, engine.stamp, more, b, observe = _drive_ordermoe(
             chunk_rows, feedback.every, engine.stamp, b, (ids, rows, rpass, rlayer, rtok), ex, ex_scratch, scratch_out,
             om, fb, out, extra, *engine._groups())
-        if observe:  # exactly where `Feedback.flush` observes: it counts this call itself
-            feedback.calls = int(fb[4][0]) - 1
-            policy.queue_pressure = float(qpress[0])
-            feedback.flush()
+        if observe:  # exactly where `Feedback.flush` observes, the same passes (ascending, as its flatnonzero)
+            n_ended = int(engine.counters[4])
+            done = np.sort(engine.ended[int(fb[4][1]):n_ended])
+            fb[4][1] = n_ended
+            feedback.calls = int(fb[4][0])
+            feedback.observe(done)
         if b and (b >= chunk_rows or not more):
             experts, node, loc, nxt, lat, topk, lv, home, row_pass = (a[:b] for a in out)
             quality, zeroed = (a[:b] for a in extra)
