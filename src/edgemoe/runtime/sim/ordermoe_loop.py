@@ -109,8 +109,20 @@ def _mean(a):  # pragma: no cover - compiled
     return _pairwise_sum(a) / a.shape[0]
 
 
+@njit(cache=True)
+def _work_arrays(K, N, J, G):  # pragma: no cover - compiled
+    """The per-row scratch arrays of `_decide_ordermoe` (allocated once per `_drive_ordermoe` call, not per wave)."""
+    M = 1 << K
+    return (np.empty(K), np.empty(K, _I), np.empty(K), np.empty(K), np.empty((K, K)), np.empty((M, K), _I),
+            np.empty((M, K)), np.empty((M, K)), np.empty(M), np.empty(M, np.bool_), np.empty(M, np.bool_), np.empty(M),
+            np.empty(M, _I), np.empty(M), np.empty(K), np.empty(K), np.empty(K), np.empty((K, J), _I), np.empty((K, J)),
+            np.empty(G, _I), np.empty((K, G)), np.empty((M, G)), np.empty(G), np.zeros(G), np.zeros(G, np.bool_),
+            np.full(N, -1, _I), np.empty(K, _I))
+
+
 @njit(cache=True, inline="always")
-def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om, load, xfer, num_layers, out, extra, b):
+def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om, work, load, xfer, num_layers, out,
+                     extra, b):
     """OrderMoE's decision for the T rows of one wave into the buffers' rows b .. b + T, and the token state
     updated as `Policy.decide` does (location, budget used, layer, top-1), then the queue pressure (`_track`).
 
@@ -156,33 +168,10 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
     J = 1 + n_short
     G = (1 + N if all_nodes else 1 + K * J) if steer else 1
     Cm = C * levels
-    g = np.empty(K)
-    sub = np.empty(K, _I)
-    q_sub = np.empty(K)
-    q_zero = np.empty(K)
-    err = np.empty((K, K))
-    kind = np.empty((M, K), _I)
-    p = np.empty((M, K))
-    q_alt = np.empty((M, K))
-    quality = np.empty(M)
-    valid = np.empty(M, np.bool_)
-    feasible = np.empty(M, np.bool_)
-    qterm = np.empty(M)
-    part = np.empty(M, _I)
-    sub_ready = np.empty(M)
-    ready_x = np.empty(K)
-    ready_sub = np.empty(K)
-    w = np.empty(K)
-    cand = np.empty((K, J), _I)
-    base = np.empty((K, J))
-    meet = np.empty(G, _I)
-    arrive = np.empty((K, G))
-    kept_max = np.empty((M, G))
-    to_meet = np.empty(G)
-    home_leg = np.zeros(G)
-    dup = np.zeros(G, np.bool_)
-    seen = np.full(N, -1, _I)
-    nodes_m = np.empty(K, _I)
+    (g, sub, q_sub, q_zero, err, kind, p, q_alt, quality, valid, feasible, qterm, part, sub_ready, ready_x, ready_sub, w,
+     cand, base, meet, arrive, kept_max, to_meet, home_leg, dup, seen, nodes_m) = work
+    for n in range(N):
+        seen[n] = -1
     for t in range(T):
         r, lv, tok = rows[t], rlayer[t], rtok[t]
         o = b + t
@@ -476,13 +465,18 @@ def _drive_ordermoe(chunk_rows, every, stamp, b, wave, ex, ex_scratch, scratch_o
     load, jobs_f, counters = nodes[11], nodes[9][0], nodes[10]
     xfer, num_layers = cost[0], cost[7]
     K = ex[0].shape[2]
+    N = xfer.shape[0]
+    J = 1 + om[7][0]
+    steer, all_nodes = om[3][4], om[3][5]
+    work = _work_arrays(K, N, J, (1 + N if all_nodes else 1 + K * J) if steer else 1)
     more = True
     observe = False
     while True:
         T = rows.shape[0]
         if b + T > out_pass.shape[0] or counters[1] + T * K > jobs_f.shape[0] or T > scratch_out[0].shape[0]:
             break
-        _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om, load, xfer, num_layers, out, extra, b)
+        _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om, work, load, xfer, num_layers, out,
+                         extra, b)
         t = 0
         while t < T:  # rows come grouped by pass
             p = rpass[t]
