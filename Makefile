@@ -5,14 +5,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test setup lint
+.PHONY: demo test setup lint results
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU wheel of torch; an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[dev,ray]"
+	$(BIN)/pip install -q -e ".[dev,ray,serve]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -25,3 +25,23 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
+
+# Every committed results file, regenerated one after another with the commands that made them, then the
+# README's generated block. The time it takes: README, "Where each results file was made".
+BENCH := speed.simulator speed.sim_scale speed.policies speed.planners speed.profile_speed speed.ordermoe_scale \
+	studies.ordermoe_placement studies.scaling studies.adaptive studies.lookahead studies.slim_sweeps studies.upcycle studies.equal_quality \
+	ray.ray_sweep ray.ray_failover speed.serving tools.exact_stop
+results: $(STAMP)
+	$(BIN)/edgemoe demo --out bench/results/demo
+	$(BIN)/edgemoe demo --backend ray --out bench/results/demo-ray
+	$(BIN)/edgemoe demo --scenario paper-scale --out bench/results/paper-scale
+	$(BIN)/edgemoe profile --model default --data shared:../shared/data --tokens 50000 --out runs/prof \
+		--report bench/results/default_model
+	$(BIN)/edgemoe profile --model default-upcycled --data shared:../shared/data --tokens 50000 --out runs/prof-upcycled \
+		--report bench/results/default_upcycled_model
+	for m in $(BENCH); do $(BIN)/python -m bench.$$m || exit 1; done
+	$(BIN)/python -m bench.ray.runtime --quick
+	$(BIN)/python -m bench.studies.lookahead --quick --budgets 0.05,0.2 --clusters testbed8,edge8
+	$(BIN)/python -m bench.speed.policies --setups L=16 --policies 'ordermoe(H=0),ordermoe(H=2),ordermoe(H=3)'
+	$(BIN)/python -m bench.studies.out_of_sample --ilp-nodes 0 --ilp-from bench/results/out_of_sample.json
+	$(BIN)/python -m bench.tools.tables --write

@@ -48,3 +48,12 @@ def setup(policy: str):
     ctx = make_context(profile, cluster, placement, mode="home", domain_fallback=fallback,
                        dense=dense_cost_of_model(adapter))  # the dense part as the demo counts it
     return ctx, resolve_model_path("default")
+
+
+def environment(**extra) -> dict:
+    """What every results file records about its run (`edgemoe.results.environment`: versions, git commit and
+    whether the tree was dirty, UTC time, load average, CPU seconds so far), plus `extra`. Call it when the
+    document is written, so that `cpu_s` covers the whole run."""
+    from edgemoe.results import environment as base
+
+    return {**base(), **extra}

@@ -107,6 +107,70 @@ def d(tmp_path_factory, three_edge_cluster_yaml) -> Path:
     os.mkfifo(root / "fifo")
     (root / "to_devnull").symlink_to("/dev/null")
     (root / "to_fifo").symlink_to(root / "fifo")
+    (root / "fifo_prof").mkdir()
+    os.mkfifo(root / "fifo_prof" / "meta.json")
+    (root / "fifo_prof" / "arrays.safetensors").symlink_to("/dev/zero")
+    _hostile_inputs(root, three_edge_cluster_yaml, p)
+    return root
+
+
+def _hostile_inputs(root: Path, cluster_yaml: str, placement: Path) -> None:
+    """Round two (issue 22): damaged compression, deep nesting, huge numbers, non-finite values."""
+    import gzip
+
+    line = {"type": "route", "req_id": "r", "token_idx": 0, "layer": 0, "topk_ids": [0, 1], "topk_weights": [0.6, 0.4]}
+    lines = "".join(json.dumps({**line, "req_id": f"r{i}", "layer": k}) + "\n" for i in range(300) for k in range(32))
+    whole = gzip.compress(lines.encode(), mtime=0)
+    (root / "trace_cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    (root / "trace_ok.jsonl").write_text(lines)
+    (root / "trace_deep.jsonl").write_text(json.dumps(line)[:-1] + ', "x": ' + "[" * 50_000 + "]" * 50_000 + "}\n")
+    (root / "trace_bigint.jsonl").write_text(json.dumps(line).replace('"token_idx": 0', '"token_idx": ' + "9" * 5000) + "\n")
+    deep = "[" * 50_000 + "]" * 50_000
+    (root / "deep.json").write_text(deep)
+    (root / "bigint.json").write_text('{"schema": ' + "1" * 5000 + "}")
+    (root / "cluster_deep.yaml").write_text("name: " + "[" * 50_000 + "\n")
+    (root / "cluster_bigint.yaml").write_text(cluster_yaml.replace("memory: 8MB", "memory: " + "9" * 5000))
+    (root / "to_zero.yaml").symlink_to("/dev/zero")
+    # numbers: non-finite, beyond int64, out of range
+    for name, old, new in (
+        ("memory_inf", "memory: 8MB", "memory: .inf"),
+        ("memory_1e30", "memory: 8MB", "memory: 1.0e+30"),
+        ("position_nan", "memory: 8MB,", "memory: 8MB, position_m: [.nan, .nan],"),
+        ("arrival_inf", "weight: 3", "arrival_rate: .inf"),
+        ("tx_nan", "{src: a, dst: c, latency: 12ms, bandwidth: 50Mbit/s}",
+         "{src: a, dst: c, latency: 12ms, wireless: {bandwidth_hz: 1e6, tx_power_dbm: .nan, gain_db: -100}}"),
+        ("tx_huge", "{src: a, dst: c, latency: 12ms, bandwidth: 50Mbit/s}",
+         "{src: a, dst: c, latency: 12ms, wireless: {bandwidth_hz: 1e6, tx_power_dbm: 1.0e+300, gain_db: -100}}"),
+    ):
+        text = cluster_yaml.replace(old, new)
+        if name == "arrival_inf":
+            text = text.replace("weight: 1", "arrival_rate: 1")
+        (root / f"cluster_{name}.yaml").write_text(text)
+    doc = json.loads(placement.read_text())
+    doc["capacity_bytes"]["a"] = 10**30
+    (root / "pl_capacity_1e30.json").write_text(json.dumps(doc))
+    doc["capacity_bytes"]["a"] = 1e30
+    (root / "pl_capacity_float.json").write_text(json.dumps(doc))
+    doc = json.loads(placement.read_text())
+    doc["expert_bytes"][0][0] = 1.5
+    (root / "pl_bytes_float.json").write_text(json.dumps(doc))
+    res = json.loads((root / "results.json").read_text())
+    res["placements"] = {"lfu": {"copies": [[1, 2], [3]], "bytes_used": [1.0]}}
+    (root / "results_ragged.json").write_text(json.dumps(res))
+    res["placements"] = {"lfu": {"copies": "abc"}}
+    (root / "results_copies_text.json").write_text(json.dumps(res))
+    (root / "trace_neg_weight.jsonl").write_text(json.dumps({**line, "topk_weights": [-0.5, 1.5]}) + "\n")
+    (root / "trace_huge_weight.jsonl").write_text(json.dumps({**line, "topk_weights": [1e308, 0.5]}) + "\n")
+    (root / "trace_logit_f16.jsonl").write_text(json.dumps({**line, "router_logits": [1e5] + [0.0] * 7}) + "\n")
+    (root / "trace_nan_weight.jsonl").write_text(json.dumps({**line, "topk_weights": [float("nan"), 0.5]}) + "\n")
+
+
+@pytest.fixture(scope="module")
+def far(tmp_path_factory) -> Path:
+    """Inputs too big to hash before and after every case (sparse files: no space on disk)."""
+    root = tmp_path_factory.mktemp("far")
+    with open(root / "huge.json", "wb") as f:
+        f.truncate(300 << 20)
     return root
 
 
@@ -131,6 +195,7 @@ SERVE = ["serve", "--cluster", "{d}/cluster.yaml", "--placement", "{d}/placement
          "--model", "{d}/model", "--load-users", "1", "--out", "{d}/serve-new.json"]
 EVAL = ["evaluate", "--out", "{d}/eval-new.json"]
 PROFILE = ["profile", "--model", "{d}/model", "--data", "{d}/text.txt"]
+TRACE = ["profile", "--model-spec", "mixtral-8x7b", "--out", "{d}/p1", "--trace"]
 
 # (case id, argv, a piece of the message that says what to fix)
 CASES = [
@@ -142,7 +207,8 @@ CASES = [
     ("profile-subst-tokens-0", [*PROFILE, "--out", "{d}/p1", "--subst-tokens", "0"], "--subst-tokens"),
     ("profile-tokens-below-block", [*PROFILE, "--out", "{d}/p1", "--tokens", "10", "--block-len", "64"], "--block-len"),
     ("profile-out-user-folder", [*PROFILE, "--out", "{d}/user_dir"], "refusing to replace"),
-    ("profile-out-model-folder", [*PROFILE, "--out", "{d}/model"], "refusing to replace"),
+    ("profile-out-model-folder", [*PROFILE, "--out", "{d}/model"], "is also the input --model"),
+    ("profile-out-other-model-folder", [*PROFILE, "--out", "{d}/damaged_model"], "refusing to replace"),
     ("profile-out-is-a-file", [*PROFILE, "--out", "{d}/existing.json"], "must be a folder"),
     ("profile-out-equals-report", [*PROFILE, "--out", "{d}/p1", "--report", "{d}/p1"], "same file"),
     ("profile-report-user-folder", [*PROFILE, "--out", "{d}/p1", "--report", "{d}/user_docs"], "refusing to write into"),
@@ -234,14 +300,86 @@ CASES = [
     ("report-out-user-folder", ["report", "{d}/results.json", "--out", "{d}/user_dir"], "refusing to write into"),
     ("report-out-user-report", ["report", "{d}/results.json", "--out", "{d}/user_docs"], "refusing to write into"),
     ("train-steps-0", ["train", "--steps", "0", "--out", "{d}/m"], "--steps"),
-    ("train-out-user-folder", ["train", "--data", "{d}/user_dir", "--out", "{d}/user_dir"], "refusing to replace"),
+    ("train-out-user-folder", ["train", "--data", "{d}/user_dir", "--out", "{d}/user_dir"], "is also the input --data"),
+    ("train-out-other-user-folder", ["train", "--data", "{d}/text.txt", "--out", "{d}/user_dir"], "refusing to replace"),
     ("train-out-foreign-model", ["train", "--data", "{d}/user_dir", "--out", "{d}/model"], "refusing to replace"),
     ("demo-backend", ["demo", "--backend", "quantum", "--out", "{d}/demo"], "--backend"),
     ("demo-out-user-folder", ["demo", "--out", "{d}/user_dir"], "refusing to write into"),
+    ("demo-paper-scale-out-user-folder", ["demo", "--scenario", "paper-scale", "--out", "{d}/user_dir"],
+     "refusing to write into"),
+    ("demo-paper-scale-out-is-the-data", ["demo", "--scenario", "paper-scale", "--shared-data", "{d}/user_dir",
+                                          "--out", "{d}/user_dir"], "is also the input --shared-data"),
     ("demo-dilation-below-1", ["demo", "--backend", "ray", "--dilation", "0.5", "--out", "{d}/demo"], "--dilation"),
     ("demo-dilation-word", ["demo", "--backend", "ray", "--dilation", "fast", "--out", "{d}/demo"], "'auto' or a finite"),
     ("demo-dilation-simulate", ["demo", "--dilation", "10", "--out", "{d}/demo"], "--backend ray only"),
     ("cluster-show-missing", ["cluster", "show", "{d}/nope.yaml"], "no such cluster file"),
+    # round two (issue 22), one guarded reader: devices, FIFOs, size caps, damaged gzip, deep nesting, huge integers
+    ("profile-trace-dev-zero", [*TRACE, "/dev/zero"], "/dev/zero: is a device"),
+    ("profile-trace-fifo", [*TRACE, "{d}/fifo"], "is a FIFO"),
+    ("profile-trace-gzip-cut", [*TRACE, "{d}/trace_cut.jsonl.gz"], "trace file is damaged (EOFError"),
+    ("profile-trace-deep-json", [*TRACE, "{d}/trace_deep.jsonl"], "trace_deep.jsonl:1: lists or objects nested too deep"),
+    ("profile-trace-huge-int", [*TRACE, "{d}/trace_bigint.jsonl"], "trace_bigint.jsonl:1: an integer of 5000 digits"),
+    ("cluster-show-dev-zero", ["cluster", "show", "/dev/zero"], "/dev/zero: is a device"),
+    ("cluster-show-link-to-dev-zero", ["cluster", "show", "{d}/to_zero.yaml"], "is a device"),
+    ("plan-cluster-deep-yaml", [*PLAN[:3], "--cluster", "{d}/cluster_deep.yaml", *PLAN[5:], "--method", "lfu"], "nested too deep"),
+    ("plan-cluster-huge-int", [*PLAN[:3], "--cluster", "{d}/cluster_bigint.yaml", *PLAN[5:], "--method", "lfu"],
+     "an integer of 5000 digits"),
+    ("serve-placement-deep-json", [*SERVE[:3], "--placement", "{d}/deep.json", *SERVE[5:]], "deep.json: lists or objects nested"),
+    ("report-results-deep-json", ["report", "{d}/deep.json", "--out", "{d}/rep"], "nested too deep"),
+    ("report-results-huge-int", ["report", "{d}/bigint.json", "--out", "{d}/rep"], "an integer of 5000 digits"),
+    ("report-results-too-big", ["report", "{far}/huge.json", "--out", "{d}/rep"], "more than the 256 MiB"),
+    ("report-results-ragged-copies", ["report", "{d}/results_ragged.json", "--out", "{d}/rep"],
+     "placements.lfu.copies: Value error, must be an [L][E] table"),
+    ("report-results-copies-text", ["report", "{d}/results_copies_text.json", "--out", "{d}/rep"],
+     "placements.lfu.copies"),
+    ("report-results-device", ["report", "/dev/zero", "--out", "{d}/rep"], "is a device"),
+    # round two, one validation layer: finite, in range, within int64 where it becomes an array
+    *[(f"plan-cluster-{name.replace('_', '-')}", [*PLAN[:3], "--cluster", f"{{d}}/cluster_{name}.yaml", *PLAN[5:],
+                                                  "--method", "lfu"], fix)
+      for name, fix in (("memory_inf", "nodes[2].memory: memory (bytes) must be a finite number"),
+                        ("memory_1e30", "nodes[2].memory: memory (bytes) must be <="),
+                        ("position_nan", "nodes[2].position_m[0]: Input should be a finite number"),
+                        ("arrival_inf", "users[0].arrival_rate: Input should be a finite number"),
+                        ("tx_nan", "links[2].wireless.tx_power_dbm: Input should be a finite number"),
+                        ("tx_huge", "links[2].wireless: the Shannon rate"))],
+    ("serve-cluster-two-errors", ["serve", "--cluster", "{d}/cluster_position_nan.yaml", *SERVE[3:]],
+     "position_m[0]: Input should be a finite number; nodes[2].position_m[1]"),
+    ("cluster-show-memory-inf", ["cluster", "show", "{d}/cluster_memory_inf.yaml"], "must be a finite number"),
+    ("plan-node-limit-2-63", [*PLAN, "--method", "exact", "--param", "node_limit=9223372036854775808"],
+     "less than or equal to 2147483647"),
+    ("plan-seed-2-63", [*PLAN, "--method", "random", "--param", "seed=9223372036854775808"], "2147483647"),
+    ("plan-param-json-huge-int", [*PLAN, "--method", "ordermoe", "--param", "budget=[" + "9" * 5000 + "]"],
+     "an integer of 5000 digits"),
+    ("serve-placement-capacity-1e30", [*SERVE[:3], "--placement", "{d}/pl_capacity_1e30.json", *SERVE[5:]],
+     "pl_capacity_1e30.json: capacity_bytes['a']"),
+    ("serve-placement-capacity-float", [*SERVE[:3], "--placement", "{d}/pl_capacity_float.json", *SERVE[5:]],
+     "expected an integer in [0,"),
+    ("serve-placement-bytes-float", [*SERVE[:3], "--placement", "{d}/pl_bytes_float.json", *SERVE[5:]],
+     "expert_bytes must be an [L][E] table of integers"),
+    ("profile-trace-negative-weight", [*TRACE, "{d}/trace_neg_weight.jsonl"], "trace_neg_weight.jsonl:1: field 'topk_weights'"),
+    ("profile-trace-1e308-weight", [*TRACE, "{d}/trace_huge_weight.jsonl"], "outside [0, 10000]"),
+    ("profile-trace-nan-weight", [*TRACE, "{d}/trace_nan_weight.jsonl"], "must hold finite numbers"),
+    ("profile-trace-logit-beyond-f16", [*TRACE, "{d}/trace_logit_f16.jsonl"], "field 'router_logits' holds 100000.0"),
+    # round two, every output claimed the same way: inputs never overwritten, outputs distinct, folders ours
+    ("profile-trace-report-user-folder", [*TRACE, "{d}/trace_ok.jsonl", "--report", "{d}/user_docs"],
+     "refusing to write into"),
+    ("profile-trace-report-equals-out", [*TRACE[:4], "{d}/p1", "--report", "{d}/p1", "--trace", "{d}/trace_ok.jsonl"],
+     "--out and --report name the same file"),
+    ("profile-trace-out-is-the-trace", [*TRACE[:4], "{d}/trace_ok.jsonl", "--trace", "{d}/trace_ok.jsonl"],
+     "is also the input --trace"),
+    ("profile-trace-out-user-folder", [*TRACE[:4], "{d}/user_dir", "--trace", "{d}/trace_ok.jsonl"], "refusing to replace"),
+    ("plan-out-is-the-cluster", [*PLAN[:-1], "{d}/cluster.yaml", "--method", "lfu"], "is also the input --cluster"),
+    ("plan-map-is-the-cluster", [*PLAN, "--method", "lfu", "--expert-map", "{d}/cluster.yaml"],
+     "--expert-map {d}/cluster.yaml is also the input --cluster"),
+    ("evaluate-out-is-the-profile", ["evaluate", "--profile", "{d}/prof", "--out", "{d}/prof"], "is also the input --profile"),
+    ("evaluate-out-is-a-placement", ["evaluate", "--profile", "{d}/prof", "--cluster", "{d}/cluster.yaml", "--method",
+                                     "a={d}/placement.json:exact", "--out", "{d}/placement.json"], "is also the input --method"),
+    ("serve-out-is-the-placement", [*SERVE[:-1], "{d}/placement.json"], "is also the input --placement"),
+    ("cluster-show-out-is-the-cluster", ["cluster", "show", "{d}/cluster.yaml", "--out", "{d}/cluster.yaml"],
+     "is also the input CLUSTER"),
+    ("report-out-is-the-results", ["report", "{d}/results.json", "--out", "{d}/results.json"], "is also the input RESULTS"),
+    ("plan-profile-meta-fifo", ["plan", "--profile", "{d}/fifo_prof", "--cluster", "{d}/cluster.yaml", "--method", "lfu",
+                                "--out", "{d}/new.json"], "not a profile folder"),
     ("cluster-show-out-fifo", ["cluster", "show", "{d}/cluster.yaml", "--out", "{d}/fifo"], "FIFO"),
     ("unknown-command", ["bogus"], "No such command"),
     ("unknown-option", ["plan", "--colour", "red"], "No such option"),
@@ -253,13 +391,13 @@ def test_the_table_is_big_enough():
 
 
 @pytest.mark.parametrize(("argv", "fix"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input_is_one_clear_line_and_touches_nothing(d, argv, fix):
+def test_bad_input_is_one_clear_line_and_touches_nothing(d, far, argv, fix):
     before = snapshot(d)
-    result = CliRunner().invoke(app, [a.format(d=d) for a in argv])
+    result = CliRunner().invoke(app, [a.format(d=d, far=far) for a in argv])
     err = result.stderr
     assert result.exit_code == 2, (result.exit_code, err, result.stdout, result.exception)
     assert err.startswith("error: ") and err.count("\n") == 1 and err.endswith("\n"), err
-    assert fix in err, err
+    assert fix.format(d=d) in err, err
     assert "Traceback" not in result.output and "internal error" not in err
     assert snapshot(d) == before
 
@@ -335,3 +473,87 @@ def test_demo_dilation_reaches_the_experiment(tmp_path, monkeypatch):
                                           *argv])
         assert result.exit_code == 2 and "stop here" in result.stderr, result.output
         assert seen[-1] == (want, "ray")
+
+
+def test_report_renders_what_evaluate_profile_wrote(d, tmp_path):
+    """`edgemoe report` on the results file of `edgemoe evaluate --profile` (once a KeyError: 'copies')."""
+    res = tmp_path / "replay.json"
+    run = CliRunner().invoke(app, ["evaluate", "--profile", str(d / "prof"), "--cluster", str(d / "cluster.yaml"),
+                                   "--method", "u=uniform:exact", "--requests", "4", "--out", str(res)])
+    assert run.exit_code == 0, run.output
+    rep = CliRunner().invoke(app, ["report", str(res), "--out", str(tmp_path / "rep")])
+    assert rep.exit_code == 0, (rep.stderr, rep.exception)
+    assert (tmp_path / "rep" / "report.md").is_file() and (tmp_path / "rep" / "placements.png").is_file()
+    # a results file written before replays kept the [L, E] copies renders too (no placements figure)
+    doc = json.loads(res.read_text())
+    for entry in doc["placements"].values():
+        entry.pop("copies")
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    rep = CliRunner().invoke(app, ["report", str(tmp_path / "old.json"), "--out", str(tmp_path / "rep2")])
+    assert rep.exit_code == 0, (rep.stderr, rep.exception)
+    assert not (tmp_path / "rep2" / "placements.png").exists()
+
+
+def test_a_failed_report_leaves_no_folder(d, tmp_path, monkeypatch):
+    import edgemoe.report.render as render
+
+    def broken(*_a, **_k):
+        raise EdgeMoEError("the traffic plot failed")
+
+    from edgemoe.errors import EdgeMoEError
+
+    monkeypatch.setattr(render, "plot_traffic", broken)
+    result = CliRunner().invoke(app, ["report", str(d / "results.json"), "--out", str(tmp_path / "rep")])
+    assert result.exit_code == 2 and "traffic plot failed" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_name_of_250_bytes_is_legal(d, tmp_path):
+    out = tmp_path / ("p" * 245 + ".json")
+    for _ in range(2):  # written, then replaced
+        result = CliRunner().invoke(app, ["plan", "--profile", str(d / "prof"), "--cluster", str(d / "cluster.yaml"),
+                                          "--method", "lfu", "--out", str(out)])
+        assert result.exit_code == 0, result.stderr
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]
+
+
+def test_ray_address_where_nothing_listens_is_one_line_within_the_deadline(d):
+    """`serve --ray-address` to a closed port: one clear line after the connect deadline, no Ray retries."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        result = CliRunner().invoke(app, ["serve", "--cluster", str(d / "cluster.yaml"), "--placement",
+                                          str(d / "pl_other_model.json"), "--profile", str(d / "other_prof"),
+                                          "--model", str(d / "model"), "--load-users", "1", "--out", str(d / "s.json"),
+                                          "--ray-address", f"127.0.0.1:{port}"])
+    assert result.exit_code == 2, (result.stderr, result.exception)
+    assert result.stderr.count("\n") == 1 and f"nothing answers at 127.0.0.1:{port}" in result.stderr, result.stderr
+    assert not (d / "s.json").exists()
+
+
+def test_ray_address_forms_are_checked_without_importing_ray(monkeypatch):
+    import socket
+    import sys
+
+    from edgemoe.distributed.serve import _reachable
+    from edgemoe.errors import EdgeMoEError
+
+    had_ray = "ray" in sys.modules
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+        with pytest.raises(EdgeMoEError, match=f"--ray-address auto: nothing answers at 127.0.0.1:{port}"):
+            _reachable("auto", timeout_s=2.0)
+        with pytest.raises(EdgeMoEError, match="nothing answers"):
+            _reachable(f"ray://127.0.0.1:{port}", timeout_s=2.0)
+    for bad in ("nonsense", "host:0", "host:99999", "host:port"):
+        with pytest.raises(EdgeMoEError, match="expected host:port"):
+            _reachable(bad, timeout_s=2.0)
+    with socket.socket() as s:  # something listening: the address is returned as given
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert _reachable(f"127.0.0.1:{s.getsockname()[1]}", timeout_s=2.0) == f"127.0.0.1:{s.getsockname()[1]}"
+    assert ("ray" in sys.modules) == had_ray

@@ -286,3 +286,180 @@ def test_claimed_folder_accepts_only_our_files(tmp_path):
     with pytest.raises(EdgeMoEError, match="not an edgemoe report"):
         io.claim_output_dir(user, "report", ("report.md",))
     assert (user / "report.md").read_text() == "my own report" and not (user / io.MARKER).exists()
+
+
+# ---------------------------------------------------------------------------------- guarded reads
+
+
+def test_reader_refuses_devices_fifos_and_folders_without_opening_them(tmp_path):
+    os.mkfifo(tmp_path / "fifo")  # opening a FIFO would block: the reader must not
+    (tmp_path / "link").symlink_to("/dev/zero")
+    for path, kind in (("/dev/zero", "a device"), (tmp_path / "fifo", "a FIFO"), (tmp_path / "link", "a device"),
+                       (tmp_path, "a folder")):
+        with pytest.raises(EdgeMoEError, match=kind):
+            io.read_text(path, "cluster file")
+        with pytest.raises(EdgeMoEError, match=kind):
+            list(io.read_lines(path, "trace file"))
+
+
+def test_reader_size_cap_is_checked_before_reading(tmp_path):
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:  # sparse: 2 GiB on paper, nothing on disk
+        f.truncate(2 << 30)
+    with pytest.raises(EdgeMoEError, match=r"big.json: the results file is 2,048 MiB, more than the 256 MiB"):
+        io.read_json(big, "results file")
+    small = tmp_path / "t.jsonl"
+    small.write_text('{"a": 1}\n' * 10)
+    with pytest.raises(EdgeMoEError, match="more than the 50 bytes"):
+        list(io.read_lines(small, "trace file", limit=50))
+    with pytest.raises(EdgeMoEError, match=r"t.jsonl:1: a line longer than 5 bytes"):
+        list(io.read_lines(small, "trace file", line_limit=5))
+
+
+def test_gzip_damage_is_named_with_the_line(tmp_path):
+    import gzip
+    import zlib
+
+    text = "".join(f'{{"i": {i}, "pad": "{"x" * (i % 50)}"}}\n' for i in range(20_000)).encode()
+    whole = gzip.compress(text, mtime=0)
+    assert [t for _, t in io.read_lines(_put(tmp_path / "ok.jsonl.gz", whole))] == text.decode().splitlines(True)
+    cut = _put(tmp_path / "cut.jsonl.gz", whole[: len(whole) // 2])
+    with pytest.raises(EdgeMoEError, match=r"cut.jsonl.gz:\d+: the trace file is damaged \(EOFError"):
+        list(io.read_lines(cut, "trace file"))
+    # a deflate block whose header is invalid: zlib.error, not an internal error
+    raw = zlib.compressobj(9, zlib.DEFLATED, -15)
+    body = raw.compress(text[:1000]) + raw.flush(zlib.Z_FULL_FLUSH)
+    bad = gzip.compress(b"", mtime=0)[:10] + body + b"\xff" * 64
+    with pytest.raises(EdgeMoEError, match=r"bad.gz:\d+: the trace file is damaged \((zlib\.)?error"):
+        list(io.read_lines(_put(tmp_path / "bad.gz", bad), "trace file"))
+    with pytest.raises(EdgeMoEError, match="not-gz.gz:1: the trace file is damaged"):
+        list(io.read_lines(_put(tmp_path / "not-gz.gz", b"plain"), "trace file"))
+
+
+def _put(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def test_stdin_is_read_only_when_asked(tmp_path, monkeypatch):
+    import io as stdio
+
+    class Stdin:
+        buffer = stdio.BufferedReader(stdio.BytesIO(b'{"a": 1}\n{"a": 2}\n'))
+
+    monkeypatch.setattr("sys.stdin", Stdin)
+    assert [n for n, _ in io.read_lines("-", "trace file")] == [1, 2]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(EdgeMoEError, match="-: placement not found"):  # a file called "-" for other inputs
+        io.read_json("-", "placement")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[" * 100_000 + "]" * 100_000, "nested too deep"),
+    ("[" * 65 + "]" * 65, "nested deeper than 64"),
+    ('{"n": ' + "7" * 5000 + "}", "an integer of 5000 digits"),
+    ('{"n": ' + "7" * 41 + "}", "an integer of 41 digits"),
+    ('{"n": 1,\n "m": }', r"x.json:2: invalid JSON"),
+])
+def test_json_limits(tmp_path, text, message):
+    with pytest.raises(EdgeMoEError, match=message):
+        io.read_json(_put(tmp_path / "x.json", text.encode()), "placement")
+
+
+def test_json_within_the_limits_reads_as_before(tmp_path):
+    doc = {"a": [[[1.5e300, -(2**63)]]], "b": {"c": None, "d": "x" * 1000}, "e": 2**64}
+    assert io.read_json(_put(tmp_path / "x.json", json.dumps(doc).encode())) == doc
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("a: " + "[" * 100_000, "nested too deep"),
+    ("a: " + "1" * 5000, "an integer of 5000 digits"),
+    ("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
+        for p, c in zip("abcdefgh", "bcdefghi", strict=True)), "more than 2,000,000 values"),
+    ("a: [1,\n  2\n  b: 3", r"c.yaml:\d+: cannot parse the YAML"),
+])
+def test_yaml_limits(text, message):
+    with pytest.raises(EdgeMoEError, match=message):
+        io.loads_yaml(text, "c.yaml")
+
+
+def test_toml_limits():
+    with pytest.raises(EdgeMoEError, match="integer of thousands of digits"):
+        io.loads_toml("a = " + "1" * 5000, "c.toml")
+    with pytest.raises(EdgeMoEError, match="nested too deep"):
+        io.loads_toml("a = " + "[" * 100_000 + "]" * 100_000, "c.toml")
+
+
+# ------------------------------------------------------------------------------- outputs (issue 22)
+
+
+def test_a_250_byte_output_name_works(tmp_path):
+    name = "r" * 245 + ".json"
+    assert len(name.encode()) == 250
+    io.atomic_write_json(tmp_path / name, {"x": 1})
+    io.atomic_write_json(tmp_path / name, {"x": 2})  # replacing it too
+    assert json.loads((tmp_path / name).read_text()) == {"x": 2}
+    folder = tmp_path / ("é" * 125)  # 250 bytes of two-byte characters: the cut never splits one
+    io.atomic_write_dir(folder, lambda t: (t / "a.txt").write_text("a"), kind="profile")
+    io.atomic_write_dir(folder, lambda t: (t / "a.txt").write_text("b"), kind="profile")
+    assert (folder / "a.txt").read_text() == "b"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, folder.name])
+    assert all(len(io.temp_prefix(n).encode()) + 12 <= io.NAME_MAX for n in (name, folder.name, "x" * 300))
+
+
+def _fill_disk(_tmp: Path) -> None:
+    """A writer whose disk is full: /dev/full answers every write with ENOSPC and no file name."""
+    with open("/dev/full", "wb") as f:
+        f.write(b"x" * 10)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_disk_full_names_the_output_and_keeps_the_old_one(tmp_path):
+    target = tmp_path / "placement.json"
+    target.write_text("old")
+    with pytest.raises(EdgeMoEError, match=r"placement.json: cannot write the output \(no space left on the device\)"):
+        io.atomic_write_with(target, _fill_disk)
+    with pytest.raises(EdgeMoEError, match=r"prof: cannot write the output \(no space left"):
+        io.atomic_write_dir(tmp_path / "prof", _fill_disk, kind="profile")
+    with pytest.raises(EdgeMoEError, match=r"rep: cannot write the output \(no space left"):
+        io.write_into_dir(tmp_path / "rep", _fill_disk, kind="report")
+    assert tree(tmp_path) == {"placement.json": b"old"}
+
+
+def test_write_into_dir_is_all_or_nothing(tmp_path):
+    def half(stage: Path) -> None:
+        (stage / "a.png").write_text("a")
+        raise EdgeMoEError("the second plot failed")
+
+    with pytest.raises(EdgeMoEError, match="second plot"):
+        io.write_into_dir(tmp_path / "rep", half, "report", ("*.png",))
+    assert list(tmp_path.iterdir()) == []  # not even created
+    io.write_into_dir(tmp_path / "rep", lambda s: (s / "a.png").write_text("1"), "report", ("*.png",))
+    with pytest.raises(EdgeMoEError, match="second plot"):
+        io.write_into_dir(tmp_path / "rep", half, "report", ("*.png",))
+    assert (tmp_path / "rep" / "a.png").read_text() == "1"  # the earlier report is whole
+
+
+def test_check_outputs_claims_every_output_the_same_way(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("{}\n")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "similarity.png").write_text("my figure")
+    cases = [
+        ({"--out": io.Output(trace, "profile")}, {"--trace": [trace]}, "--out .* is also the input --trace"),
+        ({"--out": io.Output(trace)}, {"--cluster": str(trace)}, "is also the input --cluster"),
+        ({"--out": io.Output(tmp_path / "d", "profile"), "--report": io.Output(tmp_path / "d", "report")}, {},
+         "--out and --report name the same file"),
+        ({"--out": io.Output(tmp_path / "p", "profile"), "--report": io.Output(tmp_path / "p" / "r", "report")}, {},
+         "--report .* is inside the profile folder --out"),
+        ({"--out": io.Output(tmp_path, "profile")}, {"--trace": [trace]}, "inside the profile folder --out .* replaced whole"),
+        ({"--report": io.Output(mine, "profile report", action="write into")}, {}, "--report: .*refusing to write into"),
+        ({"--out": io.Output("/dev/null")}, {}, "--out: /dev/null is a device"),
+    ]
+    for outputs, inputs, message in cases:
+        with pytest.raises(EdgeMoEError, match=message):
+            io.check_outputs(outputs, inputs)
+    io.check_outputs({"--out": io.Output(tmp_path / "new.json"), "--expert-map": io.Output(None)}, {"--trace": [trace, "-"]})
+    assert (mine / "similarity.png").read_text() == "my figure"

@@ -11,7 +11,8 @@ Layers, lowest first (a module may import its own layer and any layer below it):
  5. `plan`      builds its `PlanProblem` from a profile and a cluster (`plan.problem`); planners
  6. `runtime`   policies, the metrics record every backend fills, and the simulator / local backends
  7. `distributed` the Ray backend (hosts runtime policies on actors)
- 8. `eval`      experiments that run every backend side by side
+ 8. `eval`      experiments that run every backend side by side; `serve` the HTTP service (beside eval: both
+                run the backends, eval for experiments, serve for clients; neither imports the other)
  9. `report`    plots and reports from results files
 10. `cli`       `edgemoe.cli`, the typer app over everything
 
@@ -42,7 +43,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("plan",),
     ("runtime",),
     ("distributed",),
-    ("eval",),
+    ("eval", "serve"),
     ("report",),
     ("cli",),
 )

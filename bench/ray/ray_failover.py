@@ -101,12 +101,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "ray_failover.json")
     args = ap.parse_args()
 
-    from bench.common import setup
+    from bench.common import environment, setup
     from edgemoe.distributed.cli import load_prompts
     from edgemoe.distributed.serve import Client, Deployment, start_ray, stop_ray
     from edgemoe.distributed.server import ServerConfig
     from edgemoe.io import atomic_write_json
-    from edgemoe.results import environment
 
     rng = np.random.default_rng(args.seed)
     ctx, path = setup("exact")

@@ -41,14 +41,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "ray_sweep.json")
     args = ap.parse_args()
 
-    from bench.common import setup
+    from bench.common import environment, setup
     from edgemoe.distributed.cli import load_prompts
     from edgemoe.distributed.loadrun import calibrate, measure_load
     from edgemoe.distributed.measure import predicted_metrics
     from edgemoe.distributed.serve import Client, Deployment, start_ray, stop_ray
     from edgemoe.distributed.server import ServerConfig
     from edgemoe.io import atomic_write_json
-    from edgemoe.results import environment
 
     ctx, path = setup("exact")
     prompts = load_prompts("default", 32, 16)

@@ -84,12 +84,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--users", type=int, default=16)
     args = ap.parse_args()
+    from bench.common import environment
     from edgemoe.distributed.cli import load_prompts, run_load
     from edgemoe.distributed.serve import Client, Deployment, start_ray, stop_ray
     from edgemoe.distributed.server import HomeEngine, LocalTransport, ServerConfig, ServerCore
     from edgemoe.distributed.weights import checkpoint_hidden_size
     from edgemoe.distributed.wire import ExpertCall, GenerateRequest
-    from edgemoe.results import environment
 
     ray = __import__("ray")  # after edgemoe.distributed, which switches Ray's token authentication on
     ctx, path = setup("exact")

@@ -54,11 +54,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="demo shape at 8 and 16 servers only")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "ordermoe_scale.json"))
     args = ap.parse_args()
+    from bench.common import environment
     from bench.studies.ordermoe_placement import demo_inputs
     from edgemoe.io import atomic_write_json
     from edgemoe.plan import plan, plan_problem
     from edgemoe.profile import synthetic_profile
-    from edgemoe.results import environment
 
     # imports and first-call setup outside the timed calls
     plan(plan_problem(synthetic_profile(2, 4, 2, 50), "edge8", domain_fallback=True), "ordermoe", max_evals=1)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import RESULTS
+from bench.common import RESULTS, environment
 from edgemoe.io import atomic_write_json, atomic_write_with
 from edgemoe.plan import planners
 from edgemoe.plan.base import empty_hosts
@@ -34,7 +34,6 @@ from edgemoe.plan.slimcaching.bounds import instance_bounds
 from edgemoe.plan.slimcaching.multimodel import combine_models
 from edgemoe.plan.synthetic import synthetic_problem
 from edgemoe.profile import synthetic_profile
-from edgemoe.results import environment
 
 SLOW_SKIP_S = 20.0  # a planner slower than this at one point of a sweep skips the larger points
 BASE = dict(num_servers=10, num_users=50, num_layers=8, num_experts=8, top_k=2, slots_per_server=12,

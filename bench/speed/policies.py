@@ -19,13 +19,12 @@ import time
 
 import numpy as np
 
-from bench.common import RESULTS
+from bench.common import RESULTS, environment
 from edgemoe.cluster import generate, load_cluster
 from edgemoe.io import atomic_write_json
 from edgemoe.plan import plan_problem
 from edgemoe.plan.base import plan
 from edgemoe.profile import synthetic_profile
-from edgemoe.results import environment
 from edgemoe.runtime import make_context, make_policy
 
 POLICIES = [("exact", {}), ("drop", {}), ("slimcaching", {}), ("ordermoe(H=0)", {"horizon": 0}),

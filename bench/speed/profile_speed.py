@@ -13,11 +13,11 @@ from pathlib import Path
 
 import torch
 
+from bench.common import environment
 from edgemoe.data import shared_corpus, stdlib_code
 from edgemoe.io import atomic_write_json
 from edgemoe.models import load_moe, load_tokenizer
 from edgemoe.profile.collect import collect_profile, profile_blocks_for
-from edgemoe.results import environment
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "profile_speed.json"
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.common import RESULTS
+from bench.common import RESULTS, environment
 from edgemoe.cluster import load_cluster
 from edgemoe.io import atomic_write_json
 from edgemoe.plan import plan_problem
 from edgemoe.plan.base import plan
 from edgemoe.profile import synthetic_profile
-from edgemoe.results import environment
 from edgemoe.runtime import make_context, make_policy
 from edgemoe.runtime.sim.simulate import simulate
 from edgemoe.runtime.sim.workload import Trace, Workload

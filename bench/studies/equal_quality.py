@@ -53,8 +53,7 @@ from edgemoe.io import atomic_write_json
 from edgemoe.results import environment
 from edgemoe.runtime.policies.field_baselines import kind_scales
 
-REPO = RESULTS.parents[1]
-
+REPO = Path(__file__).resolve().parents[2]
 MODELS = ("default-upcycled", "default")
 # (name, policy, fixed params, sweep budgets on evaluation text besides 0 and the calibrated points)
 ORDERMOE_SWEEP = (0.05, 0.2, 0.5)  # per token-layer, OrderMoE's unit (gate-weighted measured error, squared)
@@ -75,9 +74,6 @@ CALIB_STEPS = 4  # bisection halvings per operating point (the demo: 6; fewer to
 
 
 def run_model(model: str, cfg: ExperimentConfig, log) -> dict:
-    from edgemoe.runtime.simulate import simulate
-    from edgemoe.runtime.workload import Workload
-
     from edgemoe.cluster.load import load_cluster
     from edgemoe.models import load_moe, load_tokenizer
     from edgemoe.models.scoring import quality_metrics
@@ -86,6 +82,8 @@ def run_model(model: str, cfg: ExperimentConfig, log) -> dict:
     from edgemoe.runtime import make_context, make_policy
     from edgemoe.runtime.dense import dense_cost_of_model
     from edgemoe.runtime.local import score_local
+    from edgemoe.runtime.sim.simulate import simulate
+    from edgemoe.runtime.sim.workload import Workload
 
     t_model = time.perf_counter()
     adapter, tokenizer = load_moe(model), load_tokenizer(model)
@@ -275,7 +273,7 @@ def main() -> None:
     for model in args.models.split(","):
         models.append(run_model(model, replace(cfg, model=model), print))
     doc = {"schema": "edgemoe.bench.equal_quality/1", "environment": environment(),
-           "load_before": list(load0), "load_after": list(os.getloadavg()),
+           "load_average_start": list(load0), "load_average_end": list(os.getloadavg()),
            "cpu_s": round(time.process_time() - c0, 1), "wall_s": round(time.perf_counter() - w0, 1),
            "config": {"cluster": "edge8", "mode": "migrate", "eval_tokens": ev, "calib_quality_tokens": ca,
                       "num_requests": cfg.num_requests, "prompt_tokens": cfg.prompt_tokens, "gen_tokens": cfg.gen_tokens,

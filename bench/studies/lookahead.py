@@ -23,14 +23,13 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.common import RESULTS
+from bench.common import RESULTS, environment
 from edgemoe.cluster import load_cluster
 from edgemoe.eval.paper_scale import PaperScaleConfig, scenario_profiles
 from edgemoe.io import atomic_write_json
 from edgemoe.plan import plan_problem
 from edgemoe.plan.base import plan
 from edgemoe.profile.groups import groups_for
-from edgemoe.results import environment
 from edgemoe.runtime import make_context, make_policy
 from edgemoe.runtime.sim.simulate import simulate
 from edgemoe.runtime.sim.workload import Trace, Workload

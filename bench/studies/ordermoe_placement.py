@@ -119,9 +119,9 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "ordermoe_placement.json"))
     ap.add_argument("--param", action="append", default=[], help="ordermoe planner key=value")
     args = ap.parse_args()
+    from bench.common import environment
     from edgemoe.io import atomic_write_json
     from edgemoe.params import parse_params
-    from edgemoe.results import environment
 
     cache_dir = Path(args.cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)

@@ -24,12 +24,11 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.common import RESULTS
+from bench.common import RESULTS, environment
 from edgemoe.eval.experiment import MethodSpec
 from edgemoe.eval.paper_scale import MODELS, PaperScaleConfig, scenario_profiles
 from edgemoe.eval.replay import replay_profile
 from edgemoe.io import atomic_write_json
-from edgemoe.results import environment
 from edgemoe.runtime.sim.workload import Workload
 
 SETTINGS = (  # (cluster, mode, policy, placements)

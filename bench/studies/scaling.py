@@ -144,8 +144,8 @@ def plot(doc: dict, path: Path) -> None:
 
 
 def main() -> None:
+    from bench.common import environment
     from bench.studies.ordermoe_placement import demo_inputs
-    from edgemoe.results import environment
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="default-upcycled")

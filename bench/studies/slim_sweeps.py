@@ -22,13 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import RESULTS
+from bench.common import RESULTS, environment
 from edgemoe.io import atomic_write_json, atomic_write_with
 from edgemoe.plan import plan
 from edgemoe.plan.base import empty_hosts
 from edgemoe.plan.objective import expected_latency
 from edgemoe.plan.synthetic import synthetic_problem
-from edgemoe.results import environment
 
 BASE = dict(num_servers=4, num_users=12, num_layers=6, num_experts=8, top_k=2, with_devices=True, num_tokens=1500,
             seed=0)

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from scipy.stats import spearmanr
 
+from bench.common import environment
 from edgemoe.data import shared_corpus, tokenize_blocks, wikitext_test
 from edgemoe.io import atomic_write_json
 from edgemoe.models import load_moe, load_tokenizer
@@ -35,7 +36,6 @@ from edgemoe.models.loader import resolve_model_path
 from edgemoe.models.scoring import perplexity, token_nll
 from edgemoe.models.upcycle import expert_spread
 from edgemoe.profile.collect import collect_profile, profile_blocks_for
-from edgemoe.results import environment
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "upcycle.json"
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"

@@ -90,9 +90,10 @@ def _mount_subcommands() -> None:
 
     app.add_typer(cluster_app, name="cluster")
     app.command("plan")(plan_command)
-    from edgemoe.distributed.cli import serve_command
+    from edgemoe.serve.cli import generate_command, serve_command
 
     app.command("serve")(serve_command)
+    app.command("generate")(generate_command)
 
 
 _mount_subcommands()
@@ -137,10 +138,13 @@ def train(
                                                "every expert, fresh router, MoE training")] = False,
 ):
     """Train the default model (Mixtral format) on the multi-domain corpus and save it with its recipe."""
-    from edgemoe.models.train import TrainConfig, train_default_model
+    from edgemoe.io import Output, check_outputs
+    from edgemoe.models.train import TrainConfig, is_trained_model_folder, train_default_model
 
     if max_minutes is not None:
         _finite(max_minutes, "--max-minutes")
+    out = out or Path("src/edgemoe/assets/default_upcycled_model" if upcycle else "src/edgemoe/assets/default_model")
+    check_outputs({"--out": Output(out, "model", is_trained_model_folder)}, {"--data": data})
     try:
         if upcycle:
             from dataclasses import replace
@@ -189,17 +193,12 @@ def profile(
         _profile_from_trace(list(trace or []) + list(more_traces or []), model_spec, out, report, bool(trace))
         return
     from edgemoe.data import resolve
-    from edgemoe.io import check_distinct_outputs, check_replaceable_dir, claim_output_dir
     from edgemoe.models import load_moe, load_tokenizer
     from edgemoe.profile.collect import collect_profile, profile_blocks_for
-    from edgemoe.profile.store import is_profile_folder
 
     if tokens < block_len:
         raise EdgeMoEError(f"--tokens {tokens} is less than --block-len {block_len}; give at least one block of tokens")
-    check_distinct_outputs(out=out, report=report)
-    check_replaceable_dir(out, "profile", is_profile_folder)  # before the model is loaded, not after
-    if report is not None:
-        check_replaceable_dir(report, "profile report", action="write into")
+    _claim_profile_outputs(out, report, {"--model": model, "--data": (data or "").split(":")[-1] or None})
     try:
         spec = data or default_data_spec()
         adapter = load_moe(model)
@@ -212,12 +211,30 @@ def profile(
         _fail(exc)
     typer.echo(_profile_summary(prof))
     typer.echo(f"wrote {out}")
-    if report is not None:
-        from edgemoe.profile.report import specialisation_report
+    _write_profile_report(prof, report)
 
-        claim_output_dir(report, "profile report", ("specialisation.json", "*.png"))
-        specialisation_report(prof, report)
-        typer.echo(f"wrote {report}/specialisation.json, usage_heatmaps.png, similarity.png")
+
+PROFILE_REPORT_FILES = ("specialisation.json", "*.png")
+
+
+def _claim_profile_outputs(out: Path, report: Path | None, inputs: dict) -> None:
+    """`profile`'s outputs, claimed before the model or the trace is read (edgemoe.io.check_outputs)."""
+    from edgemoe.io import Output, check_outputs
+    from edgemoe.profile.store import is_profile_folder
+
+    check_outputs({"--out": Output(out, "profile", is_profile_folder),
+                   "--report": Output(report, "profile report", action="write into")}, inputs)
+
+
+def _write_profile_report(prof, report: Path | None) -> None:
+    """The specialisation report, written all or nothing into `report` (edgemoe.io.write_into_dir)."""
+    if report is None:
+        return
+    from edgemoe.io import write_into_dir
+    from edgemoe.profile.report import specialisation_report
+
+    write_into_dir(report, lambda stage: specialisation_report(prof, stage), "profile report", PROFILE_REPORT_FILES)
+    typer.echo(f"wrote {report}/specialisation.json, usage_heatmaps.png, similarity.png")
 
 
 def _profile_from_trace(files: list[Path], spec: str | None, out: Path, report: Path | None, flagged: bool) -> None:
@@ -227,6 +244,7 @@ def _profile_from_trace(files: list[Path], spec: str | None, out: Path, report: 
     try:
         if not flagged:
             raise EdgeMoEError(f"unexpected argument {str(files[0])!r}; trace files follow --trace")
+        _claim_profile_outputs(out, report, {"--trace": files, "--model-spec": spec})
         prof, tr = trace_profile(files, spec)
         prof.save(out)
     except EdgeMoEError as exc:
@@ -247,11 +265,7 @@ def _profile_from_trace(files: list[Path], spec: str | None, out: Path, report: 
     typer.echo(f"similarity from {prof.meta.similarity}; substitution error {prof.meta.subst_err_source}")
     typer.echo(_profile_summary(prof))
     typer.echo(f"wrote {out}")
-    if report is not None:
-        from edgemoe.profile.report import specialisation_report
-
-        specialisation_report(prof, report)
-        typer.echo(f"wrote {report}/specialisation.json, usage_heatmaps.png, similarity.png")
+    _write_profile_report(prof, report)
 
 
 def _profile_summary(prof) -> str:
@@ -296,11 +310,13 @@ def demo(
         ExperimentConfig,
         run_demo,
     )
-    from edgemoe.io import claim_output_dir
+    from edgemoe.io import Output, check_outputs, claim_output_dir
     from edgemoe.report.render import render_report
 
     _choice(backend, ("simulate", "ray"), "--backend")
     k = _demo_dilation(dilation, backend)
+    check_outputs({"--out": Output(out, "report", _is_report_folder, "write into")},
+                  {"--eval-data": (eval_data or "").split(":")[-1] or None})
     claim_output_dir(out, "report", REPORT_FILES, recognise=_is_report_folder)
     cfg = ExperimentConfig(eval_data=eval_data, ray_dilation=k)
     if quick:
@@ -340,6 +356,11 @@ def _demo_dilation(text: str, backend: str) -> float | None:
 def _demo_paper_scale(out: Path, quick: bool, shared_data: Path) -> None:
     """`edgemoe demo --scenario paper-scale` (edgemoe.eval.paper_scale)."""
     from edgemoe.eval.paper_scale import PaperScaleConfig, run_paper_scale
+    from edgemoe.io import Output, check_outputs, claim_output_dir
+
+    # claimed like every report folder: a user's folder (or its summary.md) is never written into
+    check_outputs({"--out": Output(out, "report", _is_report_folder, "write into")}, {"--shared-data": shared_data})
+    claim_output_dir(out, "report", (*REPORT_FILES, "summary.md"), recognise=_is_report_folder)
 
     cfg = PaperScaleConfig(shared_data=str(shared_data))
     if quick:
@@ -378,10 +399,12 @@ def evaluate(
         return
     from edgemoe.cluster import load_cluster
     from edgemoe.eval.experiment import Comparison, ExperimentConfig, run_experiment
-    from edgemoe.io import file_target, publish_file
+    from edgemoe.io import Output, check_outputs, file_target, publish_file, temp_prefix
 
     _choice(mode, ("migrate", "home"), "--mode")
     specs = _parse_methods(method or ["exact=uniform:exact", "ordermoe=ordermoe:ordermoe"])
+    check_outputs({"--out": Output(out)}, _evaluate_inputs(cluster, specs, model=model, eval_data=eval_data,
+                                                           calib_data=calib_data))
     load_cluster(cluster)  # a bad cluster fails now, not after the model ran
     target = file_target(out)
     cfg = ExperimentConfig(model=model, eval_data=eval_data, calib_data=calib_data, eval_tokens=eval_tokens,
@@ -390,7 +413,7 @@ def evaluate(
     # The experiment names its file after the comparison; it writes into a private folder beside the
     # target, so nothing next to --out (e.g. X.json beside X.md) is touched.
     target.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    work = Path(tempfile.mkdtemp(dir=target.parent, prefix=temp_prefix(target.name), suffix=".tmp"))
     try:
         with _experiment_log([comp]) as log:
             (path,) = run_experiment(cfg, [comp], work, log=log)
@@ -423,11 +446,13 @@ def _evaluate_profile(profile: Path, out: Path, cluster: str, mode: str, method:
                       rate: float, plan_profile: Path | None = None) -> None:
     """`edgemoe evaluate --profile`: simulator-only replay of a profile (edgemoe.eval.replay)."""
     from edgemoe.eval.replay import DEFAULT_METHODS, evaluate_profile_file
+    from edgemoe.io import Output, check_outputs
     from edgemoe.results import load_results, markdown_table, methods_table
     from edgemoe.runtime.sim.workload import Workload
 
     try:
         specs = _parse_methods(method or list(DEFAULT_METHODS))
+        check_outputs({"--out": Output(out)}, _evaluate_inputs(cluster, specs, profile=profile, plan_profile=plan_profile))
         workload = Workload(num_requests=requests, prompt_tokens=16, gen_tokens=16, rate_per_s=rate)
         path = evaluate_profile_file(profile, cluster, specs, out, mode=mode, workload=workload, log=typer.echo,
                                      plan_profile_dir=plan_profile)
@@ -435,6 +460,15 @@ def _evaluate_profile(profile: Path, out: Path, cluster: str, mode: str, method:
         _fail(exc)
     typer.echo(markdown_table(methods_table(load_results(path))))
     typer.echo(f"wrote {path}")
+
+
+def _evaluate_inputs(cluster: str, specs, **given) -> dict:
+    """Every path `evaluate` reads, by flag (for edgemoe.io.check_outputs): the cluster file, placement
+    files named by --method, profiles, the model and data when they are paths."""
+    inputs = {f"--{k.replace('_', '-')}": (str(v).split(":")[-1] if isinstance(v, str) else v) for k, v in given.items()}
+    inputs["--cluster"] = cluster
+    inputs["--method"] = [s.placement for s in specs]
+    return inputs
 
 
 def _parse_method(text: str):
@@ -475,16 +509,16 @@ def report(
     out: Annotated[Path, typer.Option(help="output folder")] = Path("runs/report"),
 ):
     """Re-render plots and the Markdown/HTML report from results files."""
-    from edgemoe.io import claim_output_dir
+    from edgemoe.io import Output, check_outputs, write_into_dir
     from edgemoe.report.render import render_report
     from edgemoe.results import load_results
 
+    check_outputs({"--out": Output(out, "report", _is_report_folder, "write into")}, {"RESULTS": list(results)})
     for p in results:
         load_results(p)  # every input is valid before the output folder is made
-    claim_output_dir(out, "report", REPORT_FILES, recognise=_is_report_folder)
-    try:
-        path = render_report(results, out)
-    except EdgeMoEError as exc:
-        _fail(exc)
+    # rendered into a private folder first: a failure leaves --out as it was (not half-written, not created)
+    write_into_dir(out, lambda stage: render_report(results, stage), "report", REPORT_FILES,
+                            recognise=_is_report_folder)
+    path = Path(out) / "report.md"
     typer.echo(f"wrote {path} and {path.with_suffix('.html')}")
 

@@ -8,6 +8,7 @@ traceback (`write_traceback`) and exit status 1.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import tempfile
@@ -45,12 +46,17 @@ def expected_message(exc: BaseException) -> str | None:
         return one_line(f"a file is not UTF-8 text ({exc.reason} at byte {exc.start}); give a UTF-8 text file")
     if isinstance(exc, OSError) and exc.errno is not None:
         where = f"{exc.filename}: " if exc.filename else ""
+        if not where and exc.errno == errno.ENOSPC:  # a write outside edgemoe.io's paths, which name the output
+            return one_line("no space left on the device (the file being written was not named); free space and rerun")
         return one_line(f"{where}{exc.strerror or exc}")
     name = type(exc).__name__
     module = type(exc).__module__ or ""
     if name == "ValidationError" and module.startswith("pydantic"):
         return one_line(_pydantic_message(exc))
     if name == "SafetensorError" or module.startswith("safetensors"):
+        text = str(exc)
+        if "StorageFull" in text or "No space left" in text or "os error 28" in text:
+            return one_line(f"a safetensors file could not be written: no space left on the device ({exc})")
         return one_line(f"a safetensors file is corrupt or unreadable ({exc}); re-create it")
     return None
 

@@ -26,6 +26,7 @@ import shutil
 import stat
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from edgemoe.errors import EdgeMoEError
@@ -46,6 +47,8 @@ def _kind_of(mode: int) -> str:
         return "a socket"
     if stat.S_ISDIR(mode):
         return "a folder"
+    if stat.S_ISREG(mode):
+        return "a regular file"
     return "not a regular file"
 
 
@@ -122,6 +125,33 @@ def _output_mode(existing: Path | None, directory: bool = False) -> int:
     return (0o777 if directory else 0o666) & ~mask
 
 
+NAME_MAX = 255  # bytes in one file name on Linux file systems (ext4, xfs, btrfs, tmpfs)
+
+
+def temp_prefix(name: str) -> str:
+    """The prefix of a temporary beside an output called `name`: ".NAME." cut so that the whole temporary
+    name (prefix, 8 random characters, ".tmp") fits NAME_MAX bytes, whatever the length of `name`."""
+    room = NAME_MAX - len(".") - len(".") - 8 - len(".tmp")
+    raw = os.fsencode(name)[:room]
+    return "." + os.fsdecode(raw.decode("utf-8", "ignore").encode("utf-8")) + "."
+
+
+def _write_error(path, exc: BaseException) -> EdgeMoEError | None:
+    """The EdgeMoEError for a write that the system refused (disk full, quota, read-only, I/O error), naming
+    the output `path` (the OS error often names only a temporary, or nothing); None for anything else."""
+    code = exc.errno if isinstance(exc, OSError) else None
+    text = str(exc)
+    if code is None and ("StorageFull" in text or "No space left" in text or "os error 28" in text):
+        code = errno.ENOSPC  # safetensors reports the OS error inside its own message
+    if code is None:
+        return None
+    why = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+           errno.EROFS: "the file system is read-only", errno.EFBIG: "the file is too large for the file system"}
+    reason = why.get(code, os.strerror(code))
+    return EdgeMoEError(f"{path}: cannot write the output ({reason}); nothing was replaced: free space or give "
+                        "another path")
+
+
 # --------------------------------------------------------------------------------------------- files
 
 
@@ -133,7 +163,7 @@ def atomic_write_with(path: str | os.PathLike, writer: Callable[[Path], None]) -
     target = file_target(path)
     _make_parent(target)
     try:
-        fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=temp_prefix(target.name), suffix=".tmp")
     except OSError as exc:
         raise EdgeMoEError(f"{path}: cannot write in {target.parent} ({exc.strerror})") from None
     os.close(fd)
@@ -144,8 +174,11 @@ def atomic_write_with(path: str | os.PathLike, writer: Callable[[Path], None]) -
         _fsync_file(tmp)
         file_target(path)  # still a regular file (or absent) at the last moment
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        err = None if isinstance(exc, EdgeMoEError) else _write_error(path, exc)
+        if err is not None:
+            raise err from None
         raise
     _fsync_dir(target.parent)
     return Path(path)
@@ -318,7 +351,7 @@ def atomic_write_dir(path: str | os.PathLike, writer: Callable[[Path], None], ki
         _refuse_foreign(target, kind, recognise)
     _make_parent(target)
     try:
-        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=temp_prefix(target.name), suffix=".tmp"))
     except OSError as exc:
         raise EdgeMoEError(f"{path}: cannot write in {target.parent} ({exc.strerror})") from None
     try:
@@ -330,7 +363,7 @@ def atomic_write_dir(path: str | os.PathLike, writer: Callable[[Path], None], ki
             _refuse_foreign(target, kind, recognise)  # re-check: it may have changed while we worked
             if not _exchange(tmp, target):
                 # No atomic swap on this platform: move the old one aside first (a short window).
-                aside = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".old"))
+                aside = Path(tempfile.mkdtemp(dir=target.parent, prefix=temp_prefix(target.name), suffix=".old"))
                 os.rmdir(aside)
                 os.replace(target, aside)
                 os.replace(tmp, target)
@@ -340,10 +373,13 @@ def atomic_write_dir(path: str | os.PathLike, writer: Callable[[Path], None], ki
         else:
             os.replace(tmp, target)
             _fsync_dir(target.parent)
-    except BaseException:
+    except BaseException as exc:
         if tmp.exists() and tmp != target:
             with contextlib.suppress(OSError):
                 shutil.rmtree(tmp)
+        err = None if isinstance(exc, EdgeMoEError) else _write_error(path, exc)
+        if err is not None:
+            raise err from None
         raise
     return Path(path)
 
@@ -369,27 +405,386 @@ def claim_output_dir(path: str | os.PathLike, kind: str, files: list[str] | tupl
     return target
 
 
+def write_into_dir(path: str | os.PathLike, writer: Callable[[Path], None], kind: str,
+                   files: list[str] | tuple[str, ...] = (), recognise: Callable[[Path], bool] | None = None) -> Path:
+    """Fill a folder edgemoe writes named files into (a report) all or nothing: `writer(stage)` fills a
+    private folder beside `path`; only when it returns is `path` claimed (`claim_output_dir`) and each
+    entry moved in with one rename. A failed writer leaves `path` as it was (not even created).
+    Returns the real folder."""
+    target = resolve_target(path)
+    check_replaceable_dir(target, kind, recognise, action="write into")
+    _make_parent(target)
+    try:
+        stage = Path(tempfile.mkdtemp(dir=target.parent, prefix=temp_prefix(target.name), suffix=".tmp"))
+    except OSError as exc:
+        raise EdgeMoEError(f"{path}: cannot write in {target.parent} ({exc.strerror})") from None
+    try:
+        writer(stage)
+        names = sorted(_entries(stage))
+        claim_output_dir(target, kind, tuple(files) + tuple(names), recognise)
+        _fsync_tree(stage)
+        for name in names:
+            if (target / name).is_dir() and not (target / name).is_symlink():
+                raise EdgeMoEError(f"{target / name}: is a folder where the {kind} writes a file")
+            os.replace(stage / name, target / name)
+        _fsync_dir(target)
+    except BaseException as exc:
+        err = None if isinstance(exc, EdgeMoEError) else _write_error(path, exc)
+        if err is not None:
+            raise err from None
+        raise
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return target
+
+
+@dataclass(frozen=True)
+class Output:
+    """One output a command is about to write: a file (`folder=None`) or a folder of `folder` kind that
+    is replaced whole (`action="replace"`, a profile, a model) or written into (`"write into"`, a report)."""
+
+    path: str | os.PathLike | None
+    folder: str | None = None
+    recognise: Callable[[Path], bool] | None = None
+    action: str = "replace"
+
+
+def _inside(child: str, parent: str) -> bool:
+    return child != parent and child.startswith(parent.rstrip(os.sep) + os.sep)
+
+
+def check_outputs(outputs: dict[str, Output], inputs: dict[str, object] | None = None) -> None:
+    """Claim every output of a command before any work, the same way for all commands.
+
+    outputs: flag -> Output; inputs: flag -> a path or a list of paths the command reads. Refused, each
+    with one EdgeMoEError naming the flags and paths: two outputs that are the same file; an output inside
+    another output folder; an output that is one of the inputs; an input inside a folder that would be
+    replaced; an output file that exists as anything but a regular file; an output folder that is not ours
+    (`check_replaceable_dir`). Nothing is created or changed.
+    """
+    real = {flag: os.path.realpath(o.path) for flag, o in outputs.items() if o.path is not None}
+    seen: dict[str, str] = {}
+    for flag, key in real.items():
+        if key in seen:
+            raise EdgeMoEError(f"{seen[key]} and {flag} name the same file {outputs[flag].path}; "
+                               "give each output its own path")
+        seen[key] = flag
+    for flag, key in real.items():
+        for other, okey in real.items():
+            if outputs[other].folder is not None and _inside(key, okey):
+                raise EdgeMoEError(f"{flag} {outputs[flag].path} is inside the {outputs[other].folder} folder "
+                                   f"{other} {outputs[other].path}; give it a path outside")
+    for iflag, given in (inputs or {}).items():
+        paths = given if isinstance(given, list | tuple) else [given]
+        for p in paths:
+            if p is None or is_stdin(p) or not os.path.lexists(p):
+                continue
+            ikey = os.path.realpath(p)
+            for flag, key in real.items():
+                if ikey == key:
+                    raise EdgeMoEError(f"{flag} {outputs[flag].path} is also the input {iflag} {p}; "
+                                       "give the output its own path (edgemoe never writes over its inputs)")
+                out = outputs[flag]
+                if out.folder is not None and out.action == "replace" and _inside(ikey, key):
+                    raise EdgeMoEError(f"the input {iflag} {p} is inside the {out.folder} folder {flag} {out.path}, "
+                                       "which is replaced whole; give the output another path")
+    for flag, o in outputs.items():
+        if o.path is None:
+            continue
+        try:
+            if o.folder is None:
+                file_target(o.path)
+            else:
+                check_replaceable_dir(o.path, o.folder, o.recognise, o.action)
+        except EdgeMoEError as exc:
+            raise EdgeMoEError(f"{flag}: {exc}") from None
+
+
 # --------------------------------------------------------------------------------------------- reads
+#
+# One guarded reader for every file a user gives (traces, clusters, placements, profiles, results, model
+# configs, text): `input_file` checks it is a regular file (symlinks followed) no larger than its cap, and
+# the readers below keep to the cap while reading (a file that grows, stdin, a gzip stream that inflates).
+# Every failure is one EdgeMoEError naming the file, and the line where there is one.
+
+MiB = 1 << 20
+DOC_LIMIT_BYTES = 256 * MiB  # a JSON/YAML/TOML document (cluster, placement, results, meta.json, config.json)
+TRACE_LIMIT_BYTES = 64 * 1024 * MiB  # one routing trace, after decompression
+LINE_LIMIT_BYTES = 16 * MiB  # one JSONL line (a trace line of 4096 router logits is ~100 kB)
+TEXT_LIMIT_BYTES = 2048 * MiB  # one calibration text file
+MAX_DEPTH = 64  # nesting of lists/objects in a document; ours need 6
+MAX_VALUES = 2_000_000  # values in one document (counting YAML aliases as often as they are used)
+MAX_INT_DIGITS = 40  # longer integers are refused while parsing; every count edgemoe reads fits int64 (19 digits)
+STDIN = "-"
 
 
-def read_text(path: str | os.PathLike, what: str = "file", expected: str = "JSON") -> str:
-    """A UTF-8 text file's contents; a missing file, a folder or non-UTF-8 bytes is an EdgeMoEError naming the
-    path, `what` it is and the format `expected`."""
+def _size_text(n: int) -> str:
+    return f"{n / MiB:,.0f} MiB" if n >= MiB else f"{n:,} bytes"
+
+
+def is_stdin(path: str | os.PathLike) -> bool:
+    return str(path) == STDIN
+
+
+def input_file(path: str | os.PathLike, what: str = "file", expected: str = "JSON",
+               limit: int = DOC_LIMIT_BYTES) -> Path:
+    """Check that `path` is a readable regular file of at most `limit` bytes; return it.
+
+    Missing, a folder, a FIFO, a device (`/dev/zero`), a socket, or too large: EdgeMoEError naming the
+    path, `what` it is and the format `expected`.
+    """
     path = Path(path)
     try:
-        return path.read_text(encoding="utf-8")
+        st = path.stat()
     except FileNotFoundError:
         raise EdgeMoEError(f"{path}: {what} not found") from None
-    except IsADirectoryError:
-        raise EdgeMoEError(f"{path}: is a folder, expected a {what} ({expected})") from None
-    except UnicodeDecodeError:
-        raise EdgeMoEError(f"{path}: {what} is not UTF-8 text") from None
+    except OSError as exc:
+        raise EdgeMoEError(f"{path}: cannot read the {what} ({exc.strerror})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise EdgeMoEError(f"{path}: is a folder, expected a {what} ({expected})")
+    if not stat.S_ISREG(st.st_mode):
+        raise EdgeMoEError(f"{path}: is {_kind_of(st.st_mode)}, expected a {what} ({expected}) in a regular file")
+    if st.st_size > limit:
+        raise EdgeMoEError(f"{path}: the {what} is {_size_text(st.st_size)}, more than the {_size_text(limit)} "
+                           f"edgemoe reads from one {what}")
+    return path
 
 
-def read_json(path: str | os.PathLike, what: str = "file"):
-    """Parse a JSON file; a missing, unreadable, non-UTF-8 or invalid file is an EdgeMoEError naming the
-    path and `what` it is."""
+def _read_capped(stream, limit: int, path, what: str) -> bytes:
+    data = stream.read(limit + 1)
+    if len(data) > limit:
+        raise EdgeMoEError(f"{path}: the {what} holds more than the {_size_text(limit)} edgemoe reads from one {what}")
+    return data
+
+
+def read_bytes(path: str | os.PathLike, what: str = "file", expected: str = "JSON", limit: int = DOC_LIMIT_BYTES,
+               allow_stdin: bool = False) -> bytes:
+    """The bytes of a user's file (`input_file`'s checks), or of stdin for "-" when `allow_stdin`."""
+    if allow_stdin and is_stdin(path):
+        import sys
+
+        return _read_capped(sys.stdin.buffer, limit, "<stdin>", what)
+    real = input_file(path, what, expected, limit)
     try:
-        return json.loads(read_text(path, what))
+        with open(real, "rb") as f:
+            return _read_capped(f, limit, path, what)
+    except OSError as exc:
+        raise EdgeMoEError(f"{path}: cannot read the {what} ({exc.strerror or exc})") from None
+
+
+def _decode(data: bytes, path, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise EdgeMoEError(f"{path}: {what} is not UTF-8 text (line {line}, byte {exc.start})") from None
+
+
+def read_text(path: str | os.PathLike, what: str = "file", expected: str = "JSON", limit: int = DOC_LIMIT_BYTES,
+              allow_stdin: bool = False) -> str:
+    """A UTF-8 text file's contents (`read_bytes`); bytes that are not UTF-8 are an EdgeMoEError naming the
+    path and line."""
+    return _decode(read_bytes(path, what, expected, limit, allow_stdin), path, what)
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise _TooBig(len(text.lstrip("-")))
+    return int(text)
+
+
+class _TooBig(ValueError):
+    def __init__(self, digits: int):
+        super().__init__(digits)
+        self.digits = digits
+
+
+def _parse_error(exc: BaseException, source: str) -> EdgeMoEError | None:
+    """A clear EdgeMoEError for the limits parsers run into (deep nesting, huge integers), else None."""
+    if isinstance(exc, RecursionError):
+        return EdgeMoEError(f"{source}: lists or objects nested too deep (edgemoe reads at most {MAX_DEPTH} levels)")
+    if isinstance(exc, _TooBig):
+        return EdgeMoEError(f"{source}: an integer of {exc.digits} digits; edgemoe reads integers of at most "
+                            f"{MAX_INT_DIGITS} digits (counts and sizes fit 64 bits)")
+    if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
+        return EdgeMoEError(f"{source}: an integer of thousands of digits; edgemoe reads integers of at most "
+                            f"{MAX_INT_DIGITS} digits")
+    return None
+
+
+def check_tree(obj, source: str, max_depth: int = MAX_DEPTH, max_values: int = MAX_VALUES):
+    """Return `obj` (parsed JSON/YAML/TOML) if it nests at most `max_depth` levels, holds at most `max_values`
+    values and no integer longer than MAX_INT_DIGITS digits; else EdgeMoEError naming `source`.
+
+    Iterative, so it never recurses itself; a YAML alias counts each time it is used, so an alias bomb
+    stops at `max_values` instead of expanding in whatever walks the document next.
+    """
+    stack = [(obj, 1)]
+    seen = 0
+    while stack:
+        node, depth = stack.pop()
+        seen += 1
+        if seen > max_values:
+            raise EdgeMoEError(f"{source}: more than {max_values:,} values (YAML aliases count each time they are used)")
+        if isinstance(node, dict | list | tuple):
+            if depth > max_depth:
+                raise EdgeMoEError(f"{source}: lists or objects nested deeper than {max_depth} levels")
+            items = node.values() if isinstance(node, dict) else node
+            stack.extend((v, depth + 1) for v in items)
+            if isinstance(node, dict):
+                stack.extend((k, depth + 1) for k in node if not isinstance(k, str))
+        elif isinstance(node, int) and not isinstance(node, bool) and abs(node) >= 10**MAX_INT_DIGITS:
+            raise EdgeMoEError(f"{source}: an integer of more than {MAX_INT_DIGITS} digits; counts and sizes fit 64 bits")
+    return obj
+
+
+def loads_json(text: str, source: str, line_numbers: bool = True):
+    """Parse JSON text with the document limits (`check_tree`); errors name `source` (and the line, unless
+    `source` names it already: `line_numbers=False`)."""
+    try:
+        obj = json.loads(text, parse_int=_bounded_int)
     except json.JSONDecodeError as exc:
-        raise EdgeMoEError(f"{Path(path)}: invalid JSON ({exc})") from None
+        where = f"{source}:{exc.lineno}" if line_numbers else source
+        raise EdgeMoEError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+    except (RecursionError, ValueError) as exc:
+        err = _parse_error(exc, source)
+        if err is None:
+            raise
+        raise err from None
+    return check_tree(obj, source)
+
+
+def read_json(path: str | os.PathLike, what: str = "file", limit: int = DOC_LIMIT_BYTES):
+    """Parse a user's JSON file (`read_text`, `loads_json`); every failure is an EdgeMoEError naming the path
+    and `what` it is."""
+    return loads_json(read_text(path, what, "JSON", limit), str(Path(path)))
+
+
+def _yaml_loader():
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """PyYAML's safe loader with integers bounded like JSON's (MAX_INT_DIGITS)."""
+
+    def construct_int(loader, node):
+        digits = len(str(node.value).replace("_", "").lstrip("+-"))
+        if digits > MAX_INT_DIGITS:
+            raise _TooBig(digits)
+        return yaml.SafeLoader.construct_yaml_int(loader, node)
+
+    Loader.add_constructor("tag:yaml.org,2002:int", construct_int)
+    return Loader
+
+
+def loads_yaml(text: str, source: str):
+    """Parse YAML text (safe loader, integers bounded) with the document limits; errors name `source`."""
+    import yaml
+
+    try:
+        obj = yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise EdgeMoEError(f"{source}{where}: cannot parse the YAML ({one_line_of(exc)})") from None
+    except (RecursionError, ValueError) as exc:
+        err = _parse_error(exc, source)
+        if err is None:
+            raise
+        raise err from None
+    return check_tree(obj, source)
+
+
+def loads_toml(text: str, source: str):
+    """Parse TOML text with the document limits; errors name `source`."""
+    import tomllib
+
+    try:
+        obj = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise EdgeMoEError(f"{source}: cannot parse the TOML ({exc})") from None
+    except (RecursionError, ValueError) as exc:
+        err = _parse_error(exc, source)
+        if err is None:
+            raise
+        raise err from None
+    return check_tree(obj, source)
+
+
+def one_line_of(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+class _RawOf:
+    """A readable stream as a raw one, so that io.BufferedReader can give it peek()."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.closed = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        data = self.stream.read(len(buf))
+        buf[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def read_lines(path: str | os.PathLike, what: str = "file", expected: str = "JSONL, optionally gzip (.gz)",
+               limit: int = TRACE_LIMIT_BYTES, line_limit: int = LINE_LIMIT_BYTES,
+               allow_stdin: bool = True):
+    """Yield (line number from 1, text) of a text file, gzip-compressed when its name ends in .gz or its
+    bytes start with gzip's magic number; "-" reads stdin (when `allow_stdin`).
+
+    At most `limit` bytes after decompression and `line_limit` per line. A corrupt or truncated gzip
+    stream, bytes that are not UTF-8, or a limit passed: EdgeMoEError naming the path and line.
+    """
+    import gzip
+    import io as stdlib_io
+    import sys
+    import zlib
+
+    name = "<stdin>" if allow_stdin and is_stdin(path) else str(path)
+    if allow_stdin and is_stdin(path):
+        raw = sys.stdin.buffer
+        if not hasattr(raw, "peek"):  # a pipe-like stream without look-ahead: buffer it to see gzip's magic
+            raw = stdlib_io.BufferedReader(_RawOf(raw))
+        close = False
+    else:
+        real = input_file(path, what, expected, limit)
+        try:
+            raw = open(real, "rb")  # noqa: SIM115 - closed below
+        except OSError as exc:
+            raise EdgeMoEError(f"{path}: cannot read the {what} ({exc.strerror or exc})") from None
+        close = True
+    lineno, total = 0, 0
+    try:
+        head = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
+        stream = gzip.GzipFile(fileobj=raw, mode="rb") if name.endswith(".gz") or head == b"\x1f\x8b" else raw
+        while True:
+            try:
+                line = stream.readline(line_limit + 1)
+            except (OSError, EOFError, zlib.error) as exc:
+                raise EdgeMoEError(f"{name}:{lineno + 1}: the {what} is damaged ({type(exc).__name__}: "
+                                   f"{one_line_of(exc) or 'stream ends early'}); expected {expected}") from None
+            if not line:
+                return
+            lineno += 1
+            total += len(line)
+            if len(line) > line_limit:
+                raise EdgeMoEError(f"{name}:{lineno}: a line longer than {_size_text(line_limit)}; expected {expected}")
+            if total > limit:
+                raise EdgeMoEError(f"{name}: the {what} holds more than the {_size_text(limit)} edgemoe reads "
+                                   f"from one {what}")
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise EdgeMoEError(f"{name}:{lineno}: not UTF-8 text (byte {exc.start} of the line); "
+                                   f"expected {expected}") from None
+            yield lineno, text
+    finally:
+        if close:
+            raw.close()

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 from edgemoe.errors import EdgeMoEError
+
+INT32_MAX = 2**31 - 1  # every integer parameter is a count, a seed or a limit that fits a C int
 
 
 def parse_params(items: list[str] | None, flag: str = "--param") -> dict:
@@ -40,10 +40,12 @@ def parse_value(raw: str):
         except ValueError:
             pass
     if raw and raw[0] in "[{":
+        from edgemoe.io import loads_json
+
         try:
-            return json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise EdgeMoEError(f"parameter value {raw!r} looks like JSON but is not ({exc})") from None
+            return loads_json(raw, "parameter value", line_numbers=False)  # the document limits apply here too
+        except EdgeMoEError as exc:
+            raise EdgeMoEError(f"{exc} (a value that looks like JSON: {raw[:60]!r})") from None
     return raw
 
 
@@ -60,6 +62,8 @@ def _param_types() -> dict:
     from pydantic import Field
 
     def num(kind, **limits):
+        if kind is int:  # counts and seeds reach HiGHS and numpy as C ints: keep them in int32
+            limits.setdefault("le", INT32_MAX)
         return Annotated[kind, Field(**limits)]
 
     nonneg_float = num(float, ge=0)
@@ -102,11 +106,12 @@ def validate_params(fn, params: dict, owner: str, flag: str = "--param", skip: i
     """Check `params` against what `fn` (a planner function or a policy class) takes; return them typed.
 
     Unknown names are an error that lists the valid ones; each value must have the parameter's type and
-    lie in its range (`_param_types`), floats finite. `owner` names fn in messages ("planner 'exact'").
+    lie in its range (`_param_types`), floats finite, integers within int32 (HiGHS takes its limits as C ints). `owner` names fn in messages ("planner 'exact'").
     """
     import typing
+    from typing import Annotated
 
-    from pydantic import ConfigDict, ValidationError, create_model
+    from pydantic import ConfigDict, Field, ValidationError, create_model
 
     fields = _signature_fields(fn, skip)
     unknown = sorted(set(params) - set(fields))
@@ -116,6 +121,8 @@ def validate_params(fn, params: dict, owner: str, flag: str = "--param", skip: i
     spec = {}
     for name in params:
         annotation, _default = fields[name]
+        if annotation is int:
+            annotation = Annotated[int, Field(ge=-INT32_MAX - 1, le=INT32_MAX)]
         spec[name] = (types.get(name, annotation), ...)
     model = create_model("Params", __config__=ConfigDict(allow_inf_nan=False, arbitrary_types_allowed=True), **spec)
     try:

@@ -20,7 +20,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, NonNegativeFloat, NonNegativeInt, ValidationError, field_validator
 
 from edgemoe.errors import EdgeMoEError
 from edgemoe.io import atomic_write_json, read_json
@@ -64,28 +64,63 @@ class _Method(BaseModel):
         return v
 
 
+class _Placement(BaseModel):
+    """What the report draws of a placement: [L, E] copies off the cloud and [N] bytes held per node."""
+
+    model_config = ConfigDict(extra="allow")
+    copies: list[list[NonNegativeInt]] | None = None
+    bytes_used: list[NonNegativeFloat] | None = None
+
+    @field_validator("copies")
+    @classmethod
+    def _rectangular(cls, v):
+        if v is not None and (not v or not v[0] or len({len(row) for row in v}) != 1):
+            raise ValueError("must be an [L][E] table (every layer the same number of experts)")
+        return v
+
+
 class _Results(BaseModel):
-    # Extra top-level sections (budget sweep, groups, placements, summary) ride along for the report.
+    # Extra top-level sections (budget sweep, groups, summary) ride along for the report; the sections
+    # the report draws from are typed here so that a damaged one is an error naming it, not a crash.
     model_config = ConfigDict(extra="allow")
     schema_: str
     config: dict
     environment: dict
     methods: dict[str, _Method]
+    placements: dict[str, _Placement] | None = None
+    groups: dict[str, list[float]] | None = None
+    summary: list[str] | None = None
+    ppl_exact: float | None = None
 
 
 def environment() -> dict:
-    """Facts about where a run happened: versions, platform, git commit, time (UTC)."""
+    """Facts about where a run happened: versions, platform, git commit (and whether the tree had uncommitted
+    changes), time (UTC), the host's load average (1, 5, 15 min) and the CPU seconds this process and its
+    waited-for children had used when the record was made (Ray actors are not children: not counted)."""
+    import os
+    import resource
+    import time
+
     import numpy as np
 
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     env = {"python": platform.python_version(), "numpy": np.__version__, "platform": platform.platform(),
            "machine": platform.machine(), "time_utc": datetime.now(UTC).isoformat(timespec="seconds"),
-           "argv": list(sys.argv)}
-    try:
-        env["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                                           cwd=Path(__file__).parent).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        env["git_commit"] = None
+           "argv": list(sys.argv), "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
+           "cpu_s": round(time.process_time() + kids.ru_utime + kids.ru_stime, 1)}
+    env["git_commit"] = _git(["rev-parse", "HEAD"]) or None
+    status = _git(["status", "--porcelain", "--untracked-files=no"])
+    env["git_dirty"] = None if status is None and env["git_commit"] is None else bool(status)
     return env
+
+
+def _git(args: list[str]) -> str | None:
+    """The stripped stdout of `git ARGS` run beside this file, None when git is missing or fails."""
+    try:
+        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def results_dict(config: dict, methods: dict[str, dict], env: dict | None = None) -> dict:

@@ -363,3 +363,31 @@ def test_the_docs_example_is_a_valid_cluster():
     assert c.lat_s[cloud, b] == pytest.approx(0.025) and c.lat_s[b, cloud] == pytest.approx(0.020)
     assert c.path("phone", "cloud") == ["phone", "a", "cloud"]
     assert c.bw_Bps[a, phone] > c.bw_Bps[phone, a]  # 43 dBm down vs 23 dBm up
+
+
+def test_yaml_bare_exponents_read_as_numbers(tmp_path, three_edge_cluster_yaml):
+    """PyYAML (YAML 1.1) reads `4e6` and `4.0e6` as strings; they are numbers in the base unit."""
+    from edgemoe.cluster import load_cluster
+
+    path = tmp_path / "c.yaml"
+    path.write_text(three_edge_cluster_yaml.replace("memory: 8MB", "memory: 4e6").replace("latency: 5ms", "latency: 5.0e-3"))
+    c = load_cluster(path)
+    assert c.nodes[2].memory_bytes == 4_000_000 and c.lat_s[0, 1] == pytest.approx(5e-3)
+
+
+def test_every_number_of_a_cluster_is_finite_and_bounded(triangle):
+    import copy
+
+    for path, value, message in (
+        (("nodes", 0, "memory"), float("inf"), "finite"), (("nodes", 0, "memory"), 2**60, "<="),
+        (("nodes", 0, "utilisation"), float("nan"), "finite"), (("links", 0, "latency"), 1e9, "<="),
+        (("users", 0, "weight"), 1e300, "less than or equal"),
+        (("nodes", 1, "compute", "peak_flops"), float("inf"), "finite"),
+    ):
+        bad = copy.deepcopy(triangle)
+        node = bad
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        with pytest.raises(EdgeMoEError, match=message):
+            build_cluster(bad, "t")

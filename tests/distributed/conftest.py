@@ -50,7 +50,18 @@ def ray_session():
     pytest.importorskip("ray")
     from edgemoe.distributed.serve import start_ray, stop_ray
 
-    info = start_ray(("a", "b", "c"))
+    # A dead RAY_ADDRESS stands for a stale /tmp/ray/ray_current_cluster (another program's): start_ray must
+    # start its own instance anyway (address="local"), not try to join it (issue 22).
+    saved = os.environ.get("RAY_ADDRESS")
+    os.environ["RAY_ADDRESS"] = "127.0.0.1:9"
+    try:
+        info = start_ray(("a", "b", "c"))
+    finally:
+        if saved is None:
+            os.environ.pop("RAY_ADDRESS")
+        else:
+            os.environ["RAY_ADDRESS"] = saved
+    assert info["started"] and info["address"] == "local"
     yield info
     stop_ray()
 

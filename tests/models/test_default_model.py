@@ -35,11 +35,33 @@ def test_shape_and_size(name):
 
 @pytest.mark.parametrize("name", PACKAGED)
 def test_recipe_records_training(name):
+    """The recipe's values describe the model shipped beside it: its config is the checkpoint's, its
+    parameter and token counts add up, and its losses are those of a model that learned something."""
+    import math
+
     recipe = json.loads((default_model_path(name) / "recipe.json").read_text())
     for key in ("command", "config", "train_minutes", "heldout_perplexity", "data"):
         assert key in recipe
     assert recipe["data"]["never_trained_on"] == "WikiText-2 test"
     assert set(recipe["heldout_perplexity"]) >= {"wiki", "gutenberg", "shakespeare", "code", "wikitext2_test"}
+    cfg = recipe["config"].get("model", recipe["config"])  # the upcycled recipe nests the model's config
+    adapter = load_moe(name)
+    c = adapter.config
+    assert (cfg["vocab_size"], cfg["hidden_size"], cfg["intermediate_size"], cfg["num_layers"], cfg["num_experts"],
+            cfg["top_k"]) == (c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers,
+                              c.num_local_experts, c.num_experts_per_tok)
+    assert recipe["parameters"] == sum(p.numel() for p in adapter.model.parameters())
+    # every optimizer step sees one batch of full blocks
+    assert recipe["tokens_seen"] == recipe["steps_done"] * cfg["batch_size"] * cfg["block_len"]
+    if name == "default":
+        assert 0 < recipe["steps_done"] <= cfg["steps"]
+    else:
+        assert recipe["steps_done"] == recipe["dense_steps_done"] + recipe["moe_steps_done"]
+    assert recipe["train_minutes"] > 0
+    # learned: well below the uniform guess ln(V); held-out perplexity between 1 and a tenth of the vocabulary
+    assert 0 < recipe["final_train_loss"] < 0.6 * math.log(cfg["vocab_size"])
+    for domain, ppl in recipe["heldout_perplexity"].items():
+        assert 1.0 < ppl < cfg["vocab_size"] / 10, (domain, ppl)
 
 
 def test_upcycled_model_matches_the_default_shape_and_tokenizer():

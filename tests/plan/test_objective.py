@@ -77,6 +77,24 @@ def test_other_users_devices_serve_nobody():
 
 
 def test_no_cloud_uses_a_finite_miss_penalty():
-    p = synthetic_problem(with_cloud=False, seed=2)
-    value = expected_latency(p, empty_hosts(p))
-    assert np.isfinite(value) and value > 0
+    """The golden example without its cloud, by hand: a missing expert costs MISS_PENALTY_FACTOR (10) x the
+    slowest finite call (the edge call, 10 s) = 100 s, and a layer costs its slowest expert."""
+    import dataclasses
+
+    from edgemoe.plan.objective import MISS_PENALTY_FACTOR
+
+    p = golden_problem()
+    q = dataclasses.replace(p, node_names=p.node_names[:3], node_kind=p.node_kind[:3], capacity_bytes=p.capacity_bytes[:3],
+                            comm_s=p.comm_s[:, :3], compute_s=p.compute_s[:3])
+    assert MISS_PENALTY_FACTOR == 10.0
+    hosts = empty_hosts(q)
+    assert expected_latency_per_user(q, hosts) == pytest.approx([100.0, 100.0])  # everything misses
+    hosts[0, 0, [0, 1]] = True  # the edge holds {0, 1}: u0's {0, 1} costs 10, its {1, 2} misses 2; u1's {0, 2} misses 2
+    assert expected_latency_per_user(q, hosts) == pytest.approx([(10.0 + 100.0) / 2, 100.0])
+    hosts[2, 0, 2] = True  # d1 holds 2 for u1 alone: {0, 2} = max(edge 10, own device 5)
+    assert expected_latency_per_user(q, hosts) == pytest.approx([55.0, 10.0])
+    assert expected_latency(q, hosts) == pytest.approx(0.75 * 55.0 + 0.25 * 10.0)
+    # on a larger problem the penalty stays finite and above every finite call
+    big = synthetic_problem(with_cloud=False, seed=2)
+    value = expected_latency(big, empty_hosts(big))
+    assert np.isfinite(value) and value >= MISS_PENALTY_FACTOR * big.call_s()[np.isfinite(big.call_s())].max() * 0.999

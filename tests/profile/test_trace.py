@@ -161,10 +161,10 @@ def test_conflicting_domain_and_empty_and_missing_files(tmp_path):
         read_trace([path], "mixtral-8x7b")
     with pytest.raises(EdgeMoEError, match="no route lines"):
         read_trace([_write(tmp_path / "m.jsonl", ['{"type": "meta"}\n'])], "mixtral-8x7b")
-    with pytest.raises(EdgeMoEError, match="does not exist"):
+    with pytest.raises(EdgeMoEError, match="trace file not found"):
         read_trace([tmp_path / "nope.jsonl"], "mixtral-8x7b")
     (tmp_path / "bad.jsonl.gz").write_bytes(b"not gzip")
-    with pytest.raises(EdgeMoEError, match="bad.jsonl.gz: cannot read"):
+    with pytest.raises(EdgeMoEError, match="bad.jsonl.gz:1: the trace file is damaged"):
         read_trace([tmp_path / "bad.jsonl.gz"], "mixtral-8x7b")
 
 
@@ -241,3 +241,61 @@ def test_pair_counted_statistics_equal_one_hot_brute_force():
     counts = np.einsum("tle,tlf->lef", onehot[:, :-1], onehot[:, 1:])
     assert np.allclose(stats.transitions(topk, E), counts / counts.sum(2, keepdims=True))
     assert np.allclose(stats.coselection_similarity(topk, gates, E), stats.router_similarity(weighted))
+
+
+# ------------------------------------------------------- what profile --trace writes, plan accepts (issue 22)
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_any_float = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([1e308, -1e308, 65504.0, 7e4, 1e4, -0.0, 5e-324])
+
+
+@st.composite
+def _token_lines(draw):
+    lines = []
+    for t in range(draw(st.integers(1, 4))):
+        ids = draw(st.lists(st.integers(0, 7), min_size=2, max_size=2, unique=True))
+        line = {"req_id": "r", "token_idx": t, "layer": 0, "topk_ids": ids,
+                "topk_weights": draw(st.lists(_any_float, min_size=2, max_size=2))}
+        if draw(st.booleans()):
+            line["router_logits"] = draw(st.lists(_any_float, min_size=8, max_size=8))
+        lines.append(line)
+    if any("router_logits" in x for x in lines) and not all("router_logits" in x for x in lines):
+        for x in lines:
+            x.pop("router_logits", None)
+    return lines
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=_token_lines())
+def test_whatever_profile_trace_accepts_plan_accepts(tmp_path_factory, lines):
+    """Any trace `profile --trace` reads gives a profile that `load_profile` and the planners accept: the
+    trace reader refuses every number the profile could not store (NaN, inf, negative or huge gates,
+    logits beyond float16), with the file and line."""
+    folder = tmp_path_factory.mktemp("prop")
+    path = _write(folder / "t.jsonl", [json.dumps({"type": "route", **x}) + "\n" for x in lines])
+    try:
+        prof, _ = trace_profile([path], "mixtral-8x7b")
+    except EdgeMoEError as exc:
+        assert "t.jsonl:" in str(exc) and ("topk_weights" in str(exc) or "router_logits" in str(exc)), exc
+        return
+    prof.save(folder / "p")
+    loaded = load_profile(folder / "p")
+    placement = plan(plan_problem(loaded, "device-edge-cloud"), "lfu")
+    assert placement.hosts.shape[1:] == (1, 8)
+
+
+def test_profile_trace_reads_stdin_for_a_dash(tmp_path):
+    """`edgemoe profile --trace -` reads one trace from stdin (plain or gzip), like a file."""
+    from typer.testing import CliRunner
+
+    from edgemoe.cli import app
+
+    text = "".join(_line(req_id=f"r{i}", layer=k, topk_ids=[i % 8, (i + 1) % 8]) for i in range(6) for k in range(32))
+    for name, data in (("plain", text.encode()), ("gz", gzip.compress(text.encode(), mtime=0))):
+        out = tmp_path / name
+        result = CliRunner().invoke(app, ["profile", "--model-spec", "mixtral-8x7b", "--out", str(out), "--trace", "-"],
+                                    input=data)
+        assert result.exit_code == 0, (result.stderr, result.exception)
+        assert load_profile(out).num_tokens == 6

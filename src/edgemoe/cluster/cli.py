@@ -20,12 +20,15 @@ def show(
     profile: Annotated[Path | None, typer.Option("--profile", help="profile folder: show memory fractions in bytes")] = None,
 ) -> None:
     """Print a table of the cluster's nodes and links, and optionally draw its topology."""
+    from edgemoe.io import Output, check_outputs
+
     from .load import load_cluster
     from .schema import validate_for_model
     from .show import draw_topology, link_summary, node_table
 
     console = Console()
     try:
+        check_outputs({"--out": Output(out)}, {"CLUSTER": cluster, "--profile": profile})
         c = load_cluster(cluster)
         total = None
         if profile is not None:

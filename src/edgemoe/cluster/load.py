@@ -7,26 +7,21 @@ its clusters through `schema.build_cluster`; only this module resolves a name to
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
-import yaml
-
 from edgemoe.errors import EdgeMoEError
-from edgemoe.io import read_text
+from edgemoe.io import loads_toml, loads_yaml, read_text
 
 from .presets import PRESETS, preset_path
 from .schema import Cluster, build_cluster
 
 
 def read_cluster_file(path: str | Path) -> dict:
-    """Parse a .yaml/.yml/.toml cluster file into a dict (no validation)."""
+    """Parse a .yaml/.yml/.toml cluster file into a dict (no validation), through edgemoe.io's guarded
+    reader (regular files only, size, nesting and integer limits)."""
     path = Path(path)
     text = read_text(path, "cluster file", ".yaml/.toml")
-    try:
-        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
-    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
-        raise EdgeMoEError(f"{path}: cannot parse ({exc})") from None
+    data = loads_toml(text, str(path)) if path.suffix == ".toml" else loads_yaml(text, str(path))
     if not isinstance(data, dict):
         raise EdgeMoEError(f"{path}: a cluster file is a mapping with nodes, links and users")
     return data
@@ -38,6 +33,6 @@ def load_cluster(path_or_preset: str | Path) -> Cluster:
     if name in PRESETS:
         return build_cluster(read_cluster_file(preset_path(name)), source=name)
     path = Path(path_or_preset)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         raise EdgeMoEError(f"{name}: no such cluster file or preset; presets: {sorted(PRESETS)}")
     return build_cluster(read_cluster_file(path), source=str(path))

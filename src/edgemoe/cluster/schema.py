@@ -29,19 +29,33 @@ NodeKind = Literal["device", "edge", "cloud"]
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _quantity(parser, value: Any, *, minimum: float, what: str, strict: bool = False) -> float:
+# Upper bounds that keep every number finite and every array it becomes exact: bytes end up in int64 arrays
+# and sums of them (2**53 B = 9 PB per node is exact in a float too); a one-way latency above a day is a typo
+# that would otherwise turn the path closure into "disconnected"; user loads are normalised by their sum.
+MAX_BYTES = 2**53
+MAX_LATENCY_S = 86_400.0
+MAX_LOAD = 1e12
+
+
+def _quantity(parser, value: Any, *, minimum: float, what: str, strict: bool = False,
+              maximum: float = math.inf) -> float:
     try:
         number = parser(value)
     except units.UnitError as exc:
         raise ValueError(str(exc)) from None
-    if math.isnan(number) or number < minimum or (strict and number == minimum):
+    if not math.isfinite(number):
+        raise ValueError(f"{what} must be a finite number, got {value!r}")
+    if number < minimum or (strict and number == minimum):
         bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
         raise ValueError(f"{what} must be {bound}, got {value!r}")
+    if number > maximum:
+        raise ValueError(f"{what} must be <= {maximum:g}, got {value!r}")
     return number
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # allow_inf_nan=False: every float field of a cluster file is finite (NaN/inf is refused with its path)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ComputeIn(_Strict):
@@ -79,7 +93,7 @@ class NodeIn(_Strict):
     @field_validator("memory", mode="before")
     @classmethod
     def _memory(cls, v: Any) -> float | None:
-        return None if v is None else _quantity(units.parse_bytes, v, minimum=0, what="memory (bytes)")
+        return None if v is None else _quantity(units.parse_bytes, v, minimum=0, maximum=MAX_BYTES, what="memory (bytes)")
 
     @field_validator("compute", mode="before")
     @classmethod
@@ -134,7 +148,8 @@ class LinkIn(_Strict):
     @field_validator("latency", "reverse_latency", mode="before")
     @classmethod
     def _latency(cls, v: Any) -> float | None:
-        return None if v is None else _quantity(units.parse_seconds, v, minimum=0, what="one-way latency (s)")
+        return None if v is None else _quantity(units.parse_seconds, v, minimum=0, maximum=MAX_LATENCY_S,
+                                                what="one-way latency (s)")
 
     @field_validator("bandwidth", "reverse_bandwidth", mode="before")
     @classmethod
@@ -167,7 +182,7 @@ class WirelessAccessIn(_Strict):
     @field_validator("latency", mode="before")
     @classmethod
     def _latency(cls, v: Any) -> float:
-        return _quantity(units.parse_seconds, v, minimum=0, what="one-way latency (s)")
+        return _quantity(units.parse_seconds, v, minimum=0, maximum=MAX_LATENCY_S, what="one-way latency (s)")
 
     @field_validator("bandwidth_hz", mode="before")
     @classmethod
@@ -178,8 +193,8 @@ class WirelessAccessIn(_Strict):
 class UserIn(_Strict):
     name: str = Field(min_length=1)
     home: str
-    weight: float | None = Field(default=None, ge=0.0)  # share of tokens (normalised over users)
-    arrival_rate: float | None = Field(default=None, ge=0.0)  # tokens/s; normalised into a weight
+    weight: float | None = Field(default=None, ge=0.0, le=MAX_LOAD)  # share of tokens (normalised over users)
+    arrival_rate: float | None = Field(default=None, ge=0.0, le=MAX_LOAD)  # tokens/s; normalised into a weight
     domain: str
 
     @model_validator(mode="after")
@@ -431,14 +446,26 @@ def _expand_link(link: LinkIn, src: Node, dst: Node, where: str, source: str) ->
     else:
         w = link.wireless
         gain = _gain_db(w, src, dst, where, source)
-        rate_fwd = float(radio.shannon_rate_Bps(w.bandwidth_hz, w.tx_power_dbm, gain, w.noise_dbm_per_hz))
-        rate_back = float(radio.shannon_rate_Bps(
-            w.reverse_bandwidth_hz or w.bandwidth_hz,
-            w.tx_power_dbm if w.reverse_tx_power_dbm is None else w.reverse_tx_power_dbm, gain, w.noise_dbm_per_hz,
-        ))
+        rate_fwd = _rate(w.bandwidth_hz, w.tx_power_dbm, gain, w.noise_dbm_per_hz, f"{where}.wireless", source)
+        rate_back = _rate(w.reverse_bandwidth_hz or w.bandwidth_hz,
+                          w.tx_power_dbm if w.reverse_tx_power_dbm is None else w.reverse_tx_power_dbm, gain,
+                          w.noise_dbm_per_hz, f"{where}.wireless (reverse)", source)
         forward = Link(src.name, dst.name, link.latency, rate_fwd, "wireless")
         backward = Link(dst.name, src.name, back_latency, rate_back, "wireless")
     return [forward, backward] if link.symmetric else [forward]
+
+
+def _rate(bandwidth_hz: float, tx_power_dbm: float, gain_db: float, noise_dbm_per_hz: float, where: str,
+          source: str) -> float:
+    """The Shannon rate (bytes/s) of one direction; a rate that is not a finite positive number (powers or
+    gains so extreme that the float arithmetic overflows or underflows) is an error naming the link."""
+    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        rate = float(radio.shannon_rate_Bps(bandwidth_hz, tx_power_dbm, gain_db, noise_dbm_per_hz))
+    if not math.isfinite(rate) or rate <= 0:
+        raise EdgeMoEError(f"{source}: {where}: the Shannon rate of tx power {tx_power_dbm:g} dBm, gain {gain_db:g} dB, "
+                           f"noise {noise_dbm_per_hz:g} dBm/Hz over {bandwidth_hz:g} Hz is {rate:g} bytes/s; "
+                           "expected a finite positive rate (check the powers and gains)")
+    return rate
 
 
 def _gain_db(w: WirelessIn, src: Node, dst: Node, where: str, source: str) -> float:
@@ -465,8 +492,9 @@ def _wireless_access(spec: WirelessAccessIn, nodes: tuple[Node, ...], source: st
             if d > spec.range_m:
                 continue
             gain = -float(radio.path_loss_db(d))
-            up = float(radio.shannon_rate_Bps(spec.bandwidth_hz, spec.device_tx_power_dbm, gain, spec.noise_dbm_per_hz))
-            down = float(radio.shannon_rate_Bps(spec.bandwidth_hz, spec.server_tx_power_dbm, gain, spec.noise_dbm_per_hz))
+            where = f"wireless_access ({dev.name} <-> {srv.name})"
+            up = _rate(spec.bandwidth_hz, spec.device_tx_power_dbm, gain, spec.noise_dbm_per_hz, where, source)
+            down = _rate(spec.bandwidth_hz, spec.server_tx_power_dbm, gain, spec.noise_dbm_per_hz, where, source)
             links += [Link(dev.name, srv.name, spec.latency, up, "wireless"),
                       Link(srv.name, dev.name, spec.latency, down, "wireless")]
     return links

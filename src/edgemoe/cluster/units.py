@@ -1,6 +1,7 @@
 """Quantities with units in cluster files: "6GiB", "5ms", "100Mbit/s", "989TFLOPS", "10MHz".
 
-Every parser accepts a plain number (already in the base unit: bytes, seconds, bytes/s, FLOP/s, Hz)
+Every parser accepts a plain number (already in the base unit: bytes, seconds, bytes/s, FLOP/s, Hz),
+the same number written as a string (PyYAML reads `4e6` as the string "4e6": YAML 1.1 wants `4.0e+6`),
 or a string of a number followed by a unit. Decimal prefixes are powers of 1000, binary ones (Ki, Mi,
 Gi, Ti) powers of 1024. Rates in bits ("Mbit/s", "Mbps") are converted to bytes/s.
 """
@@ -37,6 +38,8 @@ def _parse(value: object, units: dict[str, float], what: str) -> float:
     if not isinstance(value, str):
         raise UnitError(f"expected {what} as a number or a string like '10{next(iter(units))}', got {value!r}")
     match = _NUMBER.match(value)
+    if match is not None and match.group(2) == "":  # a bare number in a string: YAML reads 4e6 as "4e6"
+        return float(match.group(1))
     if match is None or match.group(2) not in units:
         examples = ", ".join(sorted(units)[:8])
         raise UnitError(f"cannot read {value!r} as {what}; use a number or one of the units {examples}, ...")

@@ -54,10 +54,11 @@ def _unit_hash(identifier: str) -> float:
 
 
 def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise EdgeMoEError(f"{path}: cannot read ({exc.strerror})") from exc
+    """A text file through edgemoe.io's guarded reader (a regular file within the size cap); bytes that are
+    not UTF-8 become U+FFFD."""
+    from edgemoe.io import TEXT_LIMIT_BYTES, read_bytes
+
+    return read_bytes(path, "text file", "UTF-8 text", TEXT_LIMIT_BYTES).decode("utf-8", errors="replace")
 
 
 def from_path(path: str | Path, domain: str | None = None, chunk_chars: int = 20_000) -> TextSource:
@@ -70,7 +71,7 @@ def from_path(path: str | Path, domain: str | None = None, chunk_chars: int = 20
     path = Path(path)
     if not path.exists():
         raise EdgeMoEError(f"data path {str(path)!r} does not exist (expected a text file or a folder of them)")
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
+    files = [path] if not path.is_dir() else sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
     if not files:
         raise EdgeMoEError(f"data folder {str(path)!r} holds no text files (suffixes {', '.join(TEXT_SUFFIXES)})")
     docs: list[tuple[str, str]] = []

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from edgemoe.errors import EdgeMoEError
+from edgemoe.errors import EdgeMoEError, fail
 from edgemoe.params import parse_params
 
 
@@ -38,12 +38,13 @@ def serve_command(
     out: Annotated[Path, typer.Option(help="where the load run's metrics go (JSON)")] = Path("runs/serve.json"),
 ):
     """Run the cluster's servers as Ray actors (one per node, pinned by the `edgemoe_node_<name>` resource)."""
-    from edgemoe.io import atomic_write_text, file_target
+    from edgemoe.io import Output, atomic_write_text, check_outputs
 
     from .serve import Deployment, start_ray
 
     try:
-        file_target(out)
+        check_outputs({"--out": Output(out)}, {"--cluster": cluster, "--placement": placement, "--profile": profile,
+                                               "--model": model})
         k = _dilation(dilation)
         ctx, cfg = _checked_inputs(cluster, placement, profile, model, policy, param, mode, wire, domain_fallback,
                                    links and ray_address is None)
@@ -75,8 +76,7 @@ def serve_command(
                               indent=1, default=float))
         typer.echo(f"wrote {out}")
     except EdgeMoEError as exc:
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(code=2) from None
+        fail(exc)  # one line, like every other command (a cluster file's errors span several)
     except KeyboardInterrupt:
         typer.echo("stopped")
 

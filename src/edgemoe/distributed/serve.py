@@ -63,6 +63,8 @@ def start_ray(node_names=(), address: str | None = None, num_cpus: int = 2,
 
     from . import RAY_IMPORTED_TOO_EARLY
 
+    if address:
+        address = _reachable(address)  # one clear line now, instead of Ray's retries and warnings
     if auth and (os.environ.get("RAY_AUTH_MODE") != "token" or RAY_IMPORTED_TOO_EARLY):
         if "ray" in sys.modules:  # Ray read the mode at import: too late to switch it on here
             raise EdgeMoEError("Ray was imported before token authentication was chosen: import edgemoe.distributed "
@@ -73,15 +75,59 @@ def start_ray(node_names=(), address: str | None = None, num_cpus: int = 2,
         return {"started": False, "address": "already initialised"}
     common = dict(namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
     if address:
+        # Ray's own wait for a GCS that stops answering is bounded too (its default is a minute of retries)
+        os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", str(int(CONNECT_TIMEOUT_S)))
         ray.init(address=address, **common)
         return {"started": False, "address": address, "auth": os.environ.get("RAY_AUTH_MODE", "disabled")}
     # No dashboard, no Ray client server, no job API: the only entry points are Ray's core RPCs, which
     # token authentication guards; with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (set by edgemoe.distributed)
     # they listen on 127.0.0.1 only (docs/distributed.md "Security").
-    ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=int(object_store_bytes),
+    # address="local": always a fresh instance of our own. Without it Ray joins whatever RAY_ADDRESS or a
+    # stale /tmp/ray/ray_current_cluster (left by any earlier `ray start`) names, and then refuses num_cpus.
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, object_store_memory=int(object_store_bytes),
              _node_ip_address="127.0.0.1", resources={node_resource(n): 1.0 for n in node_names}, **common)
     return {"started": True, "address": "local", "auth": os.environ.get("RAY_AUTH_MODE", "disabled"),
             "dashboard": False}
+
+
+CONNECT_TIMEOUT_S = 10.0  # seconds to reach a Ray cluster's GCS port before giving up with one line
+
+
+def _reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str:
+    """`address` ("host:port", "ray://host:port" or "auto") if something accepts a TCP connection at its
+    host:port within `timeout_s`, else EdgeMoEError saying so. "auto" is resolved the way Ray does
+    (RAY_ADDRESS, then the latest local cluster) and returned resolved."""
+    import socket
+
+    target = address
+    if address == "auto":  # Ray's lookup without importing Ray (token authentication is chosen before that)
+        target = os.environ.get("RAY_ADDRESS") or _latest_local_cluster()
+        if not target:
+            raise EdgeMoEError("--ray-address auto: no running Ray cluster found (no RAY_ADDRESS, no "
+                               "/tmp/ray/ray_current_cluster); give host:port")
+    hostport = target.split("://", 1)[-1].rstrip("/")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise EdgeMoEError(f"--ray-address {address!r}: expected host:port (or ray://host:port, or auto)")
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__)
+        raise EdgeMoEError(f"--ray-address {address}: nothing answers at {host}:{port} within {timeout_s:g} s ({why}); "
+                           "check the address and that the Ray cluster runs (`ray status` there)") from None
+    return target if address == "auto" else address
+
+
+def _latest_local_cluster() -> str | None:
+    """The address in /tmp/ray/ray_current_cluster (written by `ray start`), or None."""
+    from edgemoe.io import read_text
+
+    path = "/tmp/ray/ray_current_cluster"
+    if not os.path.exists(path):
+        return None
+    text = read_text(path, "Ray cluster address file", "host:port", limit=4096).strip()
+    return text.splitlines()[0].strip() if text else None
 
 
 def stop_ray() -> None:

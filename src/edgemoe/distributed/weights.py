@@ -18,7 +18,6 @@ supported decoder family; Switch Transformers' encoder-decoder layout is not ser
 
 from __future__ import annotations
 
-import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 
 from edgemoe.errors import EdgeMoEError
+from edgemoe.io import read_json
 
 _PER_EXPERT = re.compile(r"^(?P<prefix>.*?layers\.(?P<layer>\d+)\.(?:block_sparse_moe|mlp))\.experts\.(?P<e>\d+)\."
                          r"(?P<part>w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
@@ -42,7 +42,10 @@ def checkpoint_files(path: str | Path) -> dict[str, Path]:
     path = Path(path)
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        weight_map = read_json(index, "checkpoint index")
+        weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise EdgeMoEError(f"{index}: weight_map must map tensor names to safetensors file names")
         return {k: path / v for k, v in weight_map.items()}
     single = path / "model.safetensors"
     if not single.is_file():
@@ -56,7 +59,9 @@ def checkpoint_files(path: str | Path) -> dict[str, Path]:
 
 def checkpoint_hidden_size(path: str | Path) -> int:
     """The model's hidden size from its config.json (the width of every hidden state on the wire)."""
-    config = json.loads((Path(path) / "config.json").read_text())
+    config = read_json(Path(path) / "config.json", "model config")
+    if not isinstance(config, dict):
+        raise EdgeMoEError(f"{path}/config.json: a model config is a JSON object")
     size = config.get("hidden_size") or config.get("d_model")
     if not size:
         raise EdgeMoEError(f"{path}/config.json has no hidden_size")
@@ -152,7 +157,7 @@ class ExpertWeights:
         path = Path(path)
         files = checkpoint_files(path)
         index = expert_index(files)
-        config = json.loads((path / "config.json").read_text())
+        config = read_json(path / "config.json", "model config")
         pairs = sorted({(int(a), int(b)) for a, b in pairs})
         handles: dict[Path, object] = {}
         tensors = {}

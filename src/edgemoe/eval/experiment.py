@@ -603,7 +603,7 @@ def summarise(doc: dict) -> list[str]:
             out.append(f"{point} vs the fastest baseline calibrated to the same point ({best}): mean latency "
                        f"{om['latency_ms']['mean'] / b['latency_ms']['mean']:.2f}x, perplexity "
                        f"{100 * om['ppl_rel_increase']:+.2f}% vs {100 * b['ppl_rel_increase']:+.2f}% (same target, "
-                       f"not equal measured quality: bench/equal_quality.py interpolates at equal perplexity)")
+                       f"not equal measured quality: bench.studies.equal_quality interpolates at equal perplexity)")
     sc = {k: v for k, v in m.items() if v["policy"] == "slimcaching"}
     if "slimcaching@slimcaching" in sc:
         s = sc["slimcaching@slimcaching"]

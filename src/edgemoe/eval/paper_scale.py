@@ -147,8 +147,11 @@ def run_paper_scale(cfg: PaperScaleConfig, out_dir: str | Path, log: Callable[[s
               "load_average_start": load_start, "load_average_end": list(os.getloadavg()),
               "cpu_count": os.cpu_count()}
     log(f"paper-scale: {timing['wall_s']} s wall, {timing['cpu_s']} s CPU (load average {load_start} at the start)")
+    from edgemoe.results import environment
+
     atomic_write_json(out_dir / "summary.json", {"units": UNITS, "paper_mixtral_mean_ms": PAPER_MIXTRAL_MEAN_MS,
-                                                 "timing": timing, "config": asdict(cfg), "models": summary})
+                                                 "timing": timing, "config": asdict(cfg), "models": summary,
+                                                 "environment": environment()})
     atomic_write_text(out_dir / "summary.md", markdown(summary))
     return paths
 

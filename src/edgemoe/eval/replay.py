@@ -49,7 +49,7 @@ def resolve_placement(problem, placement: str, params: dict):
     A file must list the cluster's nodes (same names, same order) and the profile's (L, E); it is checked
     against the cluster's capacities, so a placement planned for another cluster cannot slip through.
     """
-    from edgemoe.plan.base import load_placement, plan
+    from edgemoe.plan.base import check_placement_fits, load_placement, plan
 
     t0 = time.process_time()
     if placement == "all-local":
@@ -59,15 +59,7 @@ def resolve_placement(problem, placement: str, params: dict):
     if params:
         raise EdgeMoEError(f"placement file {placement}: planner parameters {sorted(params)} do not apply to a file")
     pl = load_placement(placement)
-    L, E = problem.expert_bytes.shape
-    if pl.hosts.shape[1:] != (L, E):
-        raise EdgeMoEError(f"placement file {placement} has (L, E) = {pl.hosts.shape[1:]}, the profile has {(L, E)}")
-    if tuple(pl.node_names) != tuple(problem.node_names):
-        raise EdgeMoEError(f"placement file {placement} lists nodes {list(pl.node_names)}, the cluster has "
-                           f"{list(problem.node_names)} (plan it on the same cluster)")
-    if not np.array_equal(pl.expert_bytes, problem.expert_bytes):
-        raise EdgeMoEError(f"placement file {placement} was planned for other expert sizes than this profile's model")
-    replace(pl, capacity_bytes=np.asarray(problem.capacity_bytes, np.int64), node_kind=problem.node_kind).check_capacity()
+    check_placement_fits(pl, problem, f"placement file {placement}")  # errors name the file, not its planner
     return pl, 0.0
 
 
@@ -127,7 +119,7 @@ def replay_profile(profile, cluster, methods: Sequence, mode: str = "migrate", w
                 continue
             cache[key] = make_context(known, cluster_obj, pl, mode=mode, groups=groups, domain_fallback=fallback)
             placements[spec.placement] = {"method": pl.method, "from_file": is_placement_file(spec.placement),
-                                          "copies_mean": float(pl.replicas().mean()),
+                                          "copies": pl.replicas().tolist(), "copies_mean": float(pl.replicas().mean()),
                                           "bytes_used": pl.bytes_used().tolist(), "plan_cpu_seconds": round(cpu_s, 3),
                                           # the planners' model objective on the planning profile (in sample)
                                           "plan_objective_s": expected_latency(problem, pl.hosts),

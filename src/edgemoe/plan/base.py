@@ -144,12 +144,12 @@ def load_placement(path: str | Path) -> Placement:
     if len(set(nodes)) != len(nodes):
         raise EdgeMoEError(f"{path}: nodes {nodes} names a node twice")
     nodes = tuple(nodes)
-    try:
-        expert_bytes = np.asarray(d["expert_bytes"], dtype=np.int64)
-    except (TypeError, ValueError, OverflowError):
-        raise EdgeMoEError(f"{path}: expert_bytes must be an [L][E] table of integers") from None
-    if expert_bytes.ndim != 2 or expert_bytes.size == 0 or (expert_bytes <= 0).any():
-        raise EdgeMoEError(f"{path}: expert_bytes must be an [L][E] table of positive integers")
+    table = d["expert_bytes"]
+    if (not isinstance(table, list) or not table or not all(isinstance(row, list) and row for row in table)
+            or len({len(row) for row in table}) != 1
+            or not all(_is_count(b, 1) for row in table for b in row)):
+        raise EdgeMoEError(f"{path}: expert_bytes must be an [L][E] table of integers in [1, {MAX_BYTES}]")
+    expert_bytes = np.asarray(table, dtype=np.int64)
     L, E = expert_bytes.shape
     for key in ("hosts", "capacity_bytes"):
         if not isinstance(d[key], dict) or set(d[key]) != set(nodes):
@@ -168,8 +168,8 @@ def load_placement(path: str | Path) -> Placement:
     capacity = []
     for n in nodes:
         c = d["capacity_bytes"][n]
-        if isinstance(c, bool) or not isinstance(c, int) or c < 0:
-            raise EdgeMoEError(f"{path}: capacity_bytes[{n!r}] is {c!r}, expected a non-negative integer")
+        if not _is_count(c, 0):
+            raise EdgeMoEError(f"{path}: capacity_bytes[{n!r}] is {c!r}, expected an integer in [0, {MAX_BYTES}]")
         capacity.append(c)
     kinds = d.get("node_kind", {})
     if not isinstance(kinds, dict) or any(k not in ("device", "edge", "cloud") for k in kinds.values()):
@@ -188,20 +188,42 @@ def load_placement(path: str | Path) -> Placement:
     return placement
 
 
+MAX_BYTES = 2**53  # sizes and capacities a placement file may give: exact in int64 sums and in floats
+
+
+def _is_count(v, lo: int) -> bool:
+    """An integer (not a bool, not a float) in [lo, MAX_BYTES]."""
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= MAX_BYTES
+
+
+def check_placement_matches(placement: Placement, node_names, shape: tuple[int, int], source: str = "placement",
+                            model: str = "") -> None:
+    """Raise EdgeMoEError (naming `source`) unless `placement` holds experts of `shape` = (L, E) (the profile's;
+    `model` names it in the message) on exactly `node_names` (the cluster's: same names, same order).
+
+    The part of `check_placement_fits` that needs no planning problem: the runtime's context calls it with its
+    cluster and profile, the planners' side through `check_placement_fits`, so the rule is written once."""
+    L, E = shape
+    if placement.expert_bytes.shape != (L, E) or placement.hosts.shape[1:] != (L, E):
+        raise EdgeMoEError(f"{source}: planned for a model with (L, E) = {placement.expert_bytes.shape}, but the "
+                           f"profile{f' {model!r}' if model else ''} has ({L}, {E}); plan again for this model")
+    if tuple(placement.node_names) != tuple(node_names):
+        raise EdgeMoEError(f"{source}: nodes {list(placement.node_names)} do not match the cluster's "
+                           f"{list(node_names)} (same names, same order)")
+    if placement.hosts.shape[0] != len(node_names):
+        raise EdgeMoEError(f"{source}: hosts has shape {placement.hosts.shape}, expected {(len(node_names), L, E)}")
+
+
 def check_placement_fits(placement: Placement, problem: PlanProblem, source: str = "placement") -> None:
     """Raise EdgeMoEError (naming `source`) unless `placement` was made for this model and cluster:
-    the same (L, E) and expert sizes as the profile, the cluster's nodes in order, and every non-cloud
-    node's experts within the memory the cluster gives it now."""
+    the same (L, E) and expert sizes as the profile, the cluster's nodes in order (`check_placement_matches`),
+    and every non-cloud node's experts within the memory the cluster gives it now."""
     prof = problem.profile
-    if placement.expert_bytes.shape != (prof.L, prof.E):
-        raise EdgeMoEError(f"{source}: planned for a model with (L, E) = {placement.expert_bytes.shape}, but the "
-                           f"profile {prof.meta.model!r} has ({prof.L}, {prof.E}); plan again for this model")
-    if not np.array_equal(placement.expert_bytes, problem.expert_bytes):
+    if placement.expert_bytes.shape == (prof.L, prof.E) and not np.array_equal(placement.expert_bytes,
+                                                                               problem.expert_bytes):
         raise EdgeMoEError(f"{source}: expert sizes differ from the profile's ({prof.meta.model!r}): it was planned "
                            "for another model; plan again for this model")
-    if tuple(placement.node_names) != tuple(problem.node_names):
-        raise EdgeMoEError(f"{source}: nodes {list(placement.node_names)} do not match the cluster's "
-                           f"{list(problem.node_names)} (same names, same order)")
+    check_placement_matches(placement, problem.node_names, (prof.L, prof.E), source, prof.meta.model)
     used = placement.bytes_used()
     for n, name in enumerate(problem.node_names):
         if problem.node_kind[n] != "cloud" and used[n] > problem.capacity_bytes[n]:

@@ -103,7 +103,7 @@ def plan_command(
     from rich.console import Console
 
     from edgemoe.cluster.load import load_cluster
-    from edgemoe.io import check_distinct_outputs, file_target
+    from edgemoe.io import Output, check_outputs
     from edgemoe.plan.base import plan
     from edgemoe.plan.exact import TIME_LIMIT_S
     from edgemoe.plan.problem import plan_problem
@@ -113,10 +113,8 @@ def plan_command(
     console = Console()
     try:
         params = check_params(method, parse_params(param))
-        check_distinct_outputs(out=out, expert_map=expert_map)
-        file_target(out)
-        if expert_map is not None:
-            file_target(expert_map)
+        check_outputs({"--out": Output(out), "--expert-map": Output(expert_map)},
+                      {"--profile": profile, "--cluster": cluster})
         prof = load_profile(profile)
         problem = plan_problem(prof, load_cluster(cluster), domain_fallback=domain_fallback)
         start = time.perf_counter()

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from edgemoe.io import atomic_write_figure, atomic_write_json
+from edgemoe.results import environment
 
 from .store import Profile
 
@@ -76,6 +77,7 @@ def specialisation_report(profile: Profile, out_dir: str | Path, seed: int = 0) 
         # OrderMoE's groups: does router cosine predict measured substitution error, and how much traffic
         # gets a stand-in (router-cosine groups vs groups from measured error)
         "substitution": grouping_report(profile),
+        "environment": environment(),  # commit, load and CPU s of the run, as every results file records them
     }
     atomic_write_json(out_dir / "specialisation.json", report)
     _plot_usage(profile, out_dir / "usage_heatmaps.png")

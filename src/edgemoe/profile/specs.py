@@ -8,7 +8,6 @@ config instead. No torch, no transformers: planning from a trace needs neither.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,12 +109,11 @@ def model_spec(spec: str, dtype: str | None = None, wire_dtype: str | None = Non
     path = Path(spec)
     if path.is_dir():
         path = path / "config.json"
-    if not path.is_file():
+    if not path.exists():
         raise EdgeMoEError(f"--model-spec {spec!r}: not a built-in spec {list(BUILTIN)} and no config.json at {path}")
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise EdgeMoEError(f"{path}: cannot read the model config ({exc})") from exc
+    from edgemoe.io import read_json
+
+    config = read_json(path, "model config")
     if not isinstance(config, dict):
         raise EdgeMoEError(f"{path}: a config.json holds a JSON object")
     return spec_from_config(config, str(path), "", dtype, wire_dtype, source=str(path))

@@ -86,9 +86,13 @@ class Profile:
         return int(self.topk.shape[0])
 
     def save(self, path: str | Path) -> Path:
-        """Write the profile folder atomically (arrays.safetensors + meta.json)."""
+        """Write the profile folder atomically (arrays.safetensors + meta.json), after the checks
+        `load_profile` applies: a profile edgemoe writes is always one `plan` accepts."""
         from safetensors.numpy import save_file
 
+        validate_meta(self.meta, f"profile for {path}")
+        validate_shapes(self, f"profile for {path}")
+        validate_values(self, f"profile for {path}")
         arrays = {name: np.ascontiguousarray(getattr(self, name)) for name in ARRAY_FIELDS}
 
         def write(tmp: Path) -> None:

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from edgemoe.errors import EdgeMoEError
-from edgemoe.io import atomic_write_with
+from edgemoe.io import atomic_write_with, loads_json, read_lines
 
 from . import stats
 from .specs import ModelSpec, builtin_for, model_spec
@@ -55,32 +55,39 @@ class RoutingTrace:
 
 
 def _open_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number from 1, text) of a .jsonl or .jsonl.gz file; errors name the file."""
-    try:
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            yield from enumerate(f, start=1)
-    except FileNotFoundError:
-        raise EdgeMoEError(f"trace file {path} does not exist") from None
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise EdgeMoEError(f"{path}: cannot read the trace ({exc}); expected JSONL, optionally gzip (.gz)") from exc
+    """(line number from 1, text) of a .jsonl or .jsonl.gz file, or of stdin for "-" (edgemoe.io.read_lines:
+    regular files only, size caps, damaged gzip streams); errors name the file and line."""
+    return read_lines(path, "trace file")
 
 
-def _int(obj: dict, key: str, where: str, lo: int = 0) -> int:
+# What a trace line's numbers may be: exactly what the profile it becomes can store and `plan` accepts
+# (edgemoe.profile.store.validate_values). Gates are stored as float32 and must be >= 0 (1e4 leaves room for
+# scaled routers such as DeepSeek-V2's routed_scaling_factor 16); router logits are stored as float16, whose
+# largest finite value is 65504; token positions become int64 sort keys.
+GATE_RANGE = (0.0, 1e4)
+LOGIT_RANGE = (-6e4, 6e4)
+MAX_TOKEN_IDX = 2**62
+
+
+def _int(obj: dict, key: str, where: str, lo: int = 0, hi: int = MAX_TOKEN_IDX) -> int:
     v = obj.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise EdgeMoEError(f"{where}: field {key!r} must be an integer >= {lo}, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise EdgeMoEError(f"{where}: field {key!r} must be an integer >= {lo} and <= {hi}, got {str(v)[:40]}")
     return v
 
 
-def _numbers(obj: dict, key: str, where: str, length: int) -> list[float]:
+def _numbers(obj: dict, key: str, where: str, length: int,
+             bounds: tuple[float, float] = (-math.inf, math.inf)) -> list[float]:
     v = obj.get(key)
     if not isinstance(v, list) or len(v) != length:
         got = f"a list of {len(v)}" if isinstance(v, list) else repr(v)[:40]
         raise EdgeMoEError(f"{where}: field {key!r} must be a list of {length} numbers, got {got}")
+    lo, hi = bounds
     for x in v:
         if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
-            raise EdgeMoEError(f"{where}: field {key!r} must hold finite numbers, got {x!r}")
+            raise EdgeMoEError(f"{where}: field {key!r} must hold finite numbers, got {str(x)[:40]}")
+        if not lo <= x <= hi:
+            raise EdgeMoEError(f"{where}: field {key!r} holds {x!r}, outside [{lo:g}, {hi:g}]")
     return v
 
 
@@ -110,10 +117,7 @@ def read_trace(paths: Sequence[str | Path], spec: ModelSpec | str | None = None)
             where = f"{path}:{lineno}"
             if not text.strip():
                 continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise EdgeMoEError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+            obj = loads_json(text, where, line_numbers=False)
             if not isinstance(obj, dict):
                 raise EdgeMoEError(f"{where}: each line must be a JSON object, got {type(obj).__name__}")
             kind = obj.get("type", "route")
@@ -142,10 +146,10 @@ def read_trace(paths: Sequence[str | Path], spec: ModelSpec | str | None = None)
                 raise EdgeMoEError(f"{where}: field 'topk_ids' must hold expert ids in [0, {spec.num_experts}), got {ids}")
             if len(set(ids)) != len(ids):
                 raise EdgeMoEError(f"{where}: field 'topk_ids' repeats an expert: {ids}")
-            weights = _numbers(obj, "topk_weights", where, spec.top_k)
+            weights = _numbers(obj, "topk_weights", where, spec.top_k, GATE_RANGE)
             logits = None
             if obj.get("router_logits") is not None:
-                logits = _numbers(obj, "router_logits", where, spec.num_experts)
+                logits = _numbers(obj, "router_logits", where, spec.num_experts, LOGIT_RANGE)
             domain = obj.get("domain")
             if domain is not None and (not isinstance(domain, str) or not domain):
                 raise EdgeMoEError(f"{where}: field 'domain' must be a non-empty string, got {domain!r}")

@@ -91,7 +91,9 @@ def placements_figure(results: dict):
     from matplotlib.colors import BoundaryNorm, PowerNorm
     from matplotlib.ticker import MaxNLocator
 
-    pl = results.get("placements") or {}
+    # placements that record their [L, E] copies (a replay of `evaluate --profile` written before it kept
+    # them records only their mean): the others have nothing to draw
+    pl = {n: v for n, v in (results.get("placements") or {}).items() if isinstance(v, dict) and "copies" in v}
     if not pl:
         return None
     names = list(pl)

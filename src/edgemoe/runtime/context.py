@@ -144,12 +144,11 @@ def make_context(
         raise EdgeMoEError(f"mode={mode!r}; expected one of {list(MODES)}")
     if not isinstance(cluster, Cluster):
         cluster = load_cluster(cluster)
-    if tuple(placement.node_names) != cluster.node_names:
-        raise EdgeMoEError(f"placement nodes {list(placement.node_names)} do not match cluster "
-                           f"{cluster.name!r} nodes {list(cluster.node_names)} (same names, same order)")
+    from edgemoe.plan.base import check_placement_matches
+
     L, E = profile.L, profile.E
-    if placement.hosts.shape != (cluster.num_nodes, L, E):
-        raise EdgeMoEError(f"placement.hosts has shape {placement.hosts.shape}, expected {(cluster.num_nodes, L, E)}")
+    check_placement_matches(placement, cluster.node_names, (L, E), f"placement on cluster {cluster.name!r}",
+                            profile.meta.model)
     if dense is True:
         dense = dense_cost_estimate(profile)
     elif dense is not False and not isinstance(dense, DenseCost):

@@ -13,6 +13,12 @@ another id = local substitute, -1 = not run: dropped and renormalised, or zeroed
 parallel from there; the outputs meet at `next_location` (always the current node in `home` mode; in
 `migrate` mode a node the policy chooses). Layer latency = the slowest branch including the transfers to
 the meeting node (+ the trip home after the last layer in `migrate`).
+
+This layer rule exists in four copies, each pinned to this one (the reference) by tests:
+- compiled, `runtime.sim.waves._decide_rows`: tests/runtime/sim/test_sim_speed.py (compiled rule = policy call);
+- replayed without queues, `plan.ordermoe.runtime_model.PathModel`: tests/plan/ordermoe/test_planner.py
+  (replay = the exact policy, replay = the ordermoe policy's stand-ins);
+- the steered ordermoe decision, `runtime.policies.ordermoe_kernel`: tests/runtime/policies/test_ordermoe_kernel.py.
 """
 
 from __future__ import annotations
@@ -356,6 +362,9 @@ def meeting_node(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, h
 
 
 def _jsonable(v):
+    """numpy values to Python ones, shallowly. Not `edgemoe.results._jsonable` on purpose: that one also turns
+    NaN/inf into null and tuples into lists, which would change the parameters a policy is rebuilt from;
+    results files convert on write."""
     if isinstance(v, np.ndarray):
         return v.tolist()
     if isinstance(v, np.generic):

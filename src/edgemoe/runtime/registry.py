@@ -1,6 +1,6 @@
 """The policy registry: names -> Policy classes, and `make_policy`.
 
-Imports run one way: registry -> the policy modules (baselines, ordermoe, oracle, field_baselines) -> policy (the interface)
+Imports run one way: registry -> the policy modules (baselines, ordermoe, oracle, field_baselines in runtime.policies) -> policy (the interface)
 -> context. The policy modules know nothing of the registry; each class carries its `name`.
 """
 

@@ -86,6 +86,14 @@ def test_reroute_gives_two_remote_slots_distinct_stand_ins_by_gate():
     assert dec.experts.tolist() == [[1, 2]]  # one of the two replaced still waits for b: nothing gained
 
 
+def test_reroute_drops_the_slots_it_has_no_local_candidate_for():
+    # a holds only expert 3 besides nothing routed: slot 0 (gate 0.7) takes 3, slot 1 is dropped
+    ctx, topk, gates = one_layer({"a": [(0, 3)], "b": [(0, 0), (0, 1), (0, 2)]})
+    dec, _ = decide(ctx, "reroute", topk, gates, budget=1.0, router_logits=[1.0, 5.0, 4.0, 2.0])
+    assert dec.experts.tolist() == [[3, -1]] and dec.node.tolist() == [[0, -1]] and dec.zeroed is None
+    assert dec.latency_s[0] == pytest.approx(CALL)
+
+
 def test_random_local_is_seeded_and_local():
     ctx, topk, gates = one_layer({"a": [(0, 0), (0, 2), (0, 3)], "b": [(0, 1)]})
     picks = {decide(ctx, "random-local", topk, gates, budget=0.7, seed=s)[0].experts[0, 0] for s in range(20)}
@@ -189,8 +197,13 @@ def test_field_baselines_invariants(seed, topology, mode, name, budget, pace, lo
         if name == "skip":
             assert not sub.any() and ran.any(axis=1).all(), "skip substitutes, or drops every branch"
         else:
-            assert ran.all(), "a substitute policy dropped a branch"
-            assert all(len(set(r)) == len(r) for r in dec.experts.tolist()), "one expert in two slots"
+            assert ran.any(axis=1).all(), "every branch of a layer dropped"
+            assert not dec.zero_mask.any()
+            for r in np.flatnonzero((~ran).any(axis=1)):  # dropped only for want of local candidates
+                cand = ctx.hosts[dec.location[r], layer] & ~np.isin(np.arange(ctx.num_experts), topk[r])
+                assert sub[r].sum() == cand.sum(), "dropped a slot while a local candidate was left"
+            kept = [[e for e in row if e >= 0] for row in dec.experts.tolist()]
+            assert all(len(set(r)) == len(r) for r in kept), "one expert in two slots"
         if logits is not None:  # a single stand-in is the best-logit local expert that is not routed
             for r in np.flatnonzero(sub.sum(axis=1) == 1):
                 cand = np.flatnonzero(ctx.hosts[dec.location[r], layer] & ~np.isin(np.arange(ctx.num_experts), topk[r]))

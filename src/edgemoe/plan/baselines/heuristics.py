@@ -197,8 +197,8 @@ def plan_activation_aware(problem: PlanProblem, fill: str = "edge", coverage: bo
     4. Coverage (`cover_by_local_value`): each expert still held nowhere takes free room on the node that
        wants it most, else replaces the duplicate copy whose loss of local activations is least.
     The coverage copies come last, not first: placing one copy of every expert before demand was
-    considered filled the largest nodes with rarely used experts (measured on edge8: 0.563 of
-    activations served locally, below eplb and lfu).
+    considered filled the largest nodes with rarely used experts (on edge8 it then served fewer activations
+    locally than eplb and lfu).
     """
     fillable, cover = _check_common(problem, fill, coverage, "activation-aware")
     L, E = problem.expert_bytes.shape

@@ -230,7 +230,7 @@ def redundant_deployment(
 
 ALGORITHMS = ("search", "two-stage")
 BUDGET = 0.05  # the ordermoe policy's default allowance per token-layer (docs/runtime.md): plan for it
-PATHS_PER_USER = 128  # calibration paths replayed per user (2048 rows on edge8); 256 measured no better
+PATHS_PER_USER = 128  # calibration paths replayed per user (2048 rows on edge8's 16 users)
 SETS_PER_LAYER = 24  # frequent Top-K sets per layer offered as one-move completions
 MAX_EVALS = 4000  # objective evaluations the search may spend (each a batched incremental replay)
 # Share of the traffic planned as exact execution (budget 0) beside the policy's: a placement tuned only for

@@ -24,7 +24,9 @@ runtime's layer rule (docs/runtime.md, "Layer cost"), with no queues:
 Rows are decided layer by layer exactly as the runtime decides them, so with budget 0 the replay's layer
 latencies equal the `exact` policy's `Decision.latency_s`, and with a budget its stand-ins, quality and
 latencies equal the ordermoe policy's at horizon 0 and no quality price (both tested against
-`edgemoe.runtime`).
+`edgemoe.runtime`: tests/plan/ordermoe/test_planner.py). It is one of four copies of the layer rule (the
+others: `edgemoe.runtime.policy`, the reference; `runtime.sim.waves._decide_rows`; `runtime.policies.
+ordermoe_kernel`).
 
 Incremental evaluation: a change of one node's experts at one layer only changes rows whose Top-K set at
 that layer meets the changed experts (or, with substitution, their group mates); among those, only the

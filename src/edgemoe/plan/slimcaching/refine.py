@@ -4,7 +4,7 @@ One pass of the per-node decomposition (`slimcaching.successive`) is block-coord
 node is solved exactly with every other node fixed. With K >= 2 it stalls where two caches must change
 together (a device and an edge server each taking one member of a co-activated pair: either change alone
 saves nothing), and on the tiny instances the ILP solves, even every *pair* of nodes re-optimised jointly
-leaves 6-10% gaps: the optimum is a different arrangement altogether (measured; docs/planners-slimcaching.md).
+leaves gaps of several percent: the optimum is a different arrangement altogether (docs/planners-slimcaching.md).
 
 So the refinement is an iterated local search whose local search is the decomposition itself:
 1. settle: revisit blocks until none changes (block re-solves with exact tables are monotone);

@@ -78,7 +78,7 @@ def set_gains(tau: np.ndarray, call: np.ndarray, prob: np.ndarray, weight: np.nd
     G is additive in the mask (None: the paper's objective). A copy is credited with the charges it removes
     but not debited with those it attracts (a call moving to a faster, busier node): debits make G negative
     for single experts, and the beam, which grows subsets from their singletons, then stops at the empty
-    set (measured: a saturated A100 cached 35% of the model). The refinement's accept test and the reported
+    set (a saturated A100 then cached only a small part of the model). The refinement's accept test and the reported
     `charged_objective_s` count the charge in full.
     """
     U, E = tau.shape

@@ -11,6 +11,10 @@ budget:
 - `reroute` (local re-routing, as cache-conditional and capacity-aware routing do): run instead the
   token's next-best *local* expert by its own router logits, with the original gate.
 - `random-local` (the control): run a uniformly random local expert instead (seeded), original gate.
+  For both: local candidates are the node's experts of the layer that the token did not route to (two
+  slots never run one expert); with fewer candidates than replaced slots, the slots left over (lowest
+  gates) are dropped and renormalised, as routing among cached experts runs fewer than K when fewer are
+  cached. At least one branch always runs.
 
 The budget rule is the same for all three (the field's unit, not OrderMoE's measured error): replacing
 slot k costs its gate share |g_k| / sum_j |g_j|, so the top-1 branch is the most expensive and is replaced
@@ -31,7 +35,7 @@ shape), so the simulator's latency equals what the real per-token choice would g
 measured in the `local` backend with the real logits.
 
 `ordermoe-error-groups` is OrderMoE's runtime with the substitutes taken from groups built on *measured*
-substitution error (`edgemoe.plan.groups.error_groups`) instead of the router-cosine groups that the
+substitution error (`edgemoe.profile.groups.error_groups`) instead of the router-cosine groups that the
 context carries; everything else (placement, look-ahead, stand-in pricing) is `ordermoe`'s.
 `ordermoe-calibrated` is OrderMoE's runtime with each stand-in kind's predicted error rescaled so that
 a unit of predicted cost buys the same measured perplexity whichever kind spends it (`kind_scales`).
@@ -129,8 +133,11 @@ class RemoteStandInPolicy(Policy):
             routed = np.zeros_like(held)
             np.put_along_axis(routed, topk, True, axis=1)
             sub = assign_stand_ins(self.stand_in_scores(layer, topk, gates), held & ~routed, mask, gates)
-            valid &= ~(mask & (sub < 0)).any(axis=2)
+            # fewer local candidates than replaced slots: the rest are dropped and renormalised, as routing among
+            # the cached experts runs fewer than K when fewer are cached; something must still run
             experts = np.where(mask, sub, topk[:, None, :])
+            if K:
+                valid &= (experts >= 0).any(axis=2)
         node = np.where(experts >= 0, np.where(mask, loc[:, None, None], node_x[:, None, :]), -1)
         lat = np.empty((T, M))
         nxt = np.empty((T, M), np.int64)

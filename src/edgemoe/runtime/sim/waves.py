@@ -746,6 +746,9 @@ def _decide_rows(rule, rows, rpass, rlayer, rtok, tables, load, xfer, num_layers
     per location); out: the decision buffers. The arithmetic is
     that of `exact_decision` / `DropPolicy.choose`: branch ready = (xfer + load) + compute, meeting node by
     the earliest finish among (token's node, slot nodes) with the trip home after the last layer.
+    One of four copies of the layer rule (the others: `edgemoe.runtime.policy`, the reference;
+    `plan.ordermoe.runtime_model.PathModel`; `runtime.policies.ordermoe_kernel`); pinned to the policies'
+    own `decide` by tests/runtime/sim/test_sim_speed.py (`test_compiled_rule_is_the_policy_call_bit_for_bit`).
     """
     (topk_tab, gates_tab, st_user, st_home, st_loc, st_layer, st_top1, zero_load, usable, hosts, rt, compute, hold_ptr,
      hold_node, hold_compute, is_cloud, migrate, sorted_on, cand_ptr, cand_node, cand_compute, srt_built, srt_static,

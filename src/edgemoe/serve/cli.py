@@ -1,0 +1,321 @@
+"""`edgemoe serve` (the HTTP service, or today's Ray deployment with `--backend ray`) and `edgemoe generate`.
+
+Mounted by the main CLI: `app.command("serve")(serve_command)`, `app.command("generate")(generate_command)`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from edgemoe.errors import EdgeMoEError
+from edgemoe.params import parse_params
+
+BACKENDS = ("inprocess", "ray")
+
+# Options shared by `serve` and `generate` (the deployment).
+ModelOpt = Annotated[str, typer.Option(help="model folder, hub id, or 'default' (the shipped model)")]
+ClusterOpt = Annotated[str, typer.Option(help="cluster preset name or YAML/TOML file")]
+PlacementOpt = Annotated[Path | None, typer.Option(help="placement.json from `edgemoe plan` (default: plan one with "
+                                                        "--planner, cached in --cache-dir)")]
+PlannerOpt = Annotated[str, typer.Option(help="planner used when no --placement is given")]
+ProfileOpt = Annotated[Path | None, typer.Option(help="routing profile folder of the same model (default: profile "
+                                                      "the model on --calib-data, cached in --cache-dir)")]
+PolicyOpt = Annotated[str, typer.Option(help="runtime policy: exact, ordermoe, drop, slimcaching")]
+ParamOpt = Annotated[list[str], typer.Option(help="policy parameter key=value (repeatable)")]
+ModeOpt = Annotated[str, typer.Option(help="token location mode: home or migrate")]
+CacheOpt = Annotated[Path, typer.Option(help="where planned placements and profiles are cached")]
+CalibOpt = Annotated[str, typer.Option(help="text the default profile is measured on ('offline', 'shared:PATH', ...)")]
+CalibTokensOpt = Annotated[int, typer.Option(min=256, help="tokens the default profile is measured on")]
+
+
+def _spec(model, cluster, placement, planner, profile, policy, param, mode, cache_dir, calib_data, calib_tokens,
+          dtype="float32", device="cpu"):
+    from .setup import DeploymentSpec
+
+    return DeploymentSpec(model=model, cluster=cluster, placement=None if placement is None else str(placement),
+                          planner=planner, profile=None if profile is None else str(profile), policy=policy,
+                          policy_params=tuple(parse_params(param).items()), mode=mode, cache_dir=str(cache_dir),
+                          calib_data=calib_data, calib_tokens=calib_tokens, dtype=dtype, device=device)
+
+
+def serve_command(
+    model: ModelOpt = "default",
+    cluster: ClusterOpt = "edge8",
+    placement: PlacementOpt = None,
+    planner: PlannerOpt = "ordermoe",
+    profile: ProfileOpt = None,
+    policy: PolicyOpt = "exact",
+    param: ParamOpt = [],  # noqa: B006
+    mode: ModeOpt = "home",
+    host: Annotated[str, typer.Option(help="HTTP address to bind (any non-loopback address needs an API key)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="HTTP port (0: any free port)")] = 8000,
+    api_key: Annotated[str | None, typer.Option(envvar="EDGEMOE_API_KEY", help="require 'Authorization: Bearer KEY' "
+                                                "(default: $EDGEMOE_API_KEY)")] = None,
+    backend: Annotated[str | None, typer.Option(help="inprocess (the HTTP service) or ray (actors, no HTTP yet); "
+                                                "default inprocess, ray when --ray-address or --load-users is given")] = None,
+    max_running: Annotated[int, typer.Option(min=1, help="sequences decoded together at most")] = 16,
+    max_queue: Annotated[int, typer.Option(min=0, help="requests waiting at most (beyond: 429)")] = 64,
+    max_body_bytes: Annotated[int, typer.Option(min=1, help="largest request body (beyond: 413)")] = 1 << 20,
+    max_prompt_tokens: Annotated[int | None, typer.Option(min=1, help="longest prompt (default: the model's context)")] = None,
+    max_tokens: Annotated[int | None, typer.Option(min=1, help="largest max_tokens (default: the model's context)")] = None,
+    user: Annotated[str | None, typer.Option(help="the user (name or index) of requests that name none")] = None,
+    served_name: Annotated[str | None, typer.Option(help="the model id clients give (default: --model)")] = None,
+    log_routing: Annotated[Path | None, typer.Option(help="append the served routing to this trace file (JSONL, .gz "
+                                                     "for gzip), the format `edgemoe profile --trace` reads")] = None,
+    cache_dir: CacheOpt = Path("runs/cache"),
+    calib_data: CalibOpt = "offline",
+    calib_tokens: CalibTokensOpt = 8192,
+    dtype: Annotated[str, typer.Option(help="compute dtype: float32, bfloat16, float16")] = "float32",
+    device: Annotated[str, typer.Option(help="torch device of the model (cpu, cuda, cuda:1)")] = "cpu",
+    domain_fallback: Annotated[bool, typer.Option(
+        "--domain-fallback", help="ray: map cluster user domains the profile lacks round-robin onto its domains")] = False,
+    ray_address: Annotated[str | None, typer.Option(help="ray: join this Ray cluster (token in RAY_AUTH_TOKEN or ~/.ray/auth_token)")] = None,
+    links: Annotated[bool, typer.Option(help="ray: emulate the cluster's links (turn off on a real cluster)")] = True,
+    wire: Annotated[str, typer.Option(help="ray: hidden-state dtype on the wire: bf16, fp16, fp32")] = "bf16",
+    load_users: Annotated[int, typer.Option(min=0, help="ray: run a closed-loop load with this many users, then stop")] = 0,
+    load_seconds: Annotated[float, typer.Option(min=0.001, max=86_400, help="ray: duration of the closed-loop load (s)")] = 20.0,
+    gen_tokens: Annotated[int, typer.Option(min=1, help="ray: tokens generated per load request")] = 16,
+    dilation: Annotated[str, typer.Option(help="ray: time dilation k of the emulated cluster (>= 1, or 'auto')")] = "1",
+    out: Annotated[Path, typer.Option(help="ray: where the load run's metrics go (JSON)")] = Path("runs/serve.json"),
+):
+    """Serve the model over an OpenAI-style HTTP API (in-process, continuous batching, a runtime policy per
+    token and MoE layer); with no options: the shipped default model on edge8 on 127.0.0.1:8000."""
+    from .service import check_bind
+
+    chosen = backend or ("ray" if ray_address or load_users else "inprocess")
+    try:
+        if chosen not in BACKENDS:
+            raise EdgeMoEError(f"--backend {chosen!r}: expected one of {', '.join(BACKENDS)}")
+        check_bind(host, api_key)
+        if chosen == "ray":
+            from .api import Limits
+
+            limits = Limits(max_body_bytes, max_prompt_tokens, max_tokens)
+            _serve_ray(model, cluster, placement, planner, profile, policy, param, mode, cache_dir, calib_data,
+                       calib_tokens, domain_fallback, ray_address, links, wire, load_users, load_seconds, gen_tokens,
+                       dilation, out, http=dict(host=host, port=port, api_key=api_key, limits=limits,
+                                                max_running=max_running, max_queue=max_queue, user=user,
+                                                served_name=served_name))
+            return
+        if log_routing is not None:
+            from edgemoe.io import file_target
+
+            file_target(log_routing)
+        spec = _spec(model, cluster, placement, planner, profile, policy, param, mode, cache_dir, calib_data, calib_tokens,
+                     dtype, device)
+        from .api import Limits
+        from .service import make_service
+
+        svc = make_service(spec, api_key=api_key, limits=Limits(max_body_bytes, max_prompt_tokens, max_tokens),
+                           max_running=max_running, max_queue=max_queue, user=user, model_name=served_name,
+                           log_routing=None if log_routing is None else str(log_routing), log=typer.echo)
+    except EdgeMoEError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=2) from None
+    _run_http(svc, host, port, api_key)
+
+
+def _run_http(svc, host: str, port: int, api_key: str | None) -> None:
+    import uvicorn
+
+    ctx = svc.deployment.ctx
+    for what, info in svc.deployment.sources.items():
+        typer.echo(f"{what}: {info['path']}{' (cached)' if info.get('cached') else ''}")
+    typer.echo(f"serving {svc.model_name!r} on {ctx.cluster_name} ({ctx.num_nodes} nodes, {ctx.num_users} users), "
+               f"placement {ctx.placement_method}, policy {svc.engine.policy_name}, mode {ctx.mode}")
+    typer.echo(f"OpenAI API at http://{host}:{port}/v1{' (API key required)' if api_key else ''}; Ctrl-C stops")
+    try:
+        uvicorn.run(svc.app, host=host, port=port, log_level="warning", lifespan="off", timeout_graceful_shutdown=5)
+    finally:
+        svc.close()
+
+
+def _serve_ray(model, cluster, placement, planner, profile, policy, param, mode, cache_dir, calib_data, calib_tokens,
+               domain_fallback, ray_address, links, wire, load_users, load_seconds, gen_tokens, dilation, out,
+               http: dict) -> None:
+    """The Ray deployment (edgemoe.distributed): behind the HTTP app, or (--load-users) today's closed-loop load
+    run (edgemoe.distributed.cli); a missing placement or profile is made and cached first."""
+    from edgemoe.distributed.cli import serve_command as ray_serve
+
+    if placement is None or profile is None:
+        from .setup import load_deployment
+
+        dep = load_deployment(_spec(model, cluster, placement, planner, profile, "exact", [], mode, cache_dir, calib_data,
+                                    calib_tokens),
+                              typer.echo)
+        placement = Path(dep.sources["placement"]["path"]) if placement is None else placement
+        profile = Path(dep.sources["profile"]["path"]) if profile is None else profile
+        domain_fallback = domain_fallback or dep.domain_fallback  # as the in-process deployment maps them
+    if load_users:
+        ray_serve(cluster=cluster, placement=placement, profile=profile, model=model, policy=policy, param=param,
+                  mode=mode, domain_fallback=domain_fallback, ray_address=ray_address, links=links, wire=wire,
+                  load_users=load_users, load_seconds=load_seconds, gen_tokens=gen_tokens, dilation=dilation, out=out)
+        return
+    _serve_ray_http(cluster, placement, profile, model, policy, param, mode, wire, domain_fallback, links, ray_address,
+                    dilation, **http)
+
+
+def _serve_ray_http(cluster, placement, profile, model, policy, param, mode, wire, domain_fallback, links, ray_address,
+                    dilation, host, port, api_key, limits, max_running, max_queue, user, served_name) -> None:
+    """One Ray actor per server (edgemoe.distributed), fronted by the HTTP app through `RayEngine`."""
+    from dataclasses import replace
+
+    import uvicorn
+
+    from edgemoe.distributed.cli import _checked_inputs, _dilation
+    from edgemoe.distributed.serve import Deployment, start_ray, stop_ray
+    from edgemoe.models import load_tokenizer
+
+    from .api import create_app
+    from .ray_engine import RayEngine
+    from .service import default_user_index
+    from .telemetry import Telemetry
+
+    k = _dilation(dilation)
+    if k == "auto":
+        raise EdgeMoEError("--dilation auto calibrates a load run (--load-users); give a number to serve")
+    ctx, cfg = _checked_inputs(cluster, Path(placement), Path(profile), model, policy, param, mode, wire,
+                               domain_fallback, links and ray_address is None)
+    cfg = replace(cfg, dilation=k)
+    info = start_ray(ctx.node_names if ray_address is None else (), address=ray_address)
+    typer.echo(f"ray: {info}")
+    dep = Deployment.launch(cfg)
+    try:
+        engine = RayEngine(dep, load_tokenizer(model), max_running, max_queue,
+                           Telemetry(ctx.node_names, policies=(policy,)))
+        app = create_app(engine, served_name or model, api_key=api_key, limits=limits,
+                         default_user=default_user_index(ctx, user))
+        typer.echo(f"serving {served_name or model!r} on {len(dep.handles)} Ray actors ({ctx.cluster_name}), policy "
+                   f"{policy}; OpenAI API at http://{host}:{port}/v1{' (API key required)' if api_key else ''}")
+        uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="off", timeout_graceful_shutdown=5)
+    finally:
+        dep.shutdown()
+        stop_ray()
+
+
+def generate_command(
+    prompt: Annotated[str, typer.Argument(help="the prompt text")],
+    url: Annotated[str | None, typer.Option(help="a running `edgemoe serve` (http://host:port); default: in-process")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="EDGEMOE_API_KEY", help="with --url: the server's API key")] = None,
+    max_tokens: Annotated[int, typer.Option(min=1, help="tokens to generate at most")] = 32,
+    temperature: Annotated[float, typer.Option(min=0, max=2, help="0: greedy")] = 1.0,
+    top_p: Annotated[float, typer.Option(min=0, max=1)] = 1.0,
+    top_k: Annotated[int, typer.Option(min=0)] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="the same seed gives the same text")] = 0,
+    stop: Annotated[list[str], typer.Option(help="stop string (repeatable)")] = [],  # noqa: B006
+    user: Annotated[str | None, typer.Option(help="cluster user (name or index): whose home runs the request")] = None,
+    exact: Annotated[bool, typer.Option("--exact", help="run every routed expert exactly")] = False,
+    budget: Annotated[float | None, typer.Option(min=0, help="quality allowance per token-layer (capped by the server's)")] = None,
+    explain: Annotated[bool, typer.Option("--explain", help="show where each token's experts ran and what stood in")] = False,
+    model: ModelOpt = "default",
+    cluster: ClusterOpt = "edge8",
+    placement: PlacementOpt = None,
+    planner: PlannerOpt = "ordermoe",
+    profile: ProfileOpt = None,
+    policy: PolicyOpt = "exact",
+    param: ParamOpt = [],  # noqa: B006
+    mode: ModeOpt = "home",
+    cache_dir: CacheOpt = Path("runs/cache"),
+    calib_data: CalibOpt = "offline",
+    calib_tokens: CalibTokensOpt = 8192,
+):
+    """Print a completion of PROMPT: in-process (the deployment options), or from a running server (--url)."""
+    try:
+        opts = {"exact": exact, "explain": explain}
+        if budget is not None:
+            opts["budget"] = budget
+        if user is not None:
+            opts["user"] = int(user) if user.isdigit() else user
+        if url:
+            text, reason, stats = _generate_http(url, api_key, model, prompt, max_tokens, temperature, top_p, top_k,
+                                                 seed, stop, opts)
+        else:
+            text, reason, stats = _generate_local(_spec(model, cluster, placement, planner, profile, policy, param,
+                                                        mode, cache_dir, calib_data, calib_tokens),
+                                                  prompt, max_tokens, temperature, top_p, top_k, seed, stop, opts)
+    except EdgeMoEError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=2) from None
+    typer.echo(prompt + text)
+    slots = stats["expert_slots"]
+    typer.echo(f"[{reason}; {stats['policy']} at {stats['home']}; slots "
+               + ", ".join(f"{k} {v}" for k, v in slots.items()) + f"; budget spent {stats['budget_spent']:.3g}; "
+               f"remote bytes {stats['remote_bytes']}]", err=True)
+    if explain:
+        typer.echo(explain_table(stats.get("explain", [])))
+
+
+def _generate_local(spec, prompt, max_tokens, temperature, top_p, top_k, seed, stop, opts) -> tuple[str, str, dict]:
+    from .engine import Engine, GenerationRequest, run_to_end
+    from .sampling import SamplingParams
+    from .setup import load_deployment
+
+    dep = load_deployment(spec, lambda m: typer.echo(m, err=True))
+    ctx = dep.ctx
+    user = opts.get("user", 0)
+    if isinstance(user, str):
+        if user not in ctx.user_names:
+            raise EdgeMoEError(f"--user {user!r} is not a user of cluster {ctx.cluster_name!r}; expected one of "
+                               f"{', '.join(ctx.user_names)}")
+        user = ctx.user_names.index(user)
+    if not 0 <= user < ctx.num_users:
+        raise EdgeMoEError(f"--user {user}: expected an index in [0, {ctx.num_users})")
+    ids = dep.tokenizer(prompt)["input_ids"]
+    if not ids:
+        raise EdgeMoEError("the prompt is empty (it must hold at least one token)")
+    if len(ids) + max_tokens > dep.context_length:
+        raise EdgeMoEError(f"the prompt's {len(ids)} tokens plus --max-tokens {max_tokens} make {len(ids) + max_tokens}, "
+                           f"over the model's context of {dep.context_length} tokens")
+    engine = Engine(dep, max_running=1, max_queue=0)
+    try:
+        req = GenerationRequest(tuple(ids), max_tokens, SamplingParams(temperature, top_p, top_k, seed), tuple(stop),
+                                None, user, opts["exact"], opts.get("budget"), opts["explain"], engine.new_request_id())
+        text, _, fin = run_to_end(engine, req)
+    finally:
+        engine.close()
+    return text, fin.reason, fin.stats
+
+
+def _generate_http(url, api_key, model, prompt, max_tokens, temperature, top_p, top_k, seed, stop, opts):
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
+            "top_k": top_k, "seed": seed, "edgemoe": opts}
+    if stop:
+        body["stop"] = list(stop)
+    try:
+        r = httpx.post(url.rstrip("/") + "/v1/completions", json=body, headers=headers, timeout=600.0)
+    except httpx.HTTPError as exc:
+        raise EdgeMoEError(f"--url {url}: cannot reach the server ({type(exc).__name__}: {exc})") from None
+    try:
+        doc = r.json()
+    except json.JSONDecodeError:
+        raise EdgeMoEError(f"--url {url}: answered {r.status_code} with a body that is not JSON") from None
+    if r.status_code != 200:
+        message = (doc.get("error") or {}).get("message", r.text) if isinstance(doc, dict) else r.text
+        raise EdgeMoEError(f"--url {url}: {r.status_code}: {message}")
+    choice = doc["choices"][0]
+    return choice["text"], choice["finish_reason"], doc["edgemoe"]
+
+
+def explain_table(tokens: list[dict]) -> str:
+    """One line per generated token: per MoE layer its slots, as `expert@node` (local), `expert@node*`
+    (remote), `routed->ran@node` (substituted), `routed:dropped`, `routed:zeroed`."""
+    def slot(s: dict) -> str:
+        if s["kind"] in ("dropped", "zeroed"):
+            return f"{s['routed']}:{s['kind']}"
+        if s["kind"] == "substituted":
+            return f"{s['routed']}->{s['ran']}@{s['node']}"
+        return f"{s['routed']}@{s['node']}{'*' if s['kind'] == 'remote' else ''}"
+
+    lines = ["token  text          at          layers (expert@node; * remote, a->b substituted)"]
+    for i, t in enumerate(tokens):
+        at = t["layers"][0][0]["at"] if t["layers"] else "-"
+        layers = " | ".join(" ".join(slot(s) for s in layer) for layer in t["layers"])
+        lines.append(f"{i:5d}  {json.dumps(t.get('text', ''))[:12]:<12}  {at:<10}  {layers}")
+    return "\n".join(lines)

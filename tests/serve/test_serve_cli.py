@@ -1,0 +1,83 @@
+"""`edgemoe serve` as a real process, and `edgemoe generate` in-process and against a running server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from typer.testing import CliRunner
+
+from edgemoe.cli import app
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+SMALL = ["--planner", "uniform", "--calib-tokens", "2048"]  # the conftest deployment's inputs: its cache is hit
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_refuses_a_public_address_without_a_key(monkeypatch):
+    monkeypatch.delenv("EDGEMOE_API_KEY", raising=False)
+    result = CliRunner().invoke(app, ["serve", "--host", "0.0.0.0"])
+    assert result.exit_code == 2 and "API key" in result.stderr
+
+
+def test_serve_unknown_backend():
+    result = CliRunner().invoke(app, ["serve", "--backend", "grpc"])
+    assert result.exit_code == 2 and "--backend" in result.stderr
+
+
+def test_serve_process_answers_and_stops_on_ctrl_c(serve_cache, deployment):
+    port = _free_port()
+    env = dict(os.environ, PYTHONPATH=str(SRC), EDGEMOE_API_KEY="k1")
+    proc = subprocess.Popen([sys.executable, "-c", "from edgemoe.cli import main; main()", "serve", "--port", str(port), "--cache-dir",
+                             str(serve_cache), *SMALL], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 240
+        while True:
+            assert proc.poll() is None, proc.communicate()
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.5)
+        body = {"model": "default", "prompt": "Hello", "max_tokens": 3}
+        assert httpx.post(url + "/v1/completions", json=body).status_code == 401  # EDGEMOE_API_KEY is required
+        r = httpx.post(url + "/v1/completions", json=body, headers={"Authorization": "Bearer k1"}, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 3
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert "(cached)" in out and f"127.0.0.1:{port}" in out  # the conftest's profile and placement were reused
+
+
+def test_generate_in_process_with_explain(serve_cache, deployment):
+    result = CliRunner().invoke(app, ["generate", "The history of", "--max-tokens", "4", "--explain", "--exact",
+                                      "--cache-dir", str(serve_cache), *SMALL])
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("The history of")
+    assert lines[1].startswith("token") and len(lines) >= 3
+    assert "exact at" in result.stderr
+
+
+def test_generate_against_a_server(server):
+    result = CliRunner().invoke(app, ["generate", "Once upon", "--url", server.url, "--max-tokens", "3", "--explain",
+                                      "--user", "u-rtx4090-b-1"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith("Once upon") and "rtx4090-b" in result.stderr
+    bad = CliRunner().invoke(app, ["generate", "x", "--url", server.url, "--model", "nope"])
+    assert bad.exit_code == 2 and "404" in bad.stderr
