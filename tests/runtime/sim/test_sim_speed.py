@@ -168,4 +168,14 @@ def test_a_policy_deciding_otherwise_does_not_inherit_the_compiled_rule(small_de
 
     _, contexts = small_deployments
     assert Tweaked(contexts["edge8", "migrate"]).compiled_rule() is None
-    assert make_policy("ordermoe", contexts["edge8", "migrate"]).compiled_rule() is None
+    # ordermoe's own rule (its compiled loop, tests/runtime/sim/test_ordermoe_loop.py); its subclasses that
+    # decide otherwise do not inherit it
+    from edgemoe.runtime.policies.ordermoe import COMPILED_LOOP, OrderMoEPolicy
+
+    assert make_policy("ordermoe", contexts["edge8", "migrate"]).compiled_rule() == ("ordermoe" if COMPILED_LOOP else None)
+
+    class Steered(OrderMoEPolicy):
+        def choose(self, layer, topk, gates, state, load):
+            return super().choose(layer, topk, gates, state, load * 2)
+
+    assert Steered(contexts["edge8", "migrate"]).compiled_rule() is None

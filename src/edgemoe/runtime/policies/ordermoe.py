@@ -47,6 +47,8 @@ STEER_REPLICAS = 4  # replicas per branch (besides exact's own choice) that a st
 TABLE_CHUNK_CELLS = 1 << 22  # rows x actions x levels per block when the look-ahead tables are built
 STEER_ALL_NODES = 16  # up to this many nodes, a steered decision may meet at any node; beyond, at a replica
 COMPILED_STEER = HAVE_NUMBA  # steered decisions by `ordermoe_kernel` (same picks and bits; False: the numpy path)
+COMPILED_LOOP = HAVE_NUMBA  # the simulator's fast engine decides inside its compiled loop (`edgemoe.runtime.sim.ordermoe_loop`;
+# same picks and bits; False: the per-wave `decide` call, the reference)
 
 
 @dataclass(frozen=True)
@@ -462,6 +464,15 @@ class OrderMoEPolicy(Policy):
         self.latency_excess = np.zeros(U)  # [U] EWMA of max(observed / estimated latency - 1, 0)
         self.spend_rate = np.zeros(U)  # [U] EWMA of spent / granted budget of the user's finished passes
         self.quality_weight = np.ones(U)  # [U] multiplier of the quality price, adapted per user
+
+    def compiled_rule(self) -> str | None:
+        """"ordermoe" when the simulator's compiled loop makes exactly this policy's decisions
+        (`edgemoe.runtime.sim.ordermoe_loop.supported`; its feedback is given there too)."""
+        if not COMPILED_LOOP or type(self).observe is not OrderMoEPolicy.observe:
+            return None
+        from edgemoe.runtime.sim.ordermoe_loop import supported
+
+        return self._own_rule(OrderMoEPolicy, "ordermoe") if supported(self) else None
 
     @property
     def alpha(self) -> np.ndarray:

@@ -85,17 +85,20 @@ class Feedback:
         self.estimate[passes] += slowest + self.dense[passes]
         self.spent[passes] += np.bincount(inverse, dec.quality_cost, minlength=len(passes))
 
+    def observe(self, done: np.ndarray) -> None:
+        """`policy.observe` of the finished passes `done` (ascending ids, none observed before)."""
+        if done.size:
+            self.observed[done] = True
+            self.policy.observe(self.pass_user[done], self.run.pass_end[done] - self.run.pass_begin[done],
+                                self.estimate[done], self.spent[done], self.granted[done])
+
     def flush(self, force: bool = False) -> None:
         if not self.on:
             return
         self.calls += 1
         if not force and self.calls % self.every:
             return
-        done = np.flatnonzero(~self.observed & np.isfinite(self.run.pass_end))
-        if done.size:
-            self.observed[done] = True
-            self.policy.observe(self.pass_user[done], self.run.pass_end[done] - self.run.pass_begin[done],
-                                self.estimate[done], self.spent[done], self.granted[done])
+        self.observe(np.flatnonzero(~self.observed & np.isfinite(self.run.pass_end)))
         if force:
             U = max(self.num_users, int(self.pass_user.max()) + 1 if self.pass_user.size else 0)
             self.run.user_budget = {

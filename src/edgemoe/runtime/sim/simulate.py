@@ -81,6 +81,15 @@ def run_fast(ctx: RuntimeContext, policy: Policy, trace: Trace, sc: Scenario, wi
     run.budget_total = float(state.budget_total.sum())
     engine = WaveEngine(ctx, sc, run, window_s)
     rule = compiled_rule(policy) if compiled else None
+    if rule == "ordermoe":
+        from .ordermoe_loop import run_ordermoe
+
+        feedback = Feedback(policy, sc, state, run, dense_s=engine.pass_dense)
+        prefill = sc.pass_prefill
+        run_ordermoe(engine, policy, state, trace, feedback,
+                     lambda dec, topk, layer, home, row_pass: run.tally.add(dec, topk, layer, home, prefill[row_pass]))
+        feedback.flush(force=True)
+        return run
     if rule is not None:
         prefill = sc.pass_prefill
         engine.run_rule(rule, ctx, state, trace,
@@ -106,12 +115,18 @@ def run_fast(ctx: RuntimeContext, policy: Policy, trace: Trace, sc: Scenario, wi
 
 def compiled_rule(policy: Policy) -> str | None:
     """The policy's compiled decision rule (`edgemoe.runtime.sim.waves.RULES`) when the fast engine can use it:
-    numba present, the policy names a known rule and wants no feedback (the compiled loop gives none)."""
+    numba present, the policy names a known rule and wants no feedback (the compiled loop of exact, slimcaching
+    and drop gives none; "ordermoe"'s, `edgemoe.runtime.sim.ordermoe_loop`, gives the policy its own)."""
     rule = policy.compiled_rule()
-    if rule is None or not HAVE_NUMBA or getattr(policy, "wants_feedback", False):
+    if rule is None or not HAVE_NUMBA:
+        return None
+    if rule == "ordermoe":
+        return rule
+    if getattr(policy, "wants_feedback", False):
         return None
     if rule not in RULES:
-        raise EdgeMoEError(f"{type(policy).__name__}.compiled_rule() = {rule!r}; expected one of {sorted(RULES)} or None")
+        raise EdgeMoEError(f"{type(policy).__name__}.compiled_rule() = {rule!r}; expected one of "
+                           f"{sorted([*RULES, 'ordermoe'])} or None")
     return rule
 
 

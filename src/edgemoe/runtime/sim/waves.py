@@ -280,9 +280,9 @@ def _earliest_job(t_low, queue):
 
 
 @njit(cache=True, inline="always")
-def _advance(touched, n_touched, n_decided, mark, stamp, outstanding, layer, done_t, pass_end, pass_next, pass_request,
-             request_next, request_first_pass, request_arrival, closed, think_s, num_layers, ready_ids, ready_t,
-             ready_stage, first_stage, counters):
+def _advance(touched, n_touched, n_decided, mark, stamp, outstanding, layer, done_t, pass_end, ended, pass_next,
+             pass_request, request_next, request_first_pass, request_arrival, closed, think_s, num_layers, ready_ids,
+             ready_t, ready_stage, first_stage, counters):
     """Passes among `touched` (the n_decided passes of the wave's decision, then the passes of the jobs
     served) with no job left finished their layer: next layer, next pass or next request.
 
@@ -323,6 +323,8 @@ def _advance(touched, n_touched, n_decided, mark, stamp, outstanding, layer, don
         p = fin[i]
         if layer[p] >= num_layers:
             pass_end[p] = done_t[p]
+            ended[counters[4]] = p  # the log of ended passes (the ordermoe loop's feedback reads it)
+            counters[4] += 1
             if pass_next[p] >= 0:
                 ready_ids[nr] = pass_next[p]
                 ready_t[nr] = done_t[p]
@@ -461,7 +463,7 @@ def _wave_step(has_wave, stamp, wave_ids, dec, passes, nodes, scenario, cost):
     which numba's inliner refuses) and a wave pays no per-call reference counting of ~50 arrays.
     """
     dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc, dec_next = dec
-    layer, start_t, done_t, outstanding, pass_begin, pass_end, mark, pass_home, pass_dense = passes
+    layer, start_t, done_t, outstanding, pass_begin, pass_end, mark, pass_home, pass_dense, ended = passes
     (window, times, first_stage, node_free, node_busy, ready_ids, ready_t, ready_stage, backbone_free, queue, counters,
      load) = nodes
     (pass_next, pass_request, pass_row_start, pass_row_count, request_next, request_first_pass, request_arrival, closed,
@@ -480,7 +482,7 @@ def _wave_step(has_wave, stamp, wave_ids, dec, passes, nodes, scenario, cost):
             n_touched = _serve(times[0], times[1], windowed, queue, counters, node_free, node_busy, done_t,
                                outstanding, touched, ids.shape[0])
             stamp += 1
-            _advance(touched, n_touched, ids.shape[0], mark, stamp, outstanding, layer, done_t, pass_end, pass_next,
+            _advance(touched, n_touched, ids.shape[0], mark, stamp, outstanding, layer, done_t, pass_end, ended, pass_next,
                      pass_request, request_next, request_first_pass, request_arrival, closed, think_s, num_layers,
                      ready_ids, ready_t, ready_stage, first_stage, counters)
         ids, more = _pick(window, queue, counters, ready_ids, ready_t, ready_stage, start_t, node_free, load, times,
@@ -600,8 +602,9 @@ class WaveEngine:
         first = sc.request_first_pass[live].astype(_I)
         self.ready_ids[:first.size] = first
         self.ready_t[:first.size] = sc.request_arrival[live]
-        # ready passes, pending jobs, next job seq, free job slots
-        self.counters = np.array([first.size, 0, 0, 0], _I)
+        # ready passes, pending jobs, next job seq, free job slots, passes ended (`ended` holds them in end order)
+        self.counters = np.array([first.size, 0, 0, 0, 0], _I)
+        self.ended = np.zeros(max(P, 1), _I)
         in_flight = ctx.num_users * max(ctx.top_k, 1)
         self.queue = JobQueue(self.window, float(ctx.xfer_s.max(initial=0.0)), in_flight, self.counters)
         self.ids = np.zeros(0, _I)
@@ -626,7 +629,7 @@ class WaveEngine:
         """(passes, nodes, scenario, cost): the engine's arrays in `_wave_step`'s groups."""
         run = self.run
         passes = (self.layer, self.start_t, self.done_t, self.outstanding, run.pass_begin, run.pass_end, self.mark,
-                  self.pass_home, self.pass_dense)
+                  self.pass_home, self.pass_dense, self.ended)
         nodes = (self.window, self.times, self.first_stage, self.node_free, run.node_busy, self.ready_ids, self.ready_t,
                  self.ready_stage, self.backbone_free, self.queue.arrays(), self.counters, self.load)
         return passes, nodes, self.scenario_args, self.cost_args

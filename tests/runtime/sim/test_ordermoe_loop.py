@@ -1,0 +1,124 @@
+"""OrderMoE decided inside the fast engine's compiled loop (`edgemoe.runtime.sim.ordermoe_loop`) makes the same
+decisions as the per-wave policy call, bit for bit: every decision array the tally receives (experts, nodes,
+locations, meeting nodes, quality costs, latencies, zeroed slots), every pass time, the node busy times, and
+the adapted weights, on many small random deployments, budgets, horizons, stand-in kinds and windows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from edgemoe.cluster import generate, load_cluster
+from edgemoe.plan import plan_problem
+from edgemoe.plan.base import plan
+from edgemoe.profile import synthetic_profile
+from edgemoe.runtime import make_context, make_policy
+from edgemoe.runtime.metrics import DecisionTally
+from edgemoe.runtime.policies import ordermoe as om
+from edgemoe.runtime.sim.simulate import run_fast
+from edgemoe.runtime.sim.workload import Trace, Workload, build_scenario
+
+pytestmark = pytest.mark.skipif(not om.COMPILED_LOOP, reason="without numba the per-wave call is the only path")
+
+FIELDS = ("experts", "node", "location", "next_location", "quality_cost", "latency_s", "zero_mask")
+
+
+def recorded_run(monkeypatch, ctx, policy, trace, sc, window, compiled):
+    """(run, {field: every decision array, concatenated in tally order}) of one fast-engine run."""
+    seen = []
+    real = DecisionTally.add
+
+    def add(self, dec, topk, layer, home, prefill):
+        seen.append([getattr(dec, f) for f in FIELDS] + [topk, np.broadcast_to(layer, home.shape), home, prefill])
+        return real(self, dec, topk, layer, home, prefill)
+
+    monkeypatch.setattr(DecisionTally, "add", add)
+    run = run_fast(ctx, policy, trace, sc, window, compiled=compiled)
+    names = (*FIELDS, "topk", "layer", "home", "prefill")
+    return run, {n: np.concatenate(c) for n, c in zip(names, zip(*seen, strict=True), strict=True)}, len(seen)
+
+
+CLUSTERS = {
+    "edge8": lambda: load_cluster("edge8"),  # 8 nodes: steered decisions may meet at any node
+    "cloud12": lambda: generate(12, 20, seed=5, copies=2, with_cloud=True),
+    "gen20": lambda: generate(20, 30, seed=1, copies=2),  # > 16 nodes: meeting nodes among the candidates
+}
+
+
+@pytest.fixture(scope="module")
+def deployments():
+    out = {}
+    for top_k in (1, 2, 3, 4):
+        profile = synthetic_profile(num_layers=3, num_experts=8, top_k=top_k, num_tokens=200, seed=top_k)
+        for name, make in CLUSTERS.items():
+            cluster = make()
+            placement = plan(plan_problem(profile, cluster, domain_fallback=True), "lfu")
+            for mode in ("migrate", "home"):
+                out[top_k, name, mode] = profile, make_context(profile, cluster, placement, mode=mode,
+                                                               domain_fallback=True)
+    return out
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(top_k=st.sampled_from([1, 2, 3, 4]), cluster=st.sampled_from(sorted(CLUSTERS)),
+       mode=st.sampled_from(["migrate", "home"]), budget=st.sampled_from([0.0, 0.01, 0.05, 0.3, 2.0]),
+       horizon=st.sampled_from([0, 1, 2]), steer=st.sampled_from([None, True, False]),
+       substitutes=st.sampled_from(["sub,drop,zero", "sub", "drop,zero", "zero"]), power=st.sampled_from([1.0, 2.0]),
+       pace=st.booleans(), window=st.sampled_from([0.0, 1e-3]), arrival=st.sampled_from(["poisson", "closed"]),
+       seed=st.integers(0, 10**6))
+def test_compiled_loop_decides_as_the_policy_call(monkeypatch, deployments, top_k, cluster, mode, budget, horizon, steer,
+                                                 substitutes, power, pace, window, arrival, seed):
+    profile, ctx = deployments[top_k, cluster, mode]
+    trace = Trace.from_profile(profile)
+    wl = Workload(num_requests=12, prompt_tokens=3, gen_tokens=4, arrival=arrival, rate_per_s=80.0, seed=seed)
+    sc = build_scenario(ctx.user_weight, ctx.user_domain, trace, wl)
+    # a per-user budget: some users with none (their rows may only run exactly)
+    users = np.random.default_rng(seed).random(ctx.num_users)
+    params = dict(budget=np.where(users < 0.3, 0.0, budget), horizon=horizon, steer=steer, substitutes=substitutes,
+                  quality_power=power, pace=pace, levels=6)
+    policies = [make_policy("ordermoe", ctx, **params) for _ in range(2)]
+    assert policies[0].compiled_rule() == "ordermoe"
+    fast, fast_dec, fast_chunks = recorded_run(monkeypatch, ctx, policies[0], trace, sc, window, True)
+    plain, plain_dec, plain_chunks = recorded_run(monkeypatch, ctx, policies[1], trace, sc, window, False)
+    assert fast_chunks == plain_chunks
+    for name in plain_dec:
+        np.testing.assert_array_equal(fast_dec[name], plain_dec[name], err_msg=name)
+    for field in ("pass_begin", "pass_end", "request_arrival", "node_busy"):
+        np.testing.assert_array_equal(getattr(fast, field), getattr(plain, field), err_msg=field)
+    assert fast.tally == plain.tally
+    assert fast.user_budget == plain.user_budget
+    assert policies[0].queue_pressure == policies[1].queue_pressure
+    for name in ("latency_excess", "spend_rate", "quality_weight"):
+        np.testing.assert_array_equal(getattr(policies[0], name), getattr(policies[1], name), err_msg=name)
+
+
+def test_the_adaptive_weights_move_in_these_runs(monkeypatch, deployments):
+    """Guards the test above: its runs observe finished passes mid-run (the weights the compiled loop reads
+    change), and substitute, drop or zero some slots."""
+    profile, ctx = deployments[2, "edge8", "migrate"]
+    trace = Trace.from_profile(profile)
+    sc = build_scenario(ctx.user_weight, ctx.user_domain, trace, Workload(num_requests=12, prompt_tokens=3, gen_tokens=4,
+                                                                          arrival="closed", seed=3))
+    policy = make_policy("ordermoe", ctx, budget=0.3, horizon=2, levels=6)
+    run, dec, _ = recorded_run(monkeypatch, ctx, policy, trace, sc, 1e-3, True)
+    assert (policy.quality_weight != 1.0).any() and policy.queue_pressure > 0
+    assert (dec["experts"] != dec["topk"]).any() and dec["quality_cost"].sum() > 0
+
+
+def test_unsupported_configurations_keep_the_policy_call(deployments):
+    _, ctx = deployments[4, "edge8", "migrate"]
+    assert make_policy("ordermoe", ctx, max_enum_k=2).compiled_rule() is None  # prefix actions (K > max_enum_k)
+    assert make_policy("ordermoe", ctx, quality_power=1.5).compiled_rule() is None
+    assert make_policy("ordermoe", ctx).compiled_rule() == "ordermoe"
+
+
+def test_compiled_mean_is_numpys():
+    """`_mean` (the queue pressure's mean load) adds in numpy's pairwise order, past its 128-value blocks too."""
+    from edgemoe.runtime.sim.ordermoe_loop import _mean
+
+    rng = np.random.default_rng(0)
+    for n in [0, 1, 7, 8, 9, 127, 128, 129, 300, 1031, 5000]:
+        a = rng.random(n) * 10.0 ** rng.uniform(-6, 3, n)
+        assert _mean(a) == (float(a.mean()) if n else 0.0), n
