@@ -18,6 +18,8 @@ simulated workload and dense cost):
 - section 2: each stand-in kind's measured nats per unit of predicted cost on calibration text
   (`kind_scales`), `ordermoe-calibrated` (kinds priced on that one scale) swept and compared like OrderMoE,
   and predicted vs measured increase over OrderMoE's sweeps with their rank correlation;
+- `ordermoe-token`: OrderMoE with each stand-in chosen per token among every local expert (`stand_in_choice=
+  "token"`), compared like OrderMoE (`equal_quality_token`);
 - the dial: OrderMoE's calibration curve on calibration text (`edgemoe.eval.dial`), asked 1%, 3%, 7.8% and
   15% mapped to budgets and measured on evaluation text.
 Writes bench/results/equal_quality.json (commit, load, CPU s, token counts) and prints the table.
@@ -64,6 +66,8 @@ METHODS = (
     ("skip", "skip", {}, GATE_SWEEP),
     ("reroute", "reroute", {}, GATE_SWEEP),
     ("random-local", "random-local", {"seed": 0}, GATE_SWEEP),
+    # section 2: OrderMoE with its stand-in chosen per token among every local expert (`token_substitutes`)
+    ("ordermoe-token", "ordermoe", {"horizon": 2, "stand_in_choice": "token"}, ORDERMOE_SWEEP),
 )
 BASELINES = ("ordermoe-error-groups", "skip", "reroute", "random-local")  # what "the best baseline" is chosen from
 FIELD = ("skip", "reroute", "random-local")  # the field's own answers (not OrderMoE's machinery)
@@ -170,6 +174,7 @@ def run_model(model: str, cfg: ExperimentConfig, log) -> dict:
             f"({time.perf_counter() - t0:.0f} s)")
     out["equal_quality"] = equal_quality(out)
     out["equal_quality_calibrated"] = equal_quality(out, "ordermoe-calibrated")
+    out["equal_quality_token"] = equal_quality(out, "ordermoe-token")
     out["predicted_vs_measured"] = predicted_vs_measured(out, full)
     # the dial: OrderMoE's calibration curve (point estimates) on calibration text, then asked vs measured
     t0 = time.perf_counter()
@@ -199,7 +204,7 @@ def predicted_vs_measured(doc: dict, nats_per_unit: float) -> dict:
     from scipy.stats import spearmanr
 
     out = {}
-    for name in ("ordermoe", "ordermoe-calibrated"):
+    for name in ("ordermoe", "ordermoe-calibrated", "ordermoe-token"):
         rows = [r for r in doc["methods"][name]["sweep"] if r["budget"] > 0]
         pred = [float(np.expm1(nats_per_unit * r.get("spent_per_token", 0.0))) for r in rows]
         meas = [r["ppl_rel_increase"] for r in rows]
@@ -246,6 +251,12 @@ def print_table(models: list[dict]) -> None:
             if row["best_baseline"]:
                 print(f"{m['model']} | {point} | {row['ordermoe_latency_ms_mean']:.2f} (+{100 * row['ordermoe_ppl_rel_increase']:.2f}%) "
                       f"| {row['best_baseline']} | {row['ratio_to_best']:.2f}x | {row['best_field_baseline']} | {row['ratio_to_best_field']:.2f}x")
+    print("\nordermoe-token (stand-ins chosen per token among every local expert) at equal perplexity:")
+    for m in models:
+        for point, row in m["equal_quality_token"].items():
+            if row["best_baseline"]:
+                print(f"{m['model']} | {point} | {row['ordermoe_latency_ms_mean']:.2f} (+{100 * row['ordermoe_ppl_rel_increase']:.2f}%) "
+                      f"| {row['best_baseline']} | {row['ratio_to_best']:.2f}x | {row['best_field_baseline']} | {row['ratio_to_best_field']:.2f}x")
     print("\npredicted vs measured increase over the sweep (Spearman of predicted cost and measured increase):")
     for m in models:
         for name, r in m["predicted_vs_measured"].items():
@@ -264,6 +275,7 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--quick", action="store_true", help="a smoke run: 1024 evaluation and calibration tokens")
     ap.add_argument("--out", default=str(RESULTS / "equal_quality.json"))
+    ap.add_argument("--note", default="", help="a sentence stored in the results file (why this run, what it covers)")
     args = ap.parse_args()
     ev, ca = (1024, 1024) if args.quick else (args.eval_tokens, args.calib_tokens)
     cfg = ExperimentConfig(shared_data=str(REPO.parent / "shared" / "data"), cache_dir=str(REPO / "runs" / "cache"),
@@ -280,7 +292,7 @@ def main() -> None:
                       "rate_per_s": cfg.rate_per_s, "operating_points": dict(OPERATING_POINTS),
                       "calibration_steps": CALIB_STEPS, "dial_grid": DIAL_GRID, "dial_asked": DIAL_ASKED,
                       "baselines": BASELINES, "field_baselines": FIELD},
-           "models": models}
+           "models": models, **({"note": args.note} if args.note else {})}
     atomic_write_json(Path(args.out), doc)
     print_table(models)
     print(f"\nwrote {args.out} ({doc['wall_s']:.0f} s wall, {doc['cpu_s']:.0f} s CPU, load {load0[0]:.2f} -> {os.getloadavg()[0]:.2f})")

@@ -129,12 +129,14 @@ class Policy:
             layer=np.zeros(T, np.int64), prev_top1=np.full(T, -1, np.int64), row=np.arange(T),
         )
 
-    def decide(self, layer, topk, gates, state: TokenState, load_s=None) -> Decision:
+    def decide(self, layer, topk, gates, state: TokenState, load_s=None, router_logits=None) -> Decision:
         """Decide layer `layer` for every row of `state`; updates state (location, budget, layer) in place.
 
         layer: int, or [T] ints (rows at different layers in one call, as the simulator batches them);
         topk: [T, K] int routed experts; gates: [T, K] float gate weights; load_s: [N] current queueing
-        delay estimate per node (seconds) or None (no queues).
+        delay estimate per node (seconds) or None (no queues); router_logits: [T, E] the rows' real router
+        logits at this layer or None (the `local` backend passes them to policies with `wants_router_logits`;
+        `choose` reads them as `self.router_logits`, None where the backend has none).
         """
         topk = np.asarray(topk, dtype=np.int64)
         gates = np.asarray(gates, dtype=float)
@@ -148,7 +150,15 @@ class Policy:
             raise EdgeMoEError(f"rows must be decided layer by layer in order; got layer {np.unique(layer).tolist()} "
                                f"for rows at layer {np.unique(state.layer).tolist()}")
         load = np.zeros(self.ctx.num_nodes) if load_s is None else np.asarray(load_s, dtype=float)
-        dec = self.choose(layer, topk, gates, state, load)
+        if router_logits is not None:
+            router_logits = np.asarray(router_logits, dtype=float)
+            if router_logits.shape != (T, self.ctx.num_experts):
+                raise EdgeMoEError(f"router_logits must be [T={T}, E={self.ctx.num_experts}], got {router_logits.shape}")
+        self.router_logits = router_logits
+        try:
+            dec = self.choose(layer, topk, gates, state, load)
+        finally:
+            self.router_logits = None
         state.location = dec.next_location.copy()
         state.budget_used = state.budget_used + dec.quality_cost
         state.layer = state.layer + 1
@@ -156,6 +166,7 @@ class Policy:
         return dec
 
     wants_feedback = False  # backends call `observe` only when True (it costs them bookkeeping)
+    router_logits: np.ndarray | None = None  # [T, E] during `choose`: the rows' real router logits, if passed
 
     def compiled_rule(self) -> str | None:
         """Name of a compiled rule (`edgemoe.runtime.sim.waves.RULES`) that makes exactly this policy's decisions,

@@ -55,7 +55,10 @@ from edgemoe.profile.groups import MAX_ERR, error_groups
 
 from ..context import RuntimeContext, best_local_substitutes
 from ..policy import Decision, Policy, TokenState, branch_ready_s, choose_replicas, meeting_node
-from .ordermoe import OrderMoEPolicy
+from .ordermoe import (  # (the co-selection lives with ordermoe's per-token stand-ins)
+    OrderMoEPolicy,
+    coselection_counts,
+)
 
 STAND_INS = ("drop", "reroute", "random")
 
@@ -211,16 +214,6 @@ class RandomLocalPolicy(RemoteStandInPolicy):
 
     def stand_in_scores(self, layer, topk, gates):
         return self.rng.random((topk.shape[0], self.ctx.num_experts))
-
-
-def coselection_counts(topk: np.ndarray, num_experts: int) -> np.ndarray:
-    """[L, E, E] how many calibration tokens routed both e and j at layer l (diagonal: tokens routing e).
-
-    topk: [T, L, K] calibration routing."""
-    T, L, K = topk.shape
-    onehot = np.zeros((T, L, num_experts))
-    np.put_along_axis(onehot, topk, 1.0, axis=2)
-    return np.einsum("tle,tlj->lej", onehot, onehot)
 
 
 def with_groups(ctx: RuntimeContext, groups) -> RuntimeContext:

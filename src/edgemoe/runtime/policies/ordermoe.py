@@ -113,26 +113,87 @@ class Options:
 
 
 def stand_in_costs(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, topk: np.ndarray, gates: np.ndarray,
-                   mask: np.ndarray, kinds: tuple[str, ...], power: float = QUALITY_POWER):
+                   mask: np.ndarray, kinds: tuple[str, ...], power: float = QUALITY_POWER, subs=None):
     """Per replaced slot, the stand-in with the least predicted quality cost, and that cost: the token's node's
     best-ranked local group member (`ctx.best_sub`), zeroing, or dropping and renormalising, priced by
     `edgemoe.plan.ordermoe.standins.choose_stand_ins` (shared with the planner's runtime model).
 
-    layer, location: [R]; topk, gates: [R, K]; mask: [R, M, K] slots replaced by each action.
+    layer, location: [R]; topk, gates: [R, K]; mask: [R, M, K] slots replaced by each action; subs: None (the
+    group member), or (sub [R, K], err [R, K]) each slot's substitute chosen per token and its predicted
+    error (`token_substitutes`).
     Returns (kind [R, M, K] index into KINDS, cost [R, M, K] (inf: no stand-in allowed), sub [R, K] ids).
     """
     R, K = topk.shape
     loc, lk = location[:, None], layer[:, None]
-    sub = ctx.best_sub[loc, lk, topk] if "sub" in kinds else np.full((R, K), -1, np.int64)
-    sub_err = ctx.best_sub_err[loc, lk, topk] if "sub" in kinds else np.full((R, K), np.inf)
+    if "sub" not in kinds:
+        sub, sub_err = np.full((R, K), -1, np.int64), np.full((R, K), np.inf)
+    elif subs is not None:
+        sub, sub_err = subs
+    else:
+        sub, sub_err = ctx.best_sub[loc, lk, topk], ctx.best_sub_err[loc, lk, topk]
     kind, cost = choose_stand_ins(layer, topk, gates, sub, sub_err, ctx.subst_err, mask, kinds, power)
     return kind, cost, sub
+
+
+STAND_IN_CHOICES = ("group", "token")  # where a substitute comes from: the expert's group, or any local expert per token
+ROUTER_WEIGHT = 0.5  # w of `token_substitutes`: how much of the measured error the router's agreement may discount
+
+
+def logit_affinity(topk: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    """[R, K, E] how close the token's router ranks each expert e to slot k's routed expert e_k, in [0, 1]:
+    exp(min(z_e - z_{e_k}, 0)), the router's probability of e relative to e_k (1: ranked at least as high).
+    topk: [R, K]; logits: [R, E] the token's router logits at the layer."""
+    z_k = np.take_along_axis(logits, topk, axis=1)  # [R, K]
+    return np.exp(np.minimum(logits[:, None, :] - z_k[:, :, None], 0.0))
+
+
+def coselection_counts(topk: np.ndarray, num_experts: int) -> np.ndarray:
+    """[L, E, E] how many calibration tokens routed both e and j at layer l (diagonal: tokens routing e).
+
+    topk: [T, L, K] calibration routing."""
+    T, L, K = topk.shape
+    onehot = np.zeros((T, L, num_experts))
+    np.put_along_axis(onehot, topk, 1.0, axis=2)
+    return np.einsum("tle,tlj->lej", onehot, onehot)
+
+
+def coselect_affinity(coselect: np.ndarray, layer: np.ndarray, topk: np.ndarray) -> np.ndarray:
+    """[R, K, E] the fallback without router logits (simulator, Ray, look-ahead tables): the share of the
+    calibration tokens routing e_k at the layer that also routed e (`coselection_counts` [L, E, E]), in [0, 1]. layer: [R]; topk: [R, K]."""
+    co = coselect[layer[:, None], topk]  # [R, K, E]
+    own = np.take_along_axis(co, topk[:, :, None], axis=2)  # [R, K, 1] tokens routing e_k
+    return co / np.maximum(own, 1.0)
+
+
+def token_substitutes(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, topk: np.ndarray,
+                      affinity: np.ndarray, weight: float = ROUTER_WEIGHT) -> tuple[np.ndarray, np.ndarray]:
+    """(sub [R, K], err [R, K]): per slot, the local expert with the least predicted error for this token, and
+    that error (-1 / inf: the token's node holds no candidate).
+
+    Candidates are every expert of the layer that the token's node holds and that the token did not route
+    (a routed one runs in its own slot; giving its output a second gate is what `drop` prices). The predicted
+    error of e for slot k is the measured mean error subst_err[l, e_k, e] discounted by the token's router
+    agreement: err = subst_err[l, e_k, e] x (1 - weight x affinity[k, e]) (affinity in [0, 1],
+    `logit_affinity` or `coselect_affinity`). Assumption (not calibrated per token): a token whose router
+    ranks e nearly as high as e_k sits where the two experts' outputs differ less than on average; weight 0
+    is the measured error alone. Ties: the lower id. layer, location: [R]; topk: [R, K]; affinity: [R, K, E]."""
+    R, K = topk.shape
+    E = ctx.num_experts
+    held = ctx.hosts[location[:, None], layer[:, None], np.arange(E)[None, :]]  # [R, E]
+    routed = np.zeros((R, E), bool)
+    np.put_along_axis(routed, topk, True, axis=1)
+    err = ctx.subst_err[layer[:, None], topk] * (1.0 - weight * affinity)  # [R, K, E]
+    err = np.where((held & ~routed)[:, None, :], err, np.inf)
+    sub = err.argmin(axis=2)  # first minimum: the lower id
+    best = np.take_along_axis(err, sub[:, :, None], axis=2)[:, :, 0]
+    ok = np.isfinite(best)
+    return np.where(ok, sub, -1), np.where(ok, best, np.inf)
 
 
 def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, home: np.ndarray, usable: np.ndarray,
                   topk: np.ndarray, gates: np.ndarray, load: np.ndarray, max_enum_k: int = MAX_ENUM_K,
                   kinds: tuple[str, ...] = KINDS, steer: bool = False, steer_replicas: int = STEER_REPLICAS,
-                  power: float = QUALITY_POWER, steered_latency: bool = True) -> Options:
+                  power: float = QUALITY_POWER, steered_latency: bool = True, subs=None) -> Options:
     """Every action for R rows (layer, location, home [R]; usable [R, N]; topk, gates [R, K]; load [N]).
 
     An action replaces a subset X of the non-local slots by their cheapest stand-in (`stand_in_costs`) and
@@ -143,6 +204,7 @@ def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, 
     first; the token continues from g (which may hold none of this layer's experts: it is positioned for
     the next layers). A = M subsets unsteered, M x G steered with G = 1 + K (steer_replicas + 1).
     steered_latency False: a steered result leaves latency_mg None (`ordermoe_kernel.steered_pick` walks it).
+    subs: the per-token substitutes (`stand_in_costs`), None: each expert's group member.
     """
     R, K = topk.shape
     node_x = choose_replicas(ctx, layer, location, usable, topk, load, "fallback")
@@ -156,7 +218,7 @@ def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, 
     else:
         order, mask = prefix_masks(ready_x, ~local)  # prefix j replaces the j slowest non-local slots
     M = mask.shape[1]
-    kind, q_alt, sub = stand_in_costs(ctx, layer, location, topk, gates, mask, kinds, power)
+    kind, q_alt, sub = stand_in_costs(ctx, layer, location, topk, gates, mask, kinds, power, subs)
     valid = ~(mask & (local[:, None, :] | ~np.isfinite(q_alt))).any(axis=2)
     is_sub = mask & (kind == 0)
     experts = np.where(mask, np.where(is_sub, sub[:, None, :], -1), topk[:, None, :])
@@ -346,8 +408,10 @@ class LookAhead:
 
     def __init__(self, ctx: RuntimeContext, grid: BudgetGrid, horizon: int, sets_per_prev: int = 4,
                  max_enum_k: int = MAX_ENUM_K, kinds: tuple[str, ...] = KINDS, steer: bool = False,
-                 steer_replicas: int = STEER_REPLICAS, power: float = QUALITY_POWER, min_set_count: int = MIN_SET_COUNT):
+                 steer_replicas: int = STEER_REPLICAS, power: float = QUALITY_POWER, min_set_count: int = MIN_SET_COUNT,
+                 subs_fn=None):
         self.ctx, self.grid, self.horizon = ctx, grid, int(horizon)
+        self.subs_fn = subs_fn  # (layer [R], location [R], topk [R, K]) -> per-token substitutes; None: the groups
         self.kinds, self.steer, self.steer_replicas, self.power = kinds, steer, steer_replicas, power
         N, L, E = ctx.num_nodes, ctx.num_layers, ctx.num_experts
         self.keys = RoutingKeys(ctx.profile_topk, ctx.profile_gates, E, min_set_count if horizon > 0 else 0)
@@ -398,8 +462,11 @@ class LookAhead:
         per = max(1, TABLE_CHUNK_CELLS // (self._actions(ctx) * grid.levels))  # rows per block: bounded memory
         for lo in range(0, len(loc), per):
             r = slice(lo, lo + per)
-            opt = layer_options(ctx, np.full(len(loc[r]), layer), loc[r], loc[r], usable[r], experts[r], gates[r],
-                                np.zeros(N), max_enum_k, self.kinds, self.steer, self.steer_replicas, self.power)
+            lr = np.full(len(loc[r]), layer)
+            subs = None if self.subs_fn is None else self.subs_fn(lr, loc[r], experts[r])
+            opt = layer_options(ctx, lr, loc[r], loc[r], usable[r], experts[r], gates[r],
+                                np.zeros(N), max_enum_k, self.kinds, self.steer, self.steer_replicas, self.power,
+                                subs=subs)
             quality = opt.quality
             left = b[None, None, :] - quality[:, :, None]  # [R, A, m]
             feasible = opt.valid[:, :, None] & (left >= -1e-12)
@@ -421,7 +488,10 @@ class OrderMoEPolicy(Policy):
     latency weight; sets_per_prev: Top-K sets kept per previous top-1 in the tables; max_enum_k;
     steer_replicas; ewma: the feedback's smoothing; adapt_gain: step of the per-user quality weight;
     spend_target: the share of its budget a user's passes should spend; pace: look the tables up at the
-    next H layers' paced share of the remaining budget (`pace_share`) instead of all of it.
+    next H layers' paced share of the remaining budget (`pace_share`) instead of all of it;
+    stand_in_choice: "group" (default: the expert's best-ranked local group member) or "token" (per token, the
+    local expert with the least predicted error, `token_substitutes`, scored with the token's real router
+    logits where the backend passes them, else the calibration co-selection); router_weight: w of that score.
     """
 
     name = "ordermoe"
@@ -432,13 +502,24 @@ class OrderMoEPolicy(Policy):
                  pressure_gain: float = 1.0, sets_per_prev: int = 16, max_enum_k: int = MAX_ENUM_K,
                  steer_replicas: int = STEER_REPLICAS, ewma: float = 0.1, adapt_gain: float = 0.5,
                  spend_target: float = 0.5, quality_power: float = QUALITY_POWER, min_set_count: int = MIN_SET_COUNT,
-                 pace: bool = True):
+                 pace: bool = True, stand_in_choice: str = "group", router_weight: float = ROUTER_WEIGHT):
         kinds = check_kinds(substitutes)
+        if stand_in_choice not in STAND_IN_CHOICES:
+            raise EdgeMoEError(f"ordermoe: stand_in_choice must be one of {list(STAND_IN_CHOICES)}, got {stand_in_choice!r}")
+        if not 0.0 <= router_weight <= 1.0:
+            raise EdgeMoEError(f"ordermoe: router_weight must be in [0, 1], got {router_weight}")
         super().__init__(ctx, budget=budget, horizon=horizon, steer=steer, substitutes=",".join(kinds), levels=levels,
                          quality_price=quality_price, pressure_gain=pressure_gain, sets_per_prev=sets_per_prev,
                          max_enum_k=max_enum_k, steer_replicas=steer_replicas, ewma=ewma, adapt_gain=adapt_gain,
                          spend_target=spend_target, quality_power=quality_power, min_set_count=min_set_count,
-                         pace=bool(pace))
+                         pace=bool(pace), **({} if stand_in_choice == "group" else
+                                             {"stand_in_choice": stand_in_choice, "router_weight": float(router_weight)}))
+        self.stand_in_choice, self.router_weight = stand_in_choice, float(router_weight)
+        self.per_token = stand_in_choice == "token"
+        if self.per_token:
+            self.wants_router_logits = True  # the local backend passes the real logits to `decide`
+            self.coselect = coselection_counts(ctx.profile_topk, ctx.num_experts)  # [L, E, E] the fallback's affinity
+            self.logit_layers = 0  # decide calls handed real router logits (the rest score with the co-selection)
         if horizon < 0 or levels < 2:
             raise EdgeMoEError(f"ordermoe: horizon must be >= 0 and levels >= 2, got {horizon}, {levels}")
         if not 0 < spend_target <= 1 or adapt_gain < 0:
@@ -458,17 +539,25 @@ class OrderMoEPolicy(Policy):
         # future with the myopic rule (64 servers, L=16, E=32, K=4: 57 s steered vs ~1 s), the decision stays steered.
         self.lookahead = LookAhead(ctx, self.grid, self.horizon, sets_per_prev, max_enum_k, kinds,
                                    self.steer and ctx.num_nodes <= STEER_ALL_NODES, self.steer_replicas, self.power,
-                                   min_set_count)
+                                   min_set_count, self.token_subs if self.per_token else None)
         U = ctx.num_users
         self.queue_pressure = 0.0  # EWMA of mean queueing delay / (it + median round trip)
         self.latency_excess = np.zeros(U)  # [U] EWMA of max(observed / estimated latency - 1, 0)
         self.spend_rate = np.zeros(U)  # [U] EWMA of spent / granted budget of the user's finished passes
         self.quality_weight = np.ones(U)  # [U] multiplier of the quality price, adapted per user
 
+    def token_subs(self, layer: np.ndarray, location: np.ndarray, topk: np.ndarray,
+                   logits: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Per-token substitutes (`token_substitutes`) of rows at layer, location [R] routed to topk [R, K]:
+        scored with their router logits [R, E] when given, else with the calibration co-selection."""
+        aff = coselect_affinity(self.coselect, layer, topk) if logits is None else logit_affinity(topk, logits)
+        return token_substitutes(self.ctx, layer, location, topk, aff, self.router_weight)
+
     def compiled_rule(self) -> str | None:
         """"ordermoe" when the simulator's compiled loop makes exactly this policy's decisions
-        (`edgemoe.runtime.sim.ordermoe_loop.supported`; its feedback is given there too)."""
-        if not COMPILED_LOOP or type(self).observe is not OrderMoEPolicy.observe:
+        (`edgemoe.runtime.sim.ordermoe_loop.supported`; its feedback is given there too); None with per-token
+        stand-ins (decided in Python, with the token's logits where the backend has them)."""
+        if self.per_token or not COMPILED_LOOP or type(self).observe is not OrderMoEPolicy.observe:
             return None
         from edgemoe.runtime.sim.ordermoe_loop import supported
 
@@ -531,14 +620,18 @@ class OrderMoEPolicy(Policy):
 
     def choose(self, layer, topk, gates, state, load):
         ctx = self.ctx
+        if self.per_token:
+            self.logit_layers += self.router_logits is not None
         has_budget = state.budget_total > 0
         if len(state) == 0 or not (self.steer or has_budget.any()):
             dec = exact_decision(ctx, layer, topk, state, load)  # no budget and no steering: exactly `exact`
             self._track(load)
             return dec
         loc = state.location
+        subs = self.token_subs(layer, loc, topk, self.router_logits) if self.per_token else None
         opt = layer_options(ctx, layer, loc, state.home, ctx.usable[state.user], topk, gates, load, self.max_enum_k,
-                            self.kinds, self.steer, self.steer_replicas, self.power, steered_latency=not COMPILED_STEER)
+                            self.kinds, self.steer, self.steer_replicas, self.power, steered_latency=not COMPILED_STEER,
+                            subs=subs)
         # per subset [T, M]: quality, what is left, feasibility, budget level; per action [T, M, G]: the rest
         quality = opt.quality_m
         left = state.budget_left[:, None] - quality  # [T, M]
