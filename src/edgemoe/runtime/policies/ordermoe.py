@@ -477,6 +477,16 @@ class LookAhead:
         return np.einsum("cs,nsm->ncm", stats.prob, best)
 
 
+def compiled_loop_supported(policy) -> bool:
+    """Whether the simulator's compiled loop (`edgemoe.runtime.sim.ordermoe_loop`) decides exactly as `policy`
+    (an OrderMoEPolicy): all 2^K subsets enumerated (K <= max_enum_k), top-1 look-ahead keys (no frequent-set
+    keys), quality power 1 or 2 (numpy's power for other exponents may round otherwise). Kept here, not in the
+    loop's module, so that the policy's `compiled_rule` needs nothing from the simulator (no import circle)."""
+    K = policy.ctx.top_k
+    return (K <= policy.max_enum_k and K <= 4 and not policy.lookahead.keys.enabled
+            and policy.power in (1.0, 2.0))
+
+
 class OrderMoEPolicy(Policy):
     """OrderMoE runtime policy. Parameters (defaults and units in docs/runtime.md):
 
@@ -555,13 +565,11 @@ class OrderMoEPolicy(Policy):
 
     def compiled_rule(self) -> str | None:
         """"ordermoe" when the simulator's compiled loop makes exactly this policy's decisions
-        (`edgemoe.runtime.sim.ordermoe_loop.supported`; its feedback is given there too); None with per-token
+        (`compiled_loop_supported`; its feedback is given there too); None with per-token
         stand-ins (decided in Python, with the token's logits where the backend has them)."""
         if self.per_token or not COMPILED_LOOP or type(self).observe is not OrderMoEPolicy.observe:
             return None
-        from edgemoe.runtime.sim.ordermoe_loop import supported
-
-        return self._own_rule(OrderMoEPolicy, "ordermoe") if supported(self) else None
+        return self._own_rule(OrderMoEPolicy, "ordermoe") if compiled_loop_supported(self) else None
 
     @property
     def alpha(self) -> np.ndarray:

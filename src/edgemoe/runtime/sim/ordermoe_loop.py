@@ -18,7 +18,8 @@ decision arrays are counted in the same chunks as `_TallyBuffer` (the tally's qu
 Same floating-point operations in the same order as the numpy path (sums left to right as numpy reduces
 K <= 4 slots, exact maxima and minima, first index on ties); tests/runtime/sim/test_ordermoe_loop.py
 compares every decision array with the numpy path, and tests/runtime/sim/test_sim_pinned.py pins the runs.
-Configurations outside what it covers (`supported`) keep the per-wave policy call.
+Configurations outside what it covers (`edgemoe.runtime.policies.ordermoe.compiled_loop_supported`) keep
+the per-wave policy call.
 """
 
 from __future__ import annotations
@@ -31,15 +32,6 @@ from ..policy import Decision, replica_shortlist
 from .waves import SORTED_MAX_CELLS, _decide_rows, _wave_step, holder_lists
 
 _I = np.int64
-
-
-def supported(policy) -> bool:
-    """Whether the compiled loop decides exactly as `policy` (an OrderMoEPolicy): all 2^K subsets enumerated
-    (K <= max_enum_k), top-1 look-ahead keys (no frequent-set keys), quality power 1 or 2 (numpy's
-    power for other exponents may round otherwise)."""
-    K = policy.ctx.top_k
-    return (K <= policy.max_enum_k and K <= 4 and not policy.lookahead.keys.enabled
-            and policy.power in (1.0, 2.0))
 
 
 @njit(cache=True, inline="always")
@@ -547,8 +539,8 @@ def ordermoe_tables(policy, state):
 
 
 def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int = 1 << 16) -> None:
-    """Run the whole simulation of `engine` (a WaveEngine) with `policy` (OrderMoE, `supported`) decided in the
-    compiled loop. state: the policy's TokenState of every row (updated in place); feedback: the run's
+    """Run the whole simulation of `engine` (a WaveEngine) with `policy` (OrderMoE, `compiled_loop_supported`)
+    decided in the compiled loop. state: the policy's TokenState of every row (updated in place); feedback: the run's
     `Feedback` (its estimate, spent and observed arrays are filled here; its `observe` calls happen in
     Python); count(dec, topk, layer, home, row_pass) receives the decisions in `_TallyBuffer`'s chunks (the
     same rows: waves until >= chunk_rows, then the rest), as views of buffers reused afterwards."""
