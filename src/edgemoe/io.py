@@ -155,6 +155,24 @@ def _write_error(path, exc: BaseException) -> EdgeMoEError | None:
 # --------------------------------------------------------------------------------------------- files
 
 
+def _raise_write_error(path: str | os.PathLike, exc: BaseException) -> None:
+    """Re-raise `exc` (being handled) as the error naming output `path` that `_write_error` makes of it, or
+    as it is (an EdgeMoEError, an interrupt, anything not a refused write)."""
+    err = None if isinstance(exc, EdgeMoEError) else _write_error(path, exc)
+    if err is not None:
+        raise err from None
+    raise exc
+
+
+def _sibling_dir(path: str | os.PathLike, target: Path) -> Path:
+    """A fresh private folder beside `target` (a name that fits the file system's limit), or EdgeMoEError
+    naming `path`."""
+    try:
+        return Path(tempfile.mkdtemp(dir=target.parent, prefix=temp_prefix(target.name), suffix=".tmp"))
+    except OSError as exc:
+        raise EdgeMoEError(f"{path}: cannot write in {target.parent} ({exc.strerror})") from None
+
+
 def atomic_write_with(path: str | os.PathLike, writer: Callable[[Path], None]) -> Path:
     """Call `writer(tmp_path)` to produce a file beside `path`, fsync it, rename it onto `path`.
 
@@ -176,10 +194,7 @@ def atomic_write_with(path: str | os.PathLike, writer: Callable[[Path], None]) -
         os.replace(tmp, target)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
-        err = None if isinstance(exc, EdgeMoEError) else _write_error(path, exc)
-        if err is not None:
-            raise err from None
-        raise
+        _raise_write_error(path, exc)
     _fsync_dir(target.parent)
     return Path(path)
 
@@ -350,10 +365,7 @@ def atomic_write_dir(path: str | os.PathLike, writer: Callable[[Path], None], ki
     if target.exists():
         _refuse_foreign(target, kind, recognise)
     _make_parent(target)
-    try:
-        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=temp_prefix(target.name), suffix=".tmp"))
-    except OSError as exc:
-        raise EdgeMoEError(f"{path}: cannot write in {target.parent} ({exc.strerror})") from None
+    tmp = _sibling_dir(path, target)
     try:
         writer(tmp)
         _write_marker(tmp, kind)
@@ -377,10 +389,7 @@ def atomic_write_dir(path: str | os.PathLike, writer: Callable[[Path], None], ki
         if tmp.exists() and tmp != target:
             with contextlib.suppress(OSError):
                 shutil.rmtree(tmp)
-        err = None if isinstance(exc, EdgeMoEError) else _write_error(path, exc)
-        if err is not None:
-            raise err from None
-        raise
+        _raise_write_error(path, exc)
     return Path(path)
 
 
@@ -414,10 +423,7 @@ def write_into_dir(path: str | os.PathLike, writer: Callable[[Path], None], kind
     target = resolve_target(path)
     check_replaceable_dir(target, kind, recognise, action="write into")
     _make_parent(target)
-    try:
-        stage = Path(tempfile.mkdtemp(dir=target.parent, prefix=temp_prefix(target.name), suffix=".tmp"))
-    except OSError as exc:
-        raise EdgeMoEError(f"{path}: cannot write in {target.parent} ({exc.strerror})") from None
+    stage = _sibling_dir(path, target)
     try:
         writer(stage)
         names = sorted(_entries(stage))
@@ -429,10 +435,7 @@ def write_into_dir(path: str | os.PathLike, writer: Callable[[Path], None], kind
             os.replace(stage / name, target / name)
         _fsync_dir(target)
     except BaseException as exc:
-        err = None if isinstance(exc, EdgeMoEError) else _write_error(path, exc)
-        if err is not None:
-            raise err from None
-        raise
+        _raise_write_error(path, exc)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return target
