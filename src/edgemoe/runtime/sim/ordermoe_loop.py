@@ -546,8 +546,7 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
     same rows: waves until >= chunk_rows, then the rest), as views of buffers reused afterwards."""
     ctx = policy.ctx
     K = ctx.top_k
-    zero = engine._no_rows
-    wave = engine._step(False, zero, zero, zero, engine._no_slots, engine._no_slots, zero, zero)
+    wave = engine.first_wave()
     if wave is None:
         return
     rows, rpass, rlayer, rtok, _ = wave

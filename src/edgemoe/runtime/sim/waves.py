@@ -642,6 +642,11 @@ class WaveEngine:
         self.ids = ids
         return rows, rpass, rlayer, rtok, self.load
 
+    def first_wave(self):
+        """The run's first wave (rows, pass, layer, token, load), no decisions before it; None: nothing to run."""
+        zero = self._no_rows
+        return self._step(False, zero, zero, zero, self._no_slots, self._no_slots, zero, zero)
+
     def run_rule(self, rule: str, ctx, state, trace, count, chunk_rows: int = 1 << 16) -> None:
         """Run the whole simulation with a compiled decision rule (RULES) in place of the policy's `decide`.
 
@@ -649,8 +654,7 @@ class WaveEngine:
         topk, layer, home, row_pass) receives the decisions in chunks of >= chunk_rows rows (the last smaller).
         """
         K = ctx.top_k
-        zero = self._no_rows
-        wave = self._step(False, zero, zero, zero, self._no_slots, self._no_slots, zero, zero)
+        wave = self.first_wave()
         if wave is None:
             return
         rows, rpass, rlayer, rtok, _ = wave
