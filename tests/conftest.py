@@ -65,3 +65,29 @@ TRIANGLE = {
 @pytest.fixture
 def triangle() -> dict:
     return copy.deepcopy(TRIANGLE)
+
+
+@pytest.fixture
+def tiny_comparison_inputs():  # built per test: run_comparison may cache into the profile
+    """(adapter, profile, EvalText) of a tiny random Mixtral for `run_comparison` tests: a profile on 8 blocks
+    of two domains, 4 x 24 evaluation tokens with their exact scores and routing, 4 x 24 calibration tokens."""
+    import numpy as np
+
+    from edgemoe.data import TokenBlocks
+    from edgemoe.eval.experiment import EvalText
+    from edgemoe.models import adapter_for
+    from edgemoe.models.scoring import token_scores
+    from edgemoe.models.tiny import TINY_VOCAB, tiny_model
+    from edgemoe.profile.collect import collect_profile
+    from edgemoe.runtime.local import routing_trace
+
+    adapter = adapter_for(tiny_model("mixtral", seed=5), "mixtral")
+    rng = np.random.default_rng(0)
+    calib = TokenBlocks(rng.integers(1, TINY_VOCAB, (8, 32)), np.arange(8) % 2, ("a", "b"))
+    profile = collect_profile(adapter, calib, "tiny-mixtral", "random", batch_size=4, subst_tokens=64, progress=False)
+    ids, cal = rng.integers(1, TINY_VOCAB, (4, 24)), rng.integers(1, TINY_VOCAB, (4, 24))
+    nll, top1 = token_scores(adapter, ids)
+    topk, gates = routing_trace(adapter, ids)
+    text = EvalText(ids=ids, nll=nll, top1=top1, topk=topk, gates=gates, calib_ids=cal,
+                    calib_nll=token_scores(adapter, cal)[0])
+    return adapter, profile, text

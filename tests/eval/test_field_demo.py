@@ -2,14 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
-from edgemoe.data import TokenBlocks
-from edgemoe.models import adapter_for
-from edgemoe.models.tiny import TINY_VOCAB, tiny_model
-from edgemoe.profile.collect import collect_profile
-from edgemoe.runtime.local import routing_trace
-
 
 def test_demo_comparison_lists_every_field_baseline_at_both_points():
     from edgemoe.eval.experiment import FIELD_BASELINES, ordermoe_comparison
@@ -24,19 +16,10 @@ def test_demo_comparison_lists_every_field_baseline_at_both_points():
                for m in FIELD_BASELINES)
 
 
-def test_self_calibrated_methods_get_their_own_budget():
-    from edgemoe.eval.experiment import Comparison, EvalText, ExperimentConfig, MethodSpec, run_comparison
-    from edgemoe.models.scoring import token_scores
+def test_self_calibrated_methods_get_their_own_budget(tiny_comparison_inputs):
+    from edgemoe.eval.experiment import Comparison, ExperimentConfig, MethodSpec, run_comparison
 
-    adapter = adapter_for(tiny_model("mixtral", seed=5), "mixtral")
-    rng = np.random.default_rng(0)
-    calib = TokenBlocks(rng.integers(1, TINY_VOCAB, (8, 32)), np.arange(8) % 2, ("a", "b"))
-    profile = collect_profile(adapter, calib, "tiny-mixtral", "random", batch_size=4, subst_tokens=64, progress=False)
-    ids, cal = rng.integers(1, TINY_VOCAB, (4, 24)), rng.integers(1, TINY_VOCAB, (4, 24))
-    nll, top1 = token_scores(adapter, ids)
-    topk, gates = routing_trace(adapter, ids)
-    text = EvalText(ids=ids, nll=nll, top1=top1, topk=topk, gates=gates, calib_ids=cal,
-                    calib_nll=token_scores(adapter, cal)[0])
+    adapter, profile, text = tiny_comparison_inputs
     comp = Comparison(
         name="t", cluster="edge8", mode="migrate",
         methods=(MethodSpec("tight", "ordermoe", "ordermoe", {"budget": "tight", "horizon": 0},

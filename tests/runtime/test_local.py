@@ -148,21 +148,12 @@ def test_rise_with_bound_known_answer():
 TARGET = 0.00015
 
 
-def test_operating_points_plan_their_placement_and_resolve_in_results():
+def test_operating_points_plan_their_placement_and_resolve_in_results(tiny_comparison_inputs):
     """A comparison with named operating points: budgets calibrated on calibration text (upper bound in
     target), the named placement planned for the calibrated budget and recorded under the point's name."""
-    from edgemoe.eval.experiment import Comparison, EvalText, ExperimentConfig, MethodSpec, run_comparison
-    from edgemoe.models.scoring import token_scores
+    from edgemoe.eval.experiment import Comparison, ExperimentConfig, MethodSpec, run_comparison
 
-    adapter = adapter_for(tiny_model("mixtral", seed=5), "mixtral")
-    rng = np.random.default_rng(0)
-    calib = TokenBlocks(rng.integers(1, TINY_VOCAB, (8, 32)), np.arange(8) % 2, ("a", "b"))
-    profile = collect_profile(adapter, calib, "tiny-mixtral", "random", batch_size=4, subst_tokens=64, progress=False)
-    ids, cal = rng.integers(1, TINY_VOCAB, (4, 24)), rng.integers(1, TINY_VOCAB, (4, 24))
-    nll, top1 = token_scores(adapter, ids)
-    topk, gates = routing_trace(adapter, ids)
-    text = EvalText(ids=ids, nll=nll, top1=top1, topk=topk, gates=gates, calib_ids=cal,
-                    calib_nll=token_scores(adapter, cal)[0])
+    adapter, profile, text = tiny_comparison_inputs
     comp = Comparison(
         name="t", cluster="edge8", mode="migrate",
         methods=(MethodSpec("exact@ordermoe", "ordermoe", "exact"),
