@@ -77,11 +77,13 @@ def test_sampling_cuts():
     probs = torch.softmax(logits, 0)  # 0.644, 0.237, 0.087, 0.032
     kept = torch.isfinite(filtered_logits(logits, SamplingParams(1.0, 0.85, 0, 0)))
     assert kept.tolist() == [True, True, False, False] and probs[:2].sum() >= 0.85
-    assert next_token(logits, SamplingParams(0.0, 1.0, 0, 0), torch.Generator()) == 0
+    assert next_token(logits, SamplingParams(0.0, 1.0, 0, 0), 0) == 0
     p = SamplingParams(1.0, 1.0, 0, 42)
-    a = [next_token(logits, p, g) for g in [p.generator()] for _ in range(20)]
-    b = [next_token(logits, p, g) for g in [p.generator()] for _ in range(20)]
-    assert a == b
+    a = [next_token(logits, p, i) for i in range(40)]
+    assert a == [next_token(logits, p, i) for i in range(40)]  # a draw depends on (seed, index) alone
+    assert a[20:] == [next_token(logits, p, i) for i in range(20, 40)]  # so a resumed stream draws the same
+    assert a != [next_token(logits, SamplingParams(1.0, 1.0, 0, 43), i) for i in range(40)]
+    assert len(set(a)) > 1  # the draws differ from token to token
     with pytest.raises(ValueError):
         SamplingParams(1.0, 0.0, 0, 0)
 

@@ -307,6 +307,8 @@ class ServerActor:
         self.node = int(node)
         self._drop_rate, self._drop_rng = 0.0, np.random.default_rng(0)
         self._configure(cfg)
+        self.batcher = None  # made by the first stream (HomeBatcher); it follows self.home across reconfigurations
+        self._batcher_lock = threading.Lock()
         self._stop = threading.Event()
         threading.Thread(target=self._probe_loop, daemon=True).start()
 
@@ -369,6 +371,34 @@ class ServerActor:
             raise EdgeMoEError(f"server {self.cfg.ctx.node_names[self.node]} is no user's home (it has no backbone)")
         return self.home.generate(req)
 
+    # ---- streams (continuous batching on this home: edgemoe.distributed.batching) --------------------
+    def stream_start(self, req) -> int:
+        """Queue a StreamRequest on this home's batching loop; returns this process's id."""
+        if self.home is None:
+            raise EdgeMoEError(f"server {self.cfg.ctx.node_names[self.node]} is no user's home (it has no backbone)")
+        if self.batcher is None:
+            from .batching import HomeBatcher
+
+            with self._batcher_lock:
+                if self.batcher is None:
+                    self.batcher = HomeBatcher(lambda: self.home)
+        self.batcher.start(req)
+        return os.getpid()
+
+    def stream_poll(self, request_id: str, have: int, timeout_s: float = 1.0) -> dict:
+        """The stream's tokens after the first `have` (waiting up to timeout_s for one), plus, on each answer,
+        this home's exclusions and readmissions so far (the ingress's metrics)."""
+        if self.batcher is None:
+            raise EdgeMoEError(f"stream {request_id} is unknown here (this home restarted, or forgot it)")
+        out = self.batcher.poll(request_id, int(have), min(float(timeout_s), 10.0))
+        if self.home is not None:
+            out["membership"] = {"pid": os.getpid(), "events": [(kind, n) for _, kind, n in self.home.membership.events]}
+        return out
+
+    def stream_cancel(self, request_id: str) -> dict | None:
+        """Stop a stream at its next step; its counts so far (None: unknown here)."""
+        return None if self.batcher is None else self.batcher.cancel(request_id)
+
     def memory(self) -> dict:
         out = self.core.memory()
         out["backbone_bytes"] = self.home.backbone_bytes if self.home else 0
@@ -379,7 +409,8 @@ class ServerActor:
             return {}
         alive, version = self.home.membership.snapshot()
         return {"alive": alive.tolist(), "version": version, "events": list(self.home.membership.events),
-                "started": self.home.started, "in_flight": self.home.in_flight, "served": self.home.served}
+                "started": self.home.started, "in_flight": self.home.in_flight, "served": self.home.served,
+                "streams": self.batcher.load() if self.batcher is not None else None}
 
     def _probe_loop(self) -> None:
         """Probe excluded servers when due; a server that answers with a stale configuration (it restarted

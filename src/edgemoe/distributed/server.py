@@ -81,7 +81,12 @@ def process_rss_bytes() -> int:
 
 class Degraded(EdgeMoEError):
     """Exact execution is impossible: some routed expert has no reachable replica (HTTP 503). Raised only for
-    requests that did not allow degradation (GenerateRequest.allow_degraded)."""
+    requests that did not allow degradation (GenerateRequest.allow_degraded). rows: the pass's token rows
+    whose strict slots a failure changed (a batched pass fails only their sequences)."""
+
+    def __init__(self, message: str, rows=()):
+        super().__init__(message)
+        self.rows = tuple(int(r) for r in rows)
 
 
 class ServerCore:
@@ -195,7 +200,10 @@ class _Pass:
     estimate_s: float = 0.0  # the policy's own estimate of the pass (per layer its slowest row's latency_s)
     spent: float = 0.0  # quality budget the pass's rows spent
     late_s: float = 0.0  # host lateness: how much later than their deadlines the layers started (and the pass ended)
-    strict: bool = False  # exact execution or nothing: a slot that a failure would drop or substitute raises Degraded
+    strict: bool | np.ndarray = False  # exact execution or nothing (per pass, or [T] per row): a slot that a failure
+    # would drop or substitute raises Degraded
+    observer: object = None  # batched passes: observer(layer, topk [T, K], final Decision) after each MoE layer
+    row_degraded: np.ndarray = None  # batched passes: [T] slots a failure dropped or substituted, per row
 
 
 COUNT_KEYS = ("slots", "remote", "substituted", "dropped", "repaired", "failed_calls", "calls", "link_bytes",
@@ -304,6 +312,8 @@ class HomeEngine:
         final = replace(dec, experts=experts, node=node, next_location=meet)
         p.tally.add(final, topk, layer, st.home, p.prefill)
         p.counts["repaired"] += fixed
+        if p.observer is not None:
+            p.observer(layer, topk, final)
         p.topk.append(topk)
         p.gates.append(gates)
         call = LayerCall(layer, hidden, None, topk_t, gates_t)
@@ -375,14 +385,17 @@ class HomeEngine:
         changed = (planned >= 0) & (executed != planned)
         if not changed.any():
             return
-        if p.strict:
-            t, k = np.argwhere(changed)[0]
+        strict = changed & np.asarray(p.strict, bool).reshape(-1, 1)  # [T, K] (a pass-wide flag broadcasts)
+        if strict.any():
+            t, k = np.argwhere(strict)[0]
             alive, _ = self.membership.snapshot()
             down = [self.ctx.node_names[n] for n in np.flatnonzero(~alive)]
             raise Degraded(f"exact execution impossible: expert {int(planned[t, k])} of layer {layer} has no reachable "
                            f"replica (servers down: {', '.join(down) or 'none'}); send edgemoe.allow_degraded: true "
-                           "to accept dropped or substituted slots")
+                           "to accept dropped or substituted slots", np.flatnonzero(strict.any(axis=1)))
         p.counts["degraded"] += int(changed.sum())
+        if p.row_degraded is not None:
+            p.row_degraded += changed.sum(axis=1)
 
     def _collect(self, calls, layer, out, done, meet, st, p: _Pass, sent: float, last: bool) -> list:
         """Wait for the replies of `calls`, fill out/done, record events; returns the failed calls' slots.
@@ -446,6 +459,39 @@ class HomeEngine:
             policy.observe(np.array([user]), np.array([end - begin]), np.array([p.estimate_s]), np.array([p.spent]),
                            np.array([float(state.budget_total.sum())]))
         return int(logits[0, -1].argmax()), begin, end, end - p.late_s
+
+    @torch.no_grad()
+    def forward_batch(self, ids: torch.Tensor, cache, users: np.ndarray, strict: np.ndarray, observer,
+                      attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None):
+        """One pass of several sequences at once (edgemoe.distributed.batching): ids [B, S] (a prefill is
+        B = 1; a decode step S = 1), users [B] and strict [B] per sequence, observer(layer, topk, final) per MoE
+        layer (rows in batch-major order, B x S). Every MoE layer's slots bound for one server leave as one
+        call, whichever sequence they belong to. Returns (logits [B, V] at each sequence's last position,
+        degraded slots per row [B x S]). Real clock only; the policy's adaptive feedback is not fed (one
+        request's latency must not change another's text, as in the in-process engine)."""
+        if self.clock.virtual:
+            raise EdgeMoEError("batched serving runs on the real clock (the virtual clock needs request-by-request "
+                               "arrivals: HomeEngine.generate)")
+        policy, _ = self.policy()
+        B, S = ids.shape
+        state = policy.start(np.repeat(np.asarray(users, np.int64), S))
+        state.home[:] = self.node
+        state.location[:] = self.node
+        from edgemoe.runtime.metrics import DecisionTally
+
+        counts = dict.fromkeys(COUNT_KEYS, 0)
+        tally = DecisionTally(self.ctx.num_layers, row_bytes(self.hidden_size, self.cfg.wire))
+        begin = self.clock.stamp(self.clock.now())
+        p = _Pass(state, S > 1, counts, [], [], tally, begin, 0 if S > 1 else 1, [], [], np.zeros(self.ctx.num_nodes),
+                  strict=np.repeat(np.asarray(strict, bool), S), observer=observer,
+                  row_degraded=np.zeros(B * S, np.int64))
+        self._local.current = p
+        try:
+            out = self.adapter.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
+                                     cache=cache, use_cache=True)
+        finally:
+            self._local.current = None
+        return out.logits[:, -1], p.row_degraded
 
     @torch.no_grad()
     def generate(self, req: GenerateRequest) -> GenerateResult:

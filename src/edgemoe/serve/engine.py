@@ -8,8 +8,8 @@ the deployment's policy (or `exact`, for requests that ask for it) what runs whe
 backend does (edgemoe.runtime.local), and counts per row what the decision did.
 
 Admission: at most `max_running` sequences run and `max_queue` wait; `submit` beyond that raises `Busy`.
-Each sequence samples from its own seeded generator (edgemoe.serve.sampling), and the policy's decisions are
-per row, so a seeded request's text does not depend on what it was batched with (up to float rounding of
+Each sequence's i-th token is drawn from a generator seeded by (its seed, i) (edgemoe.serve.sampling), and the
+policy's decisions are per row, so a seeded request's text does not depend on what it was batched with (up to float rounding of
 the batched arithmetic, about 1e-6 in the logits). The policy's adaptive feedback (`observe`) is not fed:
 as in the local backend, one request's latency must not change another's text.
 """
@@ -26,12 +26,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from edgemoe.distributed.batching import SLOT_KINDS, append_step, batch_caches, slot_kinds
 from edgemoe.errors import EdgeMoEError
 
 from .sampling import SamplingParams, next_token, top_logprobs
 from .text import TextStream
-
-SLOT_KINDS = ("local", "remote", "substituted", "dropped", "zeroed")
 
 
 class Busy(EdgeMoEError):
@@ -91,12 +90,11 @@ class Failed:
 
 
 class Sequence:
-    """A running request: its tokens, KV cache, generator, text stream, counters and event sink."""
+    """A running request: its tokens, KV cache, text stream, counters and event sink."""
 
     def __init__(self, req: GenerationRequest, sink, tokenizer):
         self.req = req
         self.sink = sink  # callable(event), called from the engine thread
-        self.gen = req.sampling.generator()
         self.stream = TextStream(tokenizer, req.stop)
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []  # per decoder layer, [1, heads, len, dim]
         self.length = 0  # tokens in the cache
@@ -257,16 +255,6 @@ def _last_rows(per_seq_rows: list[int]) -> np.ndarray:
     mask = np.zeros(int(sum(per_seq_rows)), bool)
     mask[ends] = True
     return mask
-
-
-def slot_kinds(topk, experts, node, location, zeroed) -> np.ndarray:
-    """[T, K] index into SLOT_KINDS: zeroed; dropped (not run, renormalised); substituted (another expert ran);
-    remote (the routed expert ran away from the token's node); local. topk/experts/node/zeroed: [T, K];
-    location: [T]."""
-    kind = np.where(node == location[:, None], 0, 1)
-    kind = np.where((experts >= 0) & (experts != topk), 2, kind)
-    kind = np.where(experts < 0, 3, kind)
-    return np.where(zeroed, 4, kind)
 
 
 class Engine:
@@ -441,34 +429,15 @@ class Engine:
     @torch.no_grad()
     def _decode(self, batch: list[Sequence]) -> None:
         """One decode pass for every sequence of `batch`: [B, 1] tokens over their left-padded caches."""
-        from transformers import DynamicCache
-
         t0 = time.perf_counter()
         B = len(batch)
-        width = max(s.length for s in batch)
-        layers = []
-        for i in range(len(batch[0].kv)):
-            k0 = batch[0].kv[i][0]
-            keys = k0.new_zeros((B, k0.shape[1], width, k0.shape[3]))
-            values = keys.clone()
-            for b, s in enumerate(batch):
-                keys[b, :, width - s.length:] = s.kv[i][0][0]
-                values[b, :, width - s.length:] = s.kv[i][1][0]
-            layers.append((keys, values))
-        cache = DynamicCache(layers, config=self.model.config)
-        mask = torch.zeros((B, width + 1), dtype=torch.long, device=self.device)
-        for b, s in enumerate(batch):
-            mask[b, width - s.length:] = 1
+        cache, mask = batch_caches([s.kv for s in batch], [s.length for s in batch], self.model.config)
         ids = torch.tensor([[s.last_token] for s in batch], dtype=torch.long, device=self.device)
         pos = torch.tensor([[s.length] for s in batch], dtype=torch.long, device=self.device)
         bridge = PolicyBridge(self, batch, [1] * B, [True] * B, np.array([s.length for s in batch]))
         with self.adapter.intervene(bridge):
             logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True).logits[:, -1]
-        for i, layer in enumerate(cache.layers):
-            new_k, new_v = layer.keys[:, :, -1:], layer.values[:, :, -1:]
-            for b, s in enumerate(batch):
-                k, v = s.kv[i]
-                s.kv[i] = (torch.cat([k, new_k[b:b + 1]], dim=2), torch.cat([v, new_v[b:b + 1]], dim=2))
+        append_step(cache, [s.kv for s in batch])
         for s in batch:
             s.length += 1
         self._took(bridge, batch, logits, time.perf_counter() - t0)
@@ -481,7 +450,7 @@ class Engine:
             self.telemetry.step(len(seqs), step_s)
         for b, s in enumerate(seqs):
             row = logits[b]
-            tok = next_token(row, s.req.sampling, s.gen)
+            tok = next_token(row, s.req.sampling, len(s.generated))
             info = TokenInfo(tok)
             if s.req.logprobs is not None:
                 info.logprob, info.top = top_logprobs(row, tok, s.req.logprobs)

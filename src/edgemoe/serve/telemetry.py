@@ -1,6 +1,10 @@
 """Prometheus metrics of one server (prometheus_client), in a registry of its own so several servers (tests)
 can live in one process. The engine thread updates them; `/metrics` renders them.
 
+Membership (the Ray backend): `edgemoe_exclusions_total{by, node}` and `edgemoe_readmissions_total{by, node}` count
+each exclusion and readmission of a node by its keeper (`ingress` for homes, `home <name>` for the servers a
+home calls), the same events the log lines name; `edgemoe_failovers_total` counts streams moved to another home.
+
 Tokens per second is `rate(edgemoe_generation_tokens_total[1m])` in Prometheus; the remote share is
 `edgemoe_expert_slots_total{kind="remote"}` over the sum of all kinds.
 """
@@ -10,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from .engine import SLOT_KINDS
+from edgemoe.distributed.batching import SLOT_KINDS
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -49,6 +53,12 @@ class Telemetry:
         self.finished_count = Counter("edgemoe_finished_sequences", "sequences by finish reason", ["reason"],
                                       registry=r)
         self.rejected = Counter("edgemoe_rejected_requests", "requests refused at admission (queue full)", registry=r)
+        self.exclusions = Counter("edgemoe_exclusions", "nodes excluded after a failure, by who excluded them",
+                                  ["by", "node"], registry=r)
+        self.readmissions = Counter("edgemoe_readmissions", "excluded nodes readmitted after a probe, by who readmitted "
+                                    "them", ["by", "node"], registry=r)
+        self.failovers = Counter("edgemoe_failovers", "streams resumed on another home after theirs failed", registry=r)
+        self.before_render = None  # a callable run before each scrape (the ray engine syncs membership events)
         for policy in policies:  # every series exists from the start (a scrape sees zeros, not gaps)
             for kind in SLOT_KINDS:
                 self.slot_count.labels(policy=policy, kind=kind)
@@ -92,9 +102,15 @@ class Telemetry:
         if seq.token_times:
             self.e2e.observe(seq.token_times[-1] - seq.submitted)
 
+    def membership_event(self, by: str, kind: str, node: str) -> None:
+        """One exclusion ("excluded") or readmission ("readmitted") of `node` by `by`."""
+        (self.exclusions if kind == "excluded" else self.readmissions).labels(by=by, node=node).inc()
+
     # ---- HTTP side ------------------------------------------------------------------------------
     def request(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()
 
     def render(self) -> bytes:
+        if self.before_render is not None:
+            self.before_render()
         return generate_latest(self.registry)
