@@ -6,22 +6,27 @@ Ray instance of the other tests cannot share a driver with a second cluster).
 A real Ray cluster of three nodes on loopback (ray.cluster_utils.Cluster: three raylets, one GCS), each node
 declaring one server's `edgemoe_node_<name>` resource, as `ray start --resources` does on real machines;
 the lab3 deployment joins it with `start_ray(address=...)`, behind the HTTP app; then node b's processes
-are killed (its raylet and workers), requests go on, and b is started again and readmitted.
+are killed (its raylet and workers) while a stream of b's user is running: the stream resumes on another
+home, requests go on, and b is started again and readmitted.
 """
 
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
 import edgemoe.distributed  # noqa: F401  - token auth and loopback before Ray is imported
 
 HERE = Path(__file__).resolve().parent
+LONG = 24  # tokens of the stream that is running when node b dies
 sys.path.insert(0, str(HERE))
 
 
 def main(tiny: str) -> dict:
+    import httpx
     import openai
+    from prometheus_client.parser import text_string_to_metric_families
     from ray.cluster_utils import Cluster
 
     import ray
@@ -33,6 +38,7 @@ def main(tiny: str) -> dict:
     from edgemoe.serve.api import create_app
     from edgemoe.serve.ray_engine import RayEngine
     from edgemoe.serve.service import ServerThread
+    from edgemoe.serve.telemetry import Telemetry
 
     small = dict(num_cpus=1, object_store_memory=80 * 2**20)
     cluster = Cluster(initialize_head=True, head_node_args=dict(small, resources={node_resource("a"): 1},
@@ -50,19 +56,46 @@ def main(tiny: str) -> dict:
         out["join"] = join_instructions(out["ray"], dep.cfg.namespace, ("a", "b", "c"))
         placed = {d["node"]: d["ray_node"] for d in dep._get([h.cpu.remote() for h in dep.handles], 60, "report")}
         out["on_their_nodes"] = all(placed[i] == nodes[n].node_id for i, n in enumerate("abc"))
-        engine = RayEngine(dep, load_tokenizer(tiny))
+        engine = RayEngine(dep, load_tokenizer(tiny), telemetry=Telemetry(("a", "b", "c")))
         engine.client.homes.backoff = Backoff(0.2, 1.0)
         prompt = [5, 6, 7, 8, 9, 10, 11]
         with ServerThread(create_app(engine, "tiny")) as s:
             c = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=180)
 
-            def ask(user: str) -> dict:
-                r = c.completions.create(model="tiny", prompt=prompt, max_tokens=3, temperature=0,
+            def ask(user: str, max_tokens: int = 3) -> dict:
+                r = c.completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=0,
                                          extra_body={"edgemoe": {"user": user}})
                 return {"text": r.choices[0].text, **r.model_extra["edgemoe"]}
 
             out["before"] = [ask(u) for u in ("u0", "u1", "u2")]
+            out["long_before"] = ask("u1", LONG)
+            # a stream of user u1 (home b) is running when machine b's processes die
+            first = threading.Event()
+            mid: dict = {}
+
+            def stream() -> None:
+                try:
+                    chunks = c.completions.create(model="tiny", prompt=prompt, max_tokens=LONG, temperature=0,
+                                                  stream=True, extra_body={"edgemoe": {"user": "u1"}})
+                    pieces = []
+                    for ch in chunks:
+                        if ch.choices and ch.choices[0].text:
+                            pieces.append(ch.choices[0].text)
+                            first.set()
+                    mid["text"] = "".join(pieces)
+                except Exception as exc:  # noqa: BLE001 - a clear error is an allowed outcome: reported
+                    mid["error"] = f"{type(exc).__name__}: {exc}"
+                finally:
+                    first.set()
+
+            t = threading.Thread(target=stream)
+            t.start()
+            first.wait(120)
+            mid["pieces_before_kill"] = True
             cluster.remove_node(nodes["b"], allow_graceful=False)  # machine b's processes die
+            t.join(300)
+            mid["hung"] = t.is_alive()
+            out["mid_stream"] = mid
             out["b_seen_dead"] = _wait_dead(ray, dep.handles[1])  # its worker outlives the raylet a moment
             out["b_down"] = [ask(u) for u in ("u1", "u0", "u1")]
             nodes["b"] = cluster.add_node(resources={node_resource("b"): 1}, **small)  # b comes back
@@ -76,6 +109,10 @@ def main(tiny: str) -> dict:
             out["readmitted"] = views
             out["after"] = [ask(u) for u in ("u1",)]
             out["b_node_after"] = dep._get([dep.handles[1].cpu.remote()], 60, "report")[0]["ray_node"] == nodes["b"].node_id
+            text = httpx.get(s.url + "/metrics").text
+            out["metrics"] = {f"{x.name}{sorted(x.labels.items())}": x.value for fam in text_string_to_metric_families(text)
+                              for x in fam.samples if x.name.startswith(("edgemoe_exclusions", "edgemoe_readmissions",
+                                                                         "edgemoe_failovers"))}
         engine.close()
         out["failovers"] = engine.client.failovers
         dep.shutdown()

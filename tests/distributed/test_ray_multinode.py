@@ -1,6 +1,7 @@
 """Several machines (issue 20, section 4), on loopback: a real three-node Ray cluster (ray.cluster_utils), each
-node declaring its server's resource; the deployment joins it, answers over HTTP, survives node b's death
-(failover of b's user, every expert still has a replica) and readmits b when its machine returns."""
+node declaring its server's resource; the deployment joins it, answers over HTTP, survives node b's death in the
+middle of a stream (the stream resumes on another home; every expert still has a replica) and readmits b when
+its machine returns."""
 
 import json
 import os
@@ -36,8 +37,16 @@ def test_three_node_cluster_on_loopback_serves_fails_over_and_readmits(tiny_path
     assert out["b_seen_dead"]
     before, down, after = out["before"], out["b_down"], out["after"]
     assert [r["home"] for r in before] == ["a", "b", "c"]
-    # b gone: its user is answered by another home, and only the first of its requests tried b
+    # b died mid-stream: the stream resumed on another home from where it was and ended as it would have on b
+    mid = out["mid_stream"]
+    assert not mid["hung"] and "error" not in mid, mid
+    assert mid["text"] == out["long_before"]["text"] and out["long_before"]["home"] == "b"
+    # b gone: its user is answered by another home; only the stream that was running on b tried b
     assert down[0]["home"] != "b" and down[2]["home"] != "b" and out["failovers"] == 1
+    m = out["metrics"]
+    assert m["edgemoe_failovers_total[]"] == 1
+    assert m["edgemoe_exclusions_total[('by', 'ingress'), ('node', 'b')]"] >= 1
+    assert m["edgemoe_readmissions_total[('by', 'ingress'), ('node', 'b')]"] >= 1
     assert all(r["expert_slots"]["degraded"] == 0 for r in down)  # every expert had a live replica
     assert down[0]["text"] == before[1]["text"]  # the same exact answer, from another home
     assert out["b_back_alive"] and out["readmitted"] == [[True, True, True]] * 3
