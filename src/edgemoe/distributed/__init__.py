@@ -7,7 +7,7 @@ states really moving between them over emulated links, fault handling, load gene
 - `repair`, `health`: re-routing around failed servers, exclusion and readmission with backoff;
 - `serve`: Ray start/join (loopback, token auth), one actor per server, the client, closed-loop load;
 - `measure`: measured metrics of a run beside the simulator's prediction of the same run;
-- `cli`: `serve_command`, mounted as `edgemoe serve`.
+- `cli`: `launch` and the load run of `edgemoe serve --backend ray` (options in edgemoe.serve.cli).
 
 Nothing here imports Ray at module import time; Ray is the optional extra `edgemoe[ray]`. Ray reads
 its authentication mode when it is imported, so importing this package first switches token

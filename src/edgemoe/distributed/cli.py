@@ -1,7 +1,6 @@
-"""`edgemoe serve`: start (or join) Ray, one actor per server of a cluster with a placement, then serve
-until interrupted, or run a closed-loop load for a bounded time and write measured vs predicted metrics.
-
-Mounted by the main CLI with one line: `app.command("serve")(serve_command)`.
+"""The Ray side of `edgemoe serve --backend ray` (whose one option list is edgemoe.serve.cli's): check the
+inputs, start (or join) Ray, one actor per server of a cluster with a placement (`launch`), and the
+closed-loop load run that writes measured vs predicted metrics (`load_command`, `run_load`).
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ import json
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
 
 import typer
 
@@ -18,55 +16,55 @@ from edgemoe.errors import EdgeMoEError, fail
 from edgemoe.params import parse_params
 
 
-def serve_command(
-    cluster: Annotated[str, typer.Option(help="cluster preset name or YAML/TOML file")],
-    placement: Annotated[Path, typer.Option(help="placement.json written by `edgemoe plan`")],
-    profile: Annotated[Path, typer.Option(help="routing profile folder (`edgemoe profile`) of the same model")],
-    model: Annotated[str, typer.Option(help="model folder or 'default'")] = "default",
-    policy: Annotated[str, typer.Option(help="runtime policy: exact, ordermoe, drop, slimcaching")] = "exact",
-    param: Annotated[list[str], typer.Option(help="policy parameter key=value (repeatable)")] = [],  # noqa: B006
-    mode: Annotated[str, typer.Option(help="token location mode: migrate or home")] = "home",
-    domain_fallback: Annotated[bool, typer.Option(
-        "--domain-fallback", help="map cluster user domains the profile lacks round-robin onto its domains")] = False,
-    ray_address: Annotated[str | None, typer.Option(help="join this Ray cluster (token in RAY_AUTH_TOKEN or ~/.ray/auth_token); default: a local instance")] = None,
-    links: Annotated[bool, typer.Option(help="emulate the cluster's links (turn off on a real cluster)")] = True,
-    wire: Annotated[str, typer.Option(help="hidden-state dtype on the wire: bf16, fp16, fp32")] = "bf16",
-    load_users: Annotated[int, typer.Option(min=0, help="run a closed-loop load with this many users, then stop (0: serve until Ctrl-C)")] = 0,
-    load_seconds: Annotated[float, typer.Option(min=0.001, max=86_400, help="duration of the closed-loop load (seconds)")] = 20.0,
-    gen_tokens: Annotated[int, typer.Option(min=1, help="tokens generated per load request")] = 16,
-    dilation: Annotated[str, typer.Option(help="time dilation k of the emulated cluster: a number >= 1, or 'auto' (calibrated)")] = "1",
-    out: Annotated[Path, typer.Option(help="where the load run's metrics go (JSON)")] = Path("runs/serve.json"),
-):
-    """Run the cluster's servers as Ray actors (one per node, pinned by the `edgemoe_node_<name>` resource)."""
+def launch(cluster: str, placement: Path, profile: Path, model: str, policy: str, param: list[str], mode: str,
+           wire: str, domain_fallback: bool, links: bool, ray_address: str | None, dilation: float, echo=print):
+    """Check the inputs, start (or join) Ray, start one actor per server; echo the Ray address, how to join and
+    each server's memory. Returns the Deployment (the caller shuts it down and stops Ray)."""
+    from .serve import Deployment, join_instructions, log_to_stderr, start_ray, stop_ray
+
+    ctx, cfg = _checked_inputs(cluster, placement, profile, model, policy, param, mode, wire, domain_fallback,
+                               links and ray_address is None)
+    cfg = replace(cfg, dilation=dilation)
+    log_to_stderr()
+    info = start_ray_clearly(start_ray, ctx.node_names, ray_address)
+    t0 = time.perf_counter()
+    try:
+        dep = Deployment.launch(cfg)
+    except BaseException:
+        stop_ray()
+        raise
+    echo(f"{len(dep.handles)} servers up in {time.perf_counter() - t0:.1f} s")
+    for line in join_instructions(info, dep.cfg.namespace, ctx.node_names):
+        echo(line)
+    for m in dep.memory():
+        echo(f"  {ctx.node_names[m['node']]:<12} experts {m['experts']:4d}  expert MB {m['expert_bytes'] / 1e6:7.2f}  "
+             f"backbone MB {m['backbone_bytes'] / 1e6:6.2f}  RSS MB {m['rss_bytes'] / 1e6:7.1f}")
+    return dep
+
+
+def load_command(cluster: str, placement: Path, profile: Path, model: str, policy: str, param: list[str], mode: str,
+                 domain_fallback: bool, ray_address: str | None, links: bool, wire: str, load_users: int,
+                 load_seconds: float, gen_tokens: int, dilation: str, out: Path) -> None:
+    """`edgemoe serve --backend ray --load-users N` (its options are edgemoe.serve.cli's, the one list): the
+    servers as Ray actors, a closed-loop load for a bounded time, measured vs predicted metrics to `out`."""
     from edgemoe.io import Output, atomic_write_text, check_outputs
 
-    from .serve import Deployment, join_instructions, log_to_stderr, start_ray
+    from .serve import stop_ray
 
     try:
         check_outputs({"--out": Output(out)}, {"--cluster": cluster, "--placement": placement, "--profile": profile,
                                                "--model": model})
         k = _dilation(dilation)
-        ctx, cfg = _checked_inputs(cluster, placement, profile, model, policy, param, mode, wire, domain_fallback,
-                                   links and ray_address is None)
-        cfg = replace(cfg, dilation=1.0 if k == "auto" else k)
-        log_to_stderr()
-        info = start_ray_clearly(start_ray, ctx.node_names, ray_address)
-        t0 = time.perf_counter()
-        dep = Deployment.launch(cfg)
-        typer.echo(f"{len(dep.handles)} servers up in {time.perf_counter() - t0:.1f} s")
-        for line in join_instructions(info, dep.cfg.namespace, ctx.node_names):
-            typer.echo(line)
-        for m in dep.memory():
-            typer.echo(f"  {ctx.node_names[m['node']]:<12} experts {m['experts']:4d}  expert MB {m['expert_bytes'] / 1e6:7.2f}  "
-                       f"backbone MB {m['backbone_bytes'] / 1e6:6.2f}  RSS MB {m['rss_bytes'] / 1e6:7.1f}")
-        if load_users <= 0:
-            typer.echo("serving; Ctrl-C stops.")
-            while True:
-                time.sleep(3600)
-        from edgemoe.progress import ticker
+        dep = launch(cluster, placement, profile, model, policy, param, mode, wire, domain_fallback, links,
+                     ray_address, 1.0 if k == "auto" else k, typer.echo)
+        try:
+            from edgemoe.progress import ticker
 
-        with ticker(f"load run: {load_users} users", total_s=load_seconds):
-            result = run_load(dep, load_users, load_seconds, gen_tokens, model, dilation=k)
+            with ticker(f"load run: {load_users} users", total_s=load_seconds):
+                result = run_load(dep, load_users, load_seconds, gen_tokens, model, dilation=k)
+        finally:
+            dep.shutdown()
+            stop_ray()
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out, json.dumps(result, indent=1, default=float))
         typer.echo(json.dumps({key: result[key] for key in ("dilation", "valid", "invalid_because", "cpu", "error_vs_simulator")},

@@ -1,4 +1,5 @@
-"""`edgemoe serve` (the HTTP service, or today's Ray deployment with `--backend ray`) and `edgemoe generate`.
+"""`edgemoe serve` (the HTTP service, in-process or on the Ray deployment with `--backend ray`: one option list for
+both) and `edgemoe generate`.
 
 Mounted by the main CLI: `app.command("serve")(serve_command)`, `app.command("generate")(generate_command)`.
 """
@@ -55,7 +56,7 @@ def serve_command(
     port: Annotated[int, typer.Option(min=0, max=65535, help="HTTP port (0: any free port)")] = 8000,
     api_key: Annotated[str | None, typer.Option(envvar="EDGEMOE_API_KEY", help="require 'Authorization: Bearer KEY' "
                                                 "(default: $EDGEMOE_API_KEY)")] = None,
-    backend: Annotated[str | None, typer.Option(help="inprocess (the HTTP service) or ray (actors, no HTTP yet); "
+    backend: Annotated[str | None, typer.Option(help="inprocess (one process) or ray (one actor per server, the same HTTP API); "
                                                 "default inprocess, ray when --ray-address or --load-users is given")] = None,
     max_running: Annotated[int, typer.Option(min=1, help="sequences decoded together at most")] = 16,
     max_queue: Annotated[int, typer.Option(min=0, help="requests waiting at most (beyond: 429)")] = 64,
@@ -139,7 +140,7 @@ def _serve_ray(model, cluster, placement, planner, profile, policy, param, mode,
                http: dict) -> None:
     """The Ray deployment (edgemoe.distributed): behind the HTTP app, or (--load-users) today's closed-loop load
     run (edgemoe.distributed.cli); a missing placement or profile is made and cached first."""
-    from edgemoe.distributed.cli import serve_command as ray_serve
+    from edgemoe.distributed.cli import load_command
 
     if placement is None or profile is None:
         from .setup import load_deployment
@@ -151,9 +152,9 @@ def _serve_ray(model, cluster, placement, planner, profile, policy, param, mode,
         profile = Path(dep.sources["profile"]["path"]) if profile is None else profile
         domain_fallback = domain_fallback or dep.domain_fallback  # as the in-process deployment maps them
     if load_users:
-        ray_serve(cluster=cluster, placement=placement, profile=profile, model=model, policy=policy, param=param,
-                  mode=mode, domain_fallback=domain_fallback, ray_address=ray_address, links=links, wire=wire,
-                  load_users=load_users, load_seconds=load_seconds, gen_tokens=gen_tokens, dilation=dilation, out=out)
+        load_command(cluster=cluster, placement=placement, profile=profile, model=model, policy=policy, param=param,
+                     mode=mode, domain_fallback=domain_fallback, ray_address=ray_address, links=links, wire=wire,
+                     load_users=load_users, load_seconds=load_seconds, gen_tokens=gen_tokens, dilation=dilation, out=out)
         return
     _serve_ray_http(cluster, placement, profile, model, policy, param, mode, wire, domain_fallback, links, ray_address,
                     dilation, **http)
@@ -162,12 +163,10 @@ def _serve_ray(model, cluster, placement, planner, profile, policy, param, mode,
 def _serve_ray_http(cluster, placement, profile, model, policy, param, mode, wire, domain_fallback, links, ray_address,
                     dilation, host, port, api_key, limits, max_running, max_queue, user, served_name) -> None:
     """One Ray actor per server (edgemoe.distributed), fronted by the HTTP app through `RayEngine`."""
-    from dataclasses import replace
-
     import uvicorn
 
-    from edgemoe.distributed.cli import _checked_inputs, _dilation, start_ray_clearly
-    from edgemoe.distributed.serve import Deployment, join_instructions, log_to_stderr, start_ray, stop_ray
+    from edgemoe.distributed.cli import _dilation, launch
+    from edgemoe.distributed.serve import stop_ray
     from edgemoe.models import load_tokenizer
 
     from .api import create_app
@@ -178,18 +177,9 @@ def _serve_ray_http(cluster, placement, profile, model, policy, param, mode, wir
     k = _dilation(dilation)
     if k == "auto":
         raise EdgeMoEError("--dilation auto calibrates a load run (--load-users); give a number to serve")
-    ctx, cfg = _checked_inputs(cluster, Path(placement), Path(profile), model, policy, param, mode, wire,
-                               domain_fallback, links and ray_address is None)
-    cfg = replace(cfg, dilation=k)
-    log_to_stderr()
-    info = start_ray_clearly(start_ray, ctx.node_names, ray_address)
-    try:
-        dep = Deployment.launch(cfg)
-    except BaseException:
-        stop_ray()
-        raise
-    for line in join_instructions(info, dep.cfg.namespace, ctx.node_names):
-        typer.echo(line)
+    dep = launch(cluster, Path(placement), Path(profile), model, policy, param, mode, wire, domain_fallback, links,
+                 ray_address, k, typer.echo)
+    ctx = dep.cfg.ctx
     try:
         engine = RayEngine(dep, load_tokenizer(model), max_running, max_queue,
                            Telemetry(ctx.node_names, policies=(policy,)))
