@@ -30,7 +30,7 @@ lint: $(STAMP)
 # README's generated block. The time it takes: README, "Where each results file was made".
 BENCH := speed.simulator speed.sim_scale speed.policies speed.planners speed.profile_speed speed.ordermoe_scale \
 	studies.ordermoe_placement studies.scaling studies.adaptive studies.lookahead studies.slim_sweeps studies.upcycle studies.equal_quality \
-	ray.ray_sweep ray.ray_failover speed.serving tools.exact_stop
+	ray.ray_sweep ray.ray_failover speed.serving ray.serving_ray tools.exact_stop
 results: $(STAMP)
 	$(BIN)/edgemoe demo --out bench/results/demo
 	$(BIN)/edgemoe demo --backend ray --out bench/results/demo-ray
@@ -41,6 +41,7 @@ results: $(STAMP)
 		--report bench/results/default_upcycled_model
 	for m in $(BENCH); do $(BIN)/python -m bench.$$m || exit 1; done
 	$(BIN)/python -m bench.ray.runtime --quick
+	$(BIN)/python -m bench.ray.serving_soak --streams 16 --minutes 3
 	$(BIN)/python -m bench.studies.equal_quality --models default-upcycled --out bench/results/equal_quality_token.json \
 		--note "issue 19 section 2: ordermoe-token on default-upcycled alone (equal_quality.json holds it for both models once rerun)"
 	$(BIN)/python -m bench.studies.equal_quality --quick --models default --out bench/results/equal_quality_token_quick.json

@@ -48,9 +48,12 @@ def prompts(tokenizer, count: int = 64, length: int = 16) -> list[list[int]]:
     return [ids[i * length:(i + 1) * length] for i in range(count)]
 
 
-async def stream_once(client, url: str, prompt: list[int], tokens: int, seed: int) -> dict:
-    """One streamed completion -> send time, per-token arrival times (perf_counter, this process)."""
+async def stream_once(client, url: str, prompt: list[int], tokens: int, seed: int, user: int | None = None) -> dict:
+    """One streamed completion (of cluster user `user`, None: the server's default user) -> send time, per-token
+    arrival times (perf_counter, this process), and the status of an error (None when it completed)."""
     body = {"model": "default", "prompt": prompt, "max_tokens": tokens, "seed": seed, "stream": True, "logprobs": 0}
+    if user is not None:
+        body["edgemoe"] = {"user": user}
     sent = time.perf_counter()
     arrivals: list[float] = []
     async with client.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
@@ -66,16 +69,19 @@ async def stream_once(client, url: str, prompt: list[int], tokens: int, seed: in
     return {"sent": sent, "arrivals": arrivals}
 
 
-def client_level(url: str, streams: int, per_stream: int, ps: list[list[int]], tokens: int) -> tuple[list[dict], float]:
+def client_level(url: str, streams: int, per_stream: int, ps: list[list[int]], tokens: int,
+                 users: int = 0) -> tuple[list[dict], float]:
     """`streams` closed loops of `per_stream` requests each, as asyncio tasks of one httpx client; runs in the
-    load process (no GIL shared with the server). Returns (records, wall seconds)."""
+    load process (no GIL shared with the server). users > 0: stream k is cluster user k % users (else the
+    server's default user). Returns (records, wall seconds)."""
     import asyncio
 
     async def run() -> tuple[list[dict], float]:
         limits = httpx.Limits(max_connections=streams + 4, max_keepalive_connections=streams + 4)
         async with httpx.AsyncClient(limits=limits, timeout=600) as client:
             async def loop(k: int) -> list[dict]:
-                return [await stream_once(client, url, ps[(k * per_stream + i) % len(ps)], tokens, seed=k * 1000 + i)
+                return [await stream_once(client, url, ps[(k * per_stream + i) % len(ps)], tokens, seed=k * 1000 + i,
+                                          user=k % users if users else None)
                         for i in range(per_stream)]
 
             t0 = time.perf_counter()

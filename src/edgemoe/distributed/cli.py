@@ -17,14 +17,21 @@ from edgemoe.params import parse_params
 
 
 def launch(cluster: str, placement: Path, profile: Path, model: str, policy: str, param: list[str], mode: str,
-           wire: str, domain_fallback: bool, links: bool, ray_address: str | None, dilation: float, echo=print):
-    """Check the inputs, start (or join) Ray, start one actor per server; echo the Ray address, how to join and
-    each server's memory. Returns the Deployment (the caller shuts it down and stops Ray)."""
+           wire: str, domain_fallback: bool, links: bool, ray_address: str | None, dilation: float, echo=print,
+           dtype: str = "float32", device: str = "cpu"):
+    """Check the inputs, start (or join) Ray, start one actor per server (experts and backbone in `dtype` on
+    `device`); echo the Ray address, how to join and each server's memory beside what the planner charged it.
+    Returns the Deployment (the caller shuts it down and stops Ray)."""
     from .serve import Deployment, join_instructions, log_to_stderr, start_ray, stop_ray
+    from .server import resolve_dtype
 
     ctx, cfg = _checked_inputs(cluster, placement, profile, model, policy, param, mode, wire, domain_fallback,
                                links and ray_address is None)
-    cfg = replace(cfg, dilation=dilation)
+    try:
+        resolve_dtype(dtype, cfg.model_path)
+    except EdgeMoEError as exc:
+        raise EdgeMoEError(f"--{exc}") from None
+    cfg = replace(cfg, dilation=dilation, dtype=dtype, device=device)
     log_to_stderr()
     info = start_ray_clearly(start_ray, ctx.node_names, ray_address)
     t0 = time.perf_counter()
@@ -37,8 +44,9 @@ def launch(cluster: str, placement: Path, profile: Path, model: str, policy: str
     for line in join_instructions(info, dep.cfg.namespace, ctx.node_names):
         echo(line)
     for m in dep.memory():
-        echo(f"  {ctx.node_names[m['node']]:<12} experts {m['experts']:4d}  expert MB {m['expert_bytes'] / 1e6:7.2f}  "
-             f"backbone MB {m['backbone_bytes'] / 1e6:6.2f}  RSS MB {m['rss_bytes'] / 1e6:7.1f}")
+        echo(f"  {ctx.node_names[m['node']]:<12} experts {m['experts']:4d}  expert MB {m['expert_bytes'] / 1e6:7.2f} "
+             f"(planner: {planned_expert_bytes(ctx, m['node']) / 1e6:.2f})  backbone MB {m['backbone_bytes'] / 1e6:6.2f}  "
+             f"RSS MB {m['rss_bytes'] / 1e6:7.1f}")
     return dep
 
 
@@ -74,6 +82,14 @@ def load_command(cluster: str, placement: Path, profile: Path, model: str, polic
         fail(exc)  # one line, like every other command (a cluster file's errors span several)
     except KeyboardInterrupt:
         typer.echo("stopped")
+
+
+def planned_expert_bytes(ctx, node: int) -> float:
+    """Bytes of experts the planner charged server `node`: the profile's bytes [L, E] (measured in the checkpoint's
+    dtype) of the experts its placement row hosts."""
+    import numpy as np
+
+    return float((np.asarray(ctx.hosts[node], bool) * np.asarray(ctx.expert_bytes, float)).sum())
 
 
 def start_ray_clearly(start_ray, node_names, ray_address: str | None) -> dict:

@@ -60,7 +60,7 @@ def filtered_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
 def next_token(logits: torch.Tensor, p: SamplingParams, index: int) -> int:
     """The request's `index`-th generated token from logits [V]: argmax when temperature is 0, else one draw
     from `p.generator(index)`."""
-    logits = logits.float()
+    logits = logits.float().cpu()  # the generators are CPU ones (a draw must not depend on the device)
     if p.temperature == 0.0:
         return int(torch.argmax(logits))
     probs = torch.softmax(filtered_logits(logits, p), dim=0)
@@ -70,7 +70,7 @@ def next_token(logits: torch.Tensor, p: SamplingParams, index: int) -> int:
 def top_logprobs(logits: torch.Tensor, token: int, n: int) -> tuple[float, list[tuple[int, float]]]:
     """(log-probability of `token`, the n most likely tokens with theirs) under the model's own distribution
     (before temperature and cuts, as OpenAI's and vLLM's `logprobs` report)."""
-    logp = torch.log_softmax(logits.float(), dim=0)
+    logp = torch.log_softmax(logits.float().cpu(), dim=0)
     top: list[tuple[int, float]] = []
     if n > 0:
         vals, ids = torch.topk(logp, min(n, logp.shape[0]))

@@ -315,13 +315,15 @@ class ServerActor:
     def _configure(self, cfg: ServerConfig) -> None:
         ctx = cfg.ctx
         core = ServerCore(self.node, cfg.model_path, ctx, cfg.links(checkpoint_hidden_size(cfg.model_path)),
-                          cfg.make_clock())
+                          cfg.make_clock(), cfg.torch_dtype(), cfg.device)
         home = None
         if cfg.home_nodes()[self.node]:
             membership = Membership(ctx.num_nodes, Backoff(cfg.backoff_base_s, cfg.backoff_max_s), ctx.node_names,
                                     f"home {ctx.node_names[self.node]}")
             prev = getattr(self, "home", None)  # same model: keep the loaded backbone (the demo swaps methods)
-            adapter = prev.adapter if prev is not None and prev.cfg.model_path == cfg.model_path else None
+            same = prev is not None and (prev.cfg.model_path, prev.cfg.dtype, prev.cfg.device) == (cfg.model_path, cfg.dtype,
+                                                                                                    cfg.device)
+            adapter = prev.adapter if same else None
             home = HomeEngine(cfg, self.node, RayTransport(self.node, ctx.node_names, core, namespace=cfg.namespace),
                               membership, adapter=adapter)
         self.cfg, self.core, self.home = cfg, core, home

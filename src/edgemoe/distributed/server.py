@@ -50,6 +50,9 @@ class ServerConfig:
     dilation: float = 1.0  # every emulated delay lasts this many times longer in wall time (real clock)
     use_load: bool = True  # policies see node backlogs estimated from replies (the simulator gives backlogs)
     namespace: str = "edgemoe"  # the deployment's Ray namespace (its actors' names live there; Deployment.launch sets it)
+    dtype: str = "float32"  # what experts and backbone are held and computed in: float32, bfloat16, float16, or
+    # "checkpoint" (the checkpoint's own dtype: the bytes the planner charged a server)
+    device: str = "cpu"  # the torch device of experts and backbone (cuda, cuda:1, ...)
 
     @property
     def params(self) -> dict:
@@ -61,11 +64,30 @@ class ServerConfig:
         homes[np.asarray(self.ctx.user_home)] = True
         return homes
 
+    def torch_dtype(self) -> torch.dtype:
+        """`dtype` as a torch dtype ("checkpoint": the config's torch_dtype / dtype, float32 when it names none)."""
+        return resolve_dtype(self.dtype, self.model_path)
+
     def make_clock(self) -> Clock:
         return Clock(self.clock, self.dilation)
 
     def links(self, hidden_size: int) -> LinkTable:
         return LinkTable.from_context(self.ctx, row_bytes(hidden_size, self.wire), self.links_enabled)
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str, model_path: str) -> torch.dtype:
+    """A dtype name (DTYPES, or "checkpoint": the one the checkpoint's config.json names) -> torch dtype."""
+    if name == "checkpoint":
+        from edgemoe.io import read_json
+
+        config = read_json(Path(model_path) / "config.json", "model config")
+        name = str(config.get("torch_dtype") or config.get("dtype") or "float32")
+    if name not in DTYPES:
+        raise EdgeMoEError(f"dtype {name!r}: expected one of {', '.join(DTYPES)} or checkpoint")
+    return DTYPES[name]
 
 
 def process_rss_bytes() -> int:
@@ -97,11 +119,13 @@ class ServerCore:
     reply says when each row started and ended and how long its outbound leg is. The host CPU computes the
     outputs meanwhile; it sets no clock. With links off (a real cluster) the times are the real ones."""
 
-    def __init__(self, node: int, model_path: str, ctx, links: LinkTable, clock: Clock | None = None):
+    def __init__(self, node: int, model_path: str, ctx, links: LinkTable, clock: Clock | None = None,
+                 dtype: torch.dtype = torch.float32, device: str = "cpu"):
         self.node = int(node)
         self.ctx = ctx
+        self.device = torch.device(device)
         pairs = [tuple(p) for p in np.argwhere(np.asarray(ctx.hosts[self.node], bool))]
-        self.weights = ExpertWeights.load(model_path, pairs)
+        self.weights = ExpertWeights.load(model_path, pairs, dtype, self.device)
         self.links = links
         self.clock = clock or Clock()
         self.accelerator = VirtualAccelerator()
@@ -127,7 +151,7 @@ class ServerCore:
                 idx = order[arrival[order] == a]
                 self.clock.wait_until(a)  # the rows are here: only now may they join the queue
                 start[idx], end[idx], free_at = self.accelerator.serve(arrival[idx], service[idx])
-        x = decode(call.hidden, call.wire)
+        x = decode(call.hidden, call.wire).to(self.device)
         t0 = time.perf_counter()
         out = torch.empty_like(x)
         for e in np.unique(call.experts):  # one batched call per expert, as the simulator charges
@@ -230,8 +254,9 @@ class HomeEngine:
         # The backbone: the HF model with its experts modules dropped (their weights are freed; the
         # peak while loading still holds them once, see docs/distributed.md).
         if adapter is None:
-            adapter = load_moe(cfg.model_path)
+            adapter = load_moe(cfg.model_path, cfg.torch_dtype())
             adapter.remove_hooks()
+            adapter.model.to(cfg.device)
         self.adapter = adapter
         if self.adapter.num_layers != self.ctx.num_layers or self.adapter.num_experts != self.ctx.num_experts:
             raise EdgeMoEError(f"model {cfg.model_path} has L={self.adapter.num_layers}, E={self.adapter.num_experts}; "
@@ -343,7 +368,7 @@ class HomeEngine:
         executed; done: nominal time each slot's output is at the meeting node (home after the last layer),
         nan where nothing ran."""
         T, K = experts.shape
-        out = torch.zeros(T, K, hidden.shape[1])
+        out = torch.zeros(T, K, hidden.shape[1], device=hidden.device)
         done = np.full((T, K), np.nan)
         experts, node, meet = experts.copy(), node.copy(), meet.copy()
         counts, users = p.counts, st.user
@@ -415,7 +440,7 @@ class HomeEngine:
                 failed.append(mine)
                 continue
             r, k = mine[:, 0], mine[:, 1]
-            out[r, k] = decode(reply.out, self.cfg.wire)
+            out[r, k] = decode(reply.out, self.cfg.wire).to(out.device)
             trip = self.links.legs_s(meet[r], st.home[r]) if last else np.zeros(len(r))
             done[r, k] = reply.end + (reply.back_s + trip)  # the simulator's finish + back, in its order
             counts["link_bytes"] += reply.bytes_in + reply.bytes_out
@@ -482,6 +507,10 @@ class HomeEngine:
         counts = dict.fromkeys(COUNT_KEYS, 0)
         tally = DecisionTally(self.ctx.num_layers, row_bytes(self.hidden_size, self.cfg.wire))
         begin = self.clock.stamp(self.clock.now())
+        dev = self.cfg.device
+        ids = ids.to(dev)
+        attention_mask = None if attention_mask is None else attention_mask.to(dev)
+        position_ids = None if position_ids is None else position_ids.to(dev)
         p = _Pass(state, S > 1, counts, [], [], tally, begin, 0 if S > 1 else 1, [], [], np.zeros(self.ctx.num_nodes),
                   strict=np.repeat(np.asarray(strict, bool), S), observer=observer,
                   row_degraded=np.zeros(B * S, np.int64))
@@ -526,7 +555,7 @@ class HomeEngine:
         rec: tuple[list, list] = ([], [])
         busy, events, dense_events = np.zeros(self.ctx.num_nodes), [], []
         cache = DynamicCache(config=self.adapter.model.config)
-        ids = torch.as_tensor(np.asarray(req.prompt, np.int64))[None]
+        ids = torch.as_tensor(np.asarray(req.prompt, np.int64))[None].to(self.cfg.device)
         tokens, begin, end, emulated = [], [], [], []
         t = arrival
         # Exact execution never silently degrades: with the exact policy, a slot that a failure would drop or
@@ -539,7 +568,7 @@ class HomeEngine:
             begin.append(b)
             end.append(e)
             emulated.append(d)
-            ids, t = torch.tensor([[token]]), e  # the next decode pass starts when this one ends
+            ids, t = torch.tensor([[token]], device=self.cfg.device), e  # the next pass starts when this one ends
         begin_a, end_a = np.asarray(begin), np.asarray(end)
         counts.update(slots=tally.slots, remote=tally.remote, substituted=tally.substituted, dropped=tally.dropped,
                       predicted_bytes=tally.prefill_bytes + tally.decode_bytes, quality_cost=tally.quality_cost)

@@ -150,8 +150,8 @@ class ExpertWeights:
         self.act = _ACT[act]
 
     @classmethod
-    def load(cls, path: str | Path, pairs, dtype: torch.dtype = torch.float32) -> ExpertWeights:
-        """Read experts `pairs` [(moe layer, expert), ...] of the checkpoint at `path` in `dtype`."""
+    def load(cls, path: str | Path, pairs, dtype: torch.dtype = torch.float32, device="cpu") -> ExpertWeights:
+        """Read experts `pairs` [(moe layer, expert), ...] of the checkpoint at `path` in `dtype` onto `device`."""
         from safetensors import safe_open
 
         path = Path(path)
@@ -164,7 +164,7 @@ class ExpertWeights:
         try:
             def read(key: str, row: int | None) -> torch.Tensor:
                 f = handles.setdefault(files[key], safe_open(str(files[key]), "pt"))
-                return (f.get_tensor(key) if row is None else f.get_slice(key)[row]).to(dtype).contiguous()
+                return (f.get_tensor(key) if row is None else f.get_slice(key)[row]).to(device, dtype).contiguous()
 
             for layer, e in pairs:
                 if (layer, e) in index.per_expert:
@@ -197,4 +197,4 @@ class ExpertWeights:
             raise EdgeMoEError(f"expert (layer {layer}, expert {expert}) is not hosted here")
         gate_up, down = w
         gate, up = torch.nn.functional.linear(hidden.to(gate_up.dtype), gate_up).chunk(2, dim=-1)
-        return torch.nn.functional.linear(self.act(gate) * up, down)
+        return torch.nn.functional.linear(self.act(gate) * up, down).to(hidden.dtype)

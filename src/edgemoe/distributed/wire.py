@@ -21,7 +21,7 @@ def encode(hidden: torch.Tensor, wire: str) -> np.ndarray:
     """[R, H] tensor -> numpy array holding it in the wire dtype."""
     if wire not in WIRE_DTYPES:
         raise EdgeMoEError(f"wire dtype {wire!r}; expected one of {sorted(WIRE_DTYPES)}")
-    t = hidden.detach().to(WIRE_DTYPES[wire]).contiguous()
+    t = hidden.detach().to("cpu", WIRE_DTYPES[wire]).contiguous()
     return t.view(torch.int16).numpy() if wire == "bf16" else t.numpy()
 
 

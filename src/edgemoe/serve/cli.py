@@ -70,8 +70,10 @@ def serve_command(
     cache_dir: CacheOpt = Path("runs/cache"),
     calib_data: CalibOpt = "offline",
     calib_tokens: CalibTokensOpt = 8192,
-    dtype: Annotated[str, typer.Option(help="compute dtype: float32, bfloat16, float16")] = "float32",
-    device: Annotated[str, typer.Option(help="torch device of the model (cpu, cuda, cuda:1)")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="dtype experts and backbone are held and computed in: float32, bfloat16, "
+                                       "float16, or checkpoint (its own: the bytes the planner charged)")] = "float32",
+    device: Annotated[str, typer.Option(help="torch device of the model, on every server with --backend ray (cpu, "
+                                        "cuda, cuda:1)")] = "cpu",
     domain_fallback: Annotated[bool, typer.Option(
         "--domain-fallback", help="ray: map cluster user domains the profile lacks round-robin onto its domains")] = False,
     ray_address: Annotated[str | None, typer.Option(help="ray: join this Ray cluster (token in RAY_AUTH_TOKEN or ~/.ray/auth_token)")] = None,
@@ -100,7 +102,7 @@ def serve_command(
                        calib_tokens, domain_fallback, ray_address, links, wire, load_users, load_seconds, gen_tokens,
                        dilation, out, http=dict(host=host, port=port, api_key=api_key, limits=limits,
                                                 max_running=max_running, max_queue=max_queue, user=user,
-                                                served_name=served_name))
+                                                served_name=served_name, dtype=dtype, device=device))
             return
         if log_routing is not None:
             from edgemoe.io import file_target
@@ -161,7 +163,8 @@ def _serve_ray(model, cluster, placement, planner, profile, policy, param, mode,
 
 
 def _serve_ray_http(cluster, placement, profile, model, policy, param, mode, wire, domain_fallback, links, ray_address,
-                    dilation, host, port, api_key, limits, max_running, max_queue, user, served_name) -> None:
+                    dilation, host, port, api_key, limits, max_running, max_queue, user, served_name, dtype="float32",
+                    device="cpu") -> None:
     """One Ray actor per server (edgemoe.distributed), fronted by the HTTP app through `RayEngine`."""
     import uvicorn
 
@@ -178,7 +181,7 @@ def _serve_ray_http(cluster, placement, profile, model, policy, param, mode, wir
     if k == "auto":
         raise EdgeMoEError("--dilation auto calibrates a load run (--load-users); give a number to serve")
     dep = launch(cluster, Path(placement), Path(profile), model, policy, param, mode, wire, domain_fallback, links,
-                 ray_address, k, typer.echo)
+                 ray_address, k, typer.echo, dtype, device)
     ctx = dep.cfg.ctx
     try:
         engine = RayEngine(dep, load_tokenizer(model), max_running, max_queue,

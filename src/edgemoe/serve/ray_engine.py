@@ -215,6 +215,10 @@ class RayEngine:
             except Exception as exc:  # noqa: BLE001 - the home died, or did not answer in time: fail over
                 last = exc
                 client._exclude_home(home, exc)
+                try:  # a home that is only slow stops the stream too (else its orphan timeout does)
+                    actor.stream_cancel.remote(key)
+                except Exception:  # noqa: BLE001 - gone
+                    pass
         h.end(Failed(503, f"request {req.request_id} failed on {client.max_attempts} homes; last: {_message(last)}"))
 
     def _take(self, h: _Request, tokens: list, stream: TextStream, pending: list) -> str | None:

@@ -73,13 +73,15 @@ class Deployment:
         return int(self.adapter.config.vocab_size)
 
 
-def _dtype(name: str):
-    import torch
+def _dtype(name: str, model: str):
+    """--dtype NAME (float32, bfloat16, float16, or checkpoint: the checkpoint's own) of `model` -> torch dtype."""
+    from edgemoe.distributed.server import resolve_dtype
+    from edgemoe.models.loader import resolve_model_path
 
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if name not in dtypes:
-        raise EdgeMoEError(f"--dtype {name!r}: expected one of {', '.join(dtypes)}")
-    return dtypes[name]
+    try:
+        return resolve_dtype(name, resolve_model_path(model) if name == "checkpoint" else "")
+    except EdgeMoEError as exc:
+        raise EdgeMoEError(f"--{exc}") from None
 
 
 def _cluster_key(cluster: str) -> str:
@@ -129,7 +131,7 @@ def load_deployment(spec: DeploymentSpec, log=lambda _m: None) -> Deployment:
     if spec.mode not in ("home", "migrate"):
         raise EdgeMoEError(f"--mode {spec.mode!r}: expected one of home, migrate")
     params = policy_params(spec.policy, spec.params)
-    dtype = _dtype(spec.dtype)
+    dtype = _dtype(spec.dtype, spec.model)
     cluster = load_cluster(spec.cluster)
     adapter = load_moe(spec.model, dtype=dtype)
     if spec.device != "cpu":
