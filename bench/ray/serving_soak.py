@@ -5,7 +5,7 @@ model on edge8, links emulated, the exact policy unless --policy says otherwise)
 process. A load process runs N closed loops of streamed completions (stream k is cluster user k % users;
 request j of a loop uses prompt j % P with seed j % P, so every request has a known answer: the text the same
 prompt and seed gave before any kill). During the run, K of the 8 servers (drawn with --seed) are killed at
-times drawn with --seed in [warm-up, end - 20 s]; Ray restarts each at once (its constructor reloads its
+times drawn with --seed in [warm-up, end - 60 s]; Ray restarts each at once (its constructor reloads its
 experts) and the homes' probes readmit it. What is checked, per request:
 
 - it completes (finish_reason, then [DONE]) or fails with a clear error: an HTTP 503 body or a 503 error event
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import threading
 import time
 
 import numpy as np
@@ -147,6 +148,37 @@ def reference(url: str, ps: list[list[int]], tokens: int, users: int) -> dict[in
     return asyncio.run(run())
 
 
+def kill_and_wait(dep, node: int, pid: int, at_s: float, t0: float, kills: list, ctx, timeout_s: float = 600.0) -> None:
+    """At `at_s` after t0 kill server `node` (process `pid`); Ray restarts it. Records when a new process
+    answers (a ping from another pid: the old one may answer once more while it dies)."""
+    time.sleep(max(at_s - (time.monotonic() - t0), 0.0))
+    rec = {"server": ctx.node_names[node], "at_s": round(time.monotonic() - t0, 1)}
+    dep.kill(node, restart=True)
+    end, back = time.monotonic() + timeout_s, False
+    while time.monotonic() < end and not back:
+        try:
+            import ray
+
+            back = int(ray.get(dep.handles[node].ping.remote(), timeout=2.0)["pid"]) != pid
+        except Exception:  # noqa: BLE001 - dead or restarting
+            pass
+        if not back:
+            time.sleep(0.5)
+    rec.update(answered_again=back, back_at_s=round(time.monotonic() - t0, 1))
+    kills.append(rec)
+    print(f"killed {rec}", flush=True)
+
+
+def servers_rss(dep, ctx, tries: int = 30) -> dict:
+    """RSS of every server process (retried while one is still restarting)."""
+    for _ in range(tries):
+        try:
+            return {ctx.node_names[m["node"]]: m["rss_bytes"] for m in dep.memory()}
+        except Exception:  # noqa: BLE001 - a server still restarting
+            time.sleep(2.0)
+    return {}
+
+
 def main() -> None:
     import multiprocessing
 
@@ -173,7 +205,9 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     seconds = 60.0 * args.minutes
     victims = sorted(int(v) for v in rng.choice(n_servers, min(args.kills, n_servers), replace=False))
-    kill_at = np.sort(rng.uniform(args.warmup_s, max(seconds - 20.0, args.warmup_s + 1.0), len(victims)))
+    # kills early enough that a server restarted under load (its constructor reloads the model: a minute or more
+    # on a busy host) is back before the end
+    kill_at = np.sort(rng.uniform(args.warmup_s, max(seconds - 60.0, args.warmup_s + 1.0), len(victims)))
     order = rng.permutation(victims).tolist()
     kills: list[dict] = []
     memory: dict = {}
@@ -185,19 +219,16 @@ def main() -> None:
                                                   args.request_timeout))
             t0 = time.monotonic()
             time.sleep(args.warmup_s)
-            memory["after_warmup"] = {"driver": rss_bytes(os.getpid()),
-                                      "servers": {ctx.node_names[m["node"]]: m["rss_bytes"] for m in dep.memory()}}
-            for node, at in zip(order, kill_at, strict=True):
-                time.sleep(max(at - (time.monotonic() - t0), 0.0))
-                rec = {"server": ctx.node_names[node], "at_s": round(time.monotonic() - t0, 1)}
-                dep.kill(node, restart=True)  # its process dies; Ray restarts it from its constructor
-                back = dep.wait_alive(node, timeout_s=300)
-                rec.update(answered_again=back, back_at_s=round(time.monotonic() - t0, 1))
-                kills.append(rec)
-                print(f"killed {rec}", flush=True)
+            memory["after_warmup"] = {"driver": rss_bytes(os.getpid()), "servers": servers_rss(dep, ctx)}
+            pids = {n: int(p) for n, p in enumerate(dep.pids())}
+            threads = [threading.Thread(target=kill_and_wait, args=(dep, node, pids[node], at, t0, kills, ctx))
+                       for node, at in zip(order, kill_at, strict=True)]
+            for t in threads:
+                t.start()
             load = job.get(timeout=seconds + 10 * args.request_timeout)
-            memory["end"] = {"driver": rss_bytes(os.getpid()),
-                             "servers": {ctx.node_names[m["node"]]: m["rss_bytes"] for m in dep.memory()}}
+            for t in threads:
+                t.join()
+            memory["end"] = {"driver": rss_bytes(os.getpid()), "servers": servers_rss(dep, ctx)}
     finally:
         engine.close()
         dep.shutdown()
