@@ -20,8 +20,8 @@ experts) and the homes' probes readmit it. What is checked, per request:
 
 Issue 22 item 7 asks 64 streams for 10 minutes with 3 of 8 servers killed: N, D and K are parameters
 because the machine is shared; the results file records exactly what ran.
-    python -m bench.ray.serving_soak [--streams 16] [--minutes 3] [--kills 3] [--seed 0]
-Writes bench/results/serving_soak.json.
+    python -m bench.ray.serving_soak [--streams 16] [--minutes 3] [--kills 3] [--seed 0] [--warmup-s 30]
+Writes bench/results/serving_soak.json (or --out).
 """
 
 from __future__ import annotations
@@ -107,13 +107,21 @@ async def soak_request(client, url: str, prompt: list[int], tokens: int, seed: i
 
 
 def load_process(url: str, streams: int, seconds: float, ps: list[list[int]], tokens: int, users: int,
-                 timeout_s: float) -> dict:
-    """`streams` closed loops for `seconds` (a request started before the end runs to its end)."""
+                 timeout_s: float, warmup_s: float = 0.0) -> dict:
+    """`streams` closed loops for `seconds` (a request started before the end runs to its end); this process's
+    RSS after `warmup_s` and at the end."""
     import asyncio
 
     import httpx
 
+    rss = {}
+
+    async def baseline() -> None:
+        await asyncio.sleep(warmup_s)
+        rss["start"] = rss_bytes(os.getpid())
+
     async def run() -> list[dict]:
+        asyncio.get_running_loop().create_task(baseline())
         limits = httpx.Limits(max_connections=streams + 4, max_keepalive_connections=streams + 4)
         async with httpx.AsyncClient(limits=limits, timeout=None) as client:
             end = time.monotonic() + seconds
@@ -129,9 +137,8 @@ def load_process(url: str, streams: int, seconds: float, ps: list[list[int]], to
             parts = await asyncio.gather(*(loop(k) for k in range(streams)))
             return [r for part in parts for r in part]
 
-    rss0 = rss_bytes(os.getpid())
     records = asyncio.run(run())
-    return {"records": records, "pid": os.getpid(), "rss_start": rss0, "rss_end": rss_bytes(os.getpid())}
+    return {"records": records, "pid": os.getpid(), "rss_start": rss.get("start", 0), "rss_end": rss_bytes(os.getpid())}
 
 
 def reference(url: str, ps: list[list[int]], tokens: int, users: int) -> dict[int, str]:
@@ -196,6 +203,7 @@ def main() -> None:
     ap.add_argument("--policy", default="exact")
     ap.add_argument("--warmup-s", type=float, default=30.0, help="load before the memory baseline and the first kill")
     ap.add_argument("--request-timeout", type=float, default=120.0, help="seconds after which a request counts as hung")
+    ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
     start, cpu0, load0 = time.perf_counter(), time.process_time(), list(os.getloadavg())
     ps = prompts(load_tokenizer("default"), args.prompts)
@@ -216,7 +224,7 @@ def main() -> None:
         with ServerThread(app) as server:
             known = pool.apply(reference, (server.url, ps, args.tokens, users))
             job = pool.apply_async(load_process, (server.url, args.streams, seconds, ps, args.tokens, users,
-                                                  args.request_timeout))
+                                                  args.request_timeout, args.warmup_s))
             t0 = time.monotonic()
             time.sleep(args.warmup_s)
             memory["after_warmup"] = {"driver": rss_bytes(os.getpid()), "servers": servers_rss(dep, ctx)}
@@ -264,7 +272,8 @@ def main() -> None:
     doc = {
         "what": "soak: closed-loop streamed completions over HTTP on edge8 over Ray while servers are killed "
                 "and restarted (issue 22 item 7)",
-        "command": "python -m bench.ray.serving_soak " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
+        "command": "python -m bench.ray.serving_soak " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+                                                                  if k != "out"),
         "asked_by_the_issue": {"streams": 64, "minutes": 10, "kills": "3 of 8 servers"},
         "ran": {"streams": args.streams, "minutes": args.minutes, "kills": len(kills), "servers": n_servers,
                 "policy": args.policy, "max_tokens": args.tokens, "prompts": args.prompts},
@@ -278,10 +287,10 @@ def main() -> None:
                    "load_average_start": load0, "load_average_end": list(os.getloadavg())},
         "environment": {**environment(), "torch": torch.__version__, "cpu_count": os.cpu_count()},
     }
-    atomic_write_json(OUT, doc)
+    atomic_write_json(args.out, doc)
     print(json.dumps({k: doc[k] for k in ("ran", "kills", "outcomes", "non_completed_messages", "checks",
                                           "rss_end_over_after_warmup", "failovers")}, indent=1))
-    print(f"wrote {OUT}")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
