@@ -1,4 +1,4 @@
-"""The HTTP service on the Ray deployment under load: 1, 4 and 16 concurrent streams.
+"""The HTTP service on the Ray deployment under load: 1, 4 and 16 concurrent streams, exact and ordermoe.
 
 The deployment `edgemoe serve --backend ray` starts with no other option: the default model on edge8, one
 actor per server (a private local Ray instance), the placement and profile it plans itself (cached in
@@ -10,7 +10,7 @@ them, aggregate tokens per second (all tokens over the level's wall time).
 
 Target (issue 20, section 2): at 16 streams aggregate tokens/s >= 2x the 1-stream figure on Ray.
 Writes bench/results/serving_ray.json (commit, load average, CPU seconds) and prints a table.
-    python -m bench.ray.serving_ray [--levels 1,4,16] [--tokens 16] [--requests 16] [--policies exact]
+    python -m bench.ray.serving_ray [--levels 1,4,16] [--tokens 16] [--requests 16] [--policies exact,ordermoe]
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def main() -> None:
     ap.add_argument("--levels", default="1,4,16")
     ap.add_argument("--tokens", type=int, default=16, help="max_tokens per request")
     ap.add_argument("--requests", type=int, default=16, help="requests per level (at least one per stream)")
-    ap.add_argument("--policies", default="exact")
+    ap.add_argument("--policies", default="exact,ordermoe")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     start, cpu0, load0 = time.perf_counter(), time.process_time(), list(os.getloadavg())
