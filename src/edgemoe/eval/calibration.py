@@ -26,7 +26,8 @@ from edgemoe.plan.ordermoe.standins import KINDS, QUALITY_POWER, KindCalibration
 
 # (name, kind, which substitute): "best" the expert with the least measured error for the routed one, "random" a
 # uniformly drawn unrouted expert (seeded); drop and zero need none. Each runs on slot 0 (top-1) and slot 1.
-VARIANTS = (("zero", "zero", None), ("drop", "drop", None), ("sub-best", "sub", "best"), ("sub-random", "sub", "random"))
+VARIANTS = (("zero", "zero", None), ("drop", "drop", None), ("sub-best", "sub", "best"))
+RANDOM_VARIANT = ("sub-random", "sub", "random")  # a second substitute run per slot (`measure_interventions(random_sub=True)`)
 
 
 @dataclass(frozen=True)
@@ -87,9 +88,10 @@ def _stand_in(kind: str, which, slot: int, layer: int, topk: np.ndarray, gates: 
 
 
 def measure_interventions(adapter, subst_err: np.ndarray, ids: np.ndarray, nll_exact: np.ndarray,
-                          power: float = QUALITY_POWER, seed: int = 0, empty: bool = True,
+                          power: float = QUALITY_POWER, seed: int = 0, empty: bool = True, random_sub: bool = False,
                           log=None) -> list[Intervention]:
-    """Every `VARIANTS` entry on every slot of every layer (and, with `empty`, every layer's output lost), each
+    """Every `VARIANTS` entry (and `RANDOM_VARIANT` with random_sub) on every slot of every layer (and, with
+    `empty`, every layer's output lost), each
     alone on the real model over ids [B, S] (exact execution's nll_exact [B, S-1]). subst_err: [L, E, E] the
     profile's measured substitution errors."""
     from edgemoe.models import Intervention as ModelIntervention
@@ -101,7 +103,8 @@ def measure_interventions(adapter, subst_err: np.ndarray, ids: np.ndarray, nll_e
         raise EdgeMoEError(f"calibration: subst_err has {subst_err.shape[0]} layers, the model {L}")
     out = []
     for layer in range(L):
-        runs = [(v, kind, which, slot) for v, kind, which in VARIANTS for slot in range(K)]
+        variants = (*VARIANTS, RANDOM_VARIANT) if random_sub else VARIANTS
+        runs = [(v, kind, which, slot) for v, kind, which in variants for slot in range(K)]
         if empty:
             runs.append(("empty", "empty", None, -1))
         for variant, kind, which, slot in runs:
