@@ -1,7 +1,7 @@
 """OrderMoE's predicted quality cost against measured perplexity, calibrated per stand-in kind and layer, and
 the quality dial on the calibrated costs (issue 19, sections 2 and 3).
 
-    python -m bench.studies.calibration [--eval-tokens 4096] [--calib-tokens 4096] [--models default,default-upcycled]
+    python -m bench.studies.calibration [--eval-tokens 2048] [--calib-tokens 2048] [--models default,default-upcycled]
 
 Per model, with equal_quality's settings (edge8, migrate mode, WikiText-2 test as evaluation text, the shared
 corpus' held-out split as calibration text, one ordermoe placement at ORDERMOE_BUDGET):
@@ -96,7 +96,9 @@ def judge_interventions(runs_eval, calib) -> dict:
     return out
 
 
-def run_model(model: str, cfg: ExperimentConfig, log) -> dict:
+def run_model(model: str, cfg: ExperimentConfig, log, save=None, intervention_tokens: int = 1024) -> dict:
+    """One model's three parts; `save(part)` is called after each with what is measured so far (a run
+    stopped half-way keeps its finished parts, marked by `parts_done`)."""
     from edgemoe.cluster.load import load_cluster
     from edgemoe.eval.calibration import fit_calibration, measure_interventions
     from edgemoe.models import load_moe, load_tokenizer
@@ -117,16 +119,24 @@ def run_model(model: str, cfg: ExperimentConfig, log) -> dict:
     # 1. interventions: fit on calibration text, judge on evaluation text
     t0 = time.perf_counter()
     log(f"{model}: interventions on calibration text")
-    runs_cal = measure_interventions(adapter, profile.subst_err, text.calib_ids, text.calib_nll, log=log)
+    n_blocks = max(1, intervention_tokens // cfg.block_len)  # the interventions use the texts' first blocks
+    runs_cal = measure_interventions(adapter, profile.subst_err, text.calib_ids[:n_blocks], text.calib_nll[:n_blocks], log=log)
     calib_empty = fit_calibration(runs_cal, adapter.num_layers)
     calib = replace(calib_empty, empty=None)  # the main variant: a layer always keeps some expert output
     log(f"{model}: interventions on evaluation text")
-    runs_eval = measure_interventions(adapter, profile.subst_err, text.ids, text.nll, log=log)
+    runs_eval = measure_interventions(adapter, profile.subst_err, text.ids[:n_blocks], text.nll[:n_blocks], log=log)
     judged = judge_interventions(runs_eval, calib_empty)
     log(f"  Spearman predicted vs measured on evaluation text: uncalibrated {judged['all']['spearman_uncalibrated']}, "
         f"calibrated {judged['all']['spearman_calibrated']}; cheapest kind agreement "
         f"{judged['choice_agreement_uncalibrated']:.2f} -> {judged['choice_agreement_calibrated']:.2f}")
     interventions_s = time.perf_counter() - t0
+    out = {"model": model, "eval_tokens": int(text.ids.size), "calib_tokens": int(text.calib_ids.size),
+           "intervention_tokens": int(text.ids[:n_blocks].size),
+           "calibration": calib_empty.to_dict(), "interventions_calibration_text": [r.to_dict() for r in runs_cal],
+           "interventions_evaluation_text": [r.to_dict() for r in runs_eval], "interventions_judged": judged,
+           "seconds": {"interventions": round(interventions_s, 1)}, "parts_done": ["interventions"]}
+    if save:
+        save(out)
     # 2. the policies
     cluster = load_cluster("edge8")
     placement = plan(plan_problem(profile, cluster), "ordermoe", budget=ORDERMOE_BUDGET)
@@ -159,6 +169,29 @@ def run_model(model: str, cfg: ExperimentConfig, log) -> dict:
         nll, _, dec = score_local(adapter, make_policy("ordermoe", ctx, **params), text.calib_ids, calib_users)
         return float(np.expm1(nll.mean() - text.calib_nll.mean())), float(dec.quality_cost.sum(axis=1).mean())
 
+    # 3. the dials
+    t0 = time.perf_counter()
+    dials = {}
+    for variant in DIAL_GRID:
+        dial = calibrate_dial(lambda b, v=variant: calib_rise(v, b)[0], DIAL_GRID[variant], policy=variant,
+                              calib_tokens=int(text.calib_ids.size))
+        rows = []
+        for asked in DIAL_ASKED:
+            b = float(dial.budget(asked))
+            r = evaluate(variant, b, latency=False)  # (the dial's target is quality; latency: the sweeps)
+            rows.append({"asked": asked, "budget": b, "measured": r["ppl_rel_increase"], "ratio": r["ppl_rel_increase"] / asked,
+                         "latency_ms_mean": r["latency_ms_mean"], "layers_without_output": r["layers_without_output"],
+                         "in_target": bool(0.5 <= r["ppl_rel_increase"] / asked <= 1.2)})
+            log(f"  dial {variant:<10} asked {100 * asked:4.1f}% -> budget {b:.4g} -> measured "
+                f"{100 * r['ppl_rel_increase']:+.2f}%")
+        dials[variant] = {**dial.to_dict(), "asked_vs_measured": rows,
+                          "measured_monotone": bool(all(b["measured"] >= a["measured"] - 1e-4 for a, b in pairwise(rows))),
+                          "calib_max_rise": float(dial.envelope[-1])}
+        out["dials"] = dials
+        if save:
+            save(out)
+    out["seconds"]["dials"] = round(time.perf_counter() - t0, 1)
+    out["parts_done"].append("dials")
     t0 = time.perf_counter()
     # the uncalibrated cost's nats per unit, from the full policy at the demo's budget on calibration text
     rise, spent = calib_rise("ordermoe", ORDERMOE_BUDGET)
@@ -181,31 +214,15 @@ def run_model(model: str, cfg: ExperimentConfig, log) -> dict:
                                                                    [r["ppl_rel_increase"] for r in full]),
                            "spearman_all_rows": spearman([r["spent_per_token"] for r in rows],
                                                          [r["ppl_rel_increase"] for r in rows])}
-    sweep_s = time.perf_counter() - t0
-    # 3. the dials
-    t0 = time.perf_counter()
-    dials = {}
-    for variant in DIAL_GRID:
-        dial = calibrate_dial(lambda b, v=variant: calib_rise(v, b)[0], DIAL_GRID[variant], policy=variant,
-                              calib_tokens=int(text.calib_ids.size))
-        rows = []
-        for asked in DIAL_ASKED:
-            b = float(dial.budget(asked))
-            r = evaluate(variant, b, latency=False)  # (the dial's target is quality; latency: the sweeps)
-            rows.append({"asked": asked, "budget": b, "measured": r["ppl_rel_increase"], "ratio": r["ppl_rel_increase"] / asked,
-                         "latency_ms_mean": r["latency_ms_mean"], "layers_without_output": r["layers_without_output"],
-                         "in_target": bool(0.5 <= r["ppl_rel_increase"] / asked <= 1.2)})
-            log(f"  dial {variant:<10} asked {100 * asked:4.1f}% -> budget {b:.4g} -> measured "
-                f"{100 * r['ppl_rel_increase']:+.2f}%")
-        dials[variant] = {**dial.to_dict(), "asked_vs_measured": rows,
-                          "measured_monotone": bool(all(b["measured"] >= a["measured"] - 1e-4 for a, b in pairwise(rows))),
-                          "calib_max_rise": float(dial.envelope[-1])}
-    return {"model": model, "eval_tokens": int(text.ids.size), "calib_tokens": int(text.calib_ids.size),
-            "calibration": calib_empty.to_dict(), "interventions_calibration_text": [r.to_dict() for r in runs_cal],
-            "interventions_evaluation_text": [r.to_dict() for r in runs_eval], "interventions_judged": judged,
-            "nats_per_unit_uncalibrated": nats_per_unit, "exact": exact, "sweeps": sweeps, "dials": dials,
-            "seconds": {"interventions": round(interventions_s, 1), "sweeps": round(sweep_s, 1),
-                        "dials": round(time.perf_counter() - t0, 1), "total": round(time.perf_counter() - t_model, 1)}}
+        out["sweeps"], out["nats_per_unit_uncalibrated"], out["exact"] = sweeps, nats_per_unit, exact
+        if save:
+            save(out)
+    out["seconds"]["sweeps"] = round(time.perf_counter() - t0, 1)
+    out["seconds"]["total"] = round(time.perf_counter() - t_model, 1)
+    out["parts_done"].append("sweeps")
+    if save:
+        save(out)
+    return out
 
 
 def print_tables(models: list[dict]) -> None:
@@ -228,8 +245,9 @@ def print_tables(models: list[dict]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--eval-tokens", type=int, default=4096)
-    ap.add_argument("--calib-tokens", type=int, default=4096)
+    ap.add_argument("--eval-tokens", type=int, default=2048)
+    ap.add_argument("--calib-tokens", type=int, default=2048)
+    ap.add_argument("--intervention-tokens", type=int, default=1024, help="the interventions' share of each text")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--cache-dir", default=str(REPO / "runs" / "cache"))
     ap.add_argument("--out", default=str(RESULTS / "calibration.json"))
@@ -249,14 +267,22 @@ def main() -> None:
     cfg = ExperimentConfig(shared_data=str(REPO.parent / "shared" / "data"), cache_dir=args.cache_dir,
                            eval_tokens=args.eval_tokens, calib_quality_tokens=args.calib_tokens)
     load0, c0, w0 = os.getloadavg(), time.process_time(), time.perf_counter()
-    models = [run_model(model, replace(cfg, model=model), print) for model in args.models.split(",")]
-    doc = {"schema": "edgemoe.bench.calibration/1", "environment": environment(),
-           "load_average_start": list(load0), "load_average_end": list(os.getloadavg()),
-           "cpu_s": round(time.process_time() - c0, 1), "wall_s": round(time.perf_counter() - w0, 1),
-           "config": {"cluster": "edge8", "mode": "migrate", "placement": "ordermoe", "placement_budget": ORDERMOE_BUDGET,
-                      "horizon": HORIZON, "eval_tokens": args.eval_tokens, "calib_tokens": args.calib_tokens,
-                      "sweep": SWEEP, "nats_sweep": NATS_SWEEP, "kind_sweep": KIND_SWEEP, "dial_grid": DIAL_GRID,
-                      "dial_asked": DIAL_ASKED, "num_requests": cfg.num_requests},
+    models: list[dict] = []
+
+    def document(current: dict | None = None) -> dict:
+        return {"schema": "edgemoe.bench.calibration/1", "environment": environment(),
+                "load_average_start": list(load0), "load_average_end": list(os.getloadavg()),
+                "cpu_s": round(time.process_time() - c0, 1), "wall_s": round(time.perf_counter() - w0, 1),
+                "config": config, "models": models + ([current] if current else [])}
+
+    config = {"cluster": "edge8", "mode": "migrate", "placement": "ordermoe", "placement_budget": ORDERMOE_BUDGET,
+              "horizon": HORIZON, "eval_tokens": args.eval_tokens, "calib_tokens": args.calib_tokens,
+              "intervention_tokens": args.intervention_tokens, "sweep": SWEEP, "nats_sweep": NATS_SWEEP,
+              "kind_sweep": KIND_SWEEP, "dial_grid": DIAL_GRID, "dial_asked": DIAL_ASKED, "num_requests": cfg.num_requests}
+    for model in args.models.split(","):
+        models.append(run_model(model, replace(cfg, model=model), print,
+                                lambda part: atomic_write_json(Path(args.out), document(part)), args.intervention_tokens))
+    doc = {**document(), "config": config,
            "models": models}
     atomic_write_json(Path(args.out), doc)
     print_tables(models)
