@@ -260,7 +260,9 @@ def main() -> None:
         doc = {**docs[0], "models": [m for d in docs for m in d["models"]], "parts": [
             {k: d[k] for k in ("environment", "load_average_start", "load_average_end", "cpu_s", "wall_s")} for d in docs],
             "cpu_s": round(sum(d["cpu_s"] for d in docs), 1), "wall_s": max(d["wall_s"] for d in docs),
-            "load_average_end": max((d["load_average_end"] for d in docs), key=lambda v: v[0])}
+            "load_average_end": max((d["load_average_end"] for d in docs), key=lambda v: v[0]),
+            # the parts' CPU s added up (they ran apart); the rest of the record is the first part's
+            "environment": {**docs[0]["environment"], "cpu_s": round(sum(d["environment"]["cpu_s"] for d in docs), 1)}}
         atomic_write_json(Path(args.out), doc)
         print_tables(doc["models"])
         return

@@ -712,7 +712,7 @@ def stand_in_calibration() -> list[str]:
                     + [f"{j['choice_agreement_uncalibrated']:.2f} -> {j['choice_agreement_calibrated']:.2f}"])
     sweeps = []
     for m in ms:
-        for v, sw in m["sweeps"].items():
+        for v, sw in (m.get("sweeps") or {}).items():
             full = [x for x in sw["rows"] if x["substitutes"] == "sub,drop,zero"]
             cells = ", ".join(f"{x['budget']:g}: {_pct(x['ppl_rel_increase'])} / {_pct(x['predicted_ppl_rel_increase'])} "
                               f"({_num(x['latency_ms_mean'], 2)} ms, sub/drop/zero {x['slots_substituted']:.3f}/"
@@ -720,7 +720,7 @@ def stand_in_calibration() -> list[str]:
             sweeps.append([m["model"], v, cells, rho(sw["spearman_full"])])
     dials = []
     for m in ms:
-        for v, d in m["dials"].items():
+        for v, d in (m.get("dials") or {}).items():
             av = d["asked_vs_measured"]
             dials.append([m["model"], v] + [f"{x['ratio']:.2f}" for x in av]
                          + [f"{_pct(d['calib_max_rise'])}", "yes" if d["measured_monotone"] else "no",
@@ -728,7 +728,9 @@ def stand_in_calibration() -> list[str]:
     asked = [f"{100 * a:g}%" for a in r["config"]["dial_asked"]]
     return [f"**Stand-in costs against measured perplexity** (`bench/results/calibration.json`, `python -m "
             f"bench.studies.calibration`; {ms[0]['calib_tokens']:,} calibration / {ms[0]['eval_tokens']:,} evaluation "
-            "tokens, edge8, migrate, H = 2). Each stand-in kind alone at one layer on one slot of every token, fitted "
+            f"tokens, the interventions on the first {ms[0].get('intervention_tokens', ms[0]['eval_tokens']):,} of each; "
+            "edge8, migrate, H = 2; parts measured: " + "; ".join(f"{m['model']} {', '.join(m.get('parts_done', []))}"
+                                                               for m in ms) + "). Each stand-in kind alone at one layer on one slot of every token, fitted "
             "on calibration text (`KindCalibration`, nats per unit of P²), judged on evaluation text: Spearman of "
             "predicted and measured extra nats over the runs, uncalibrated (the profile's P²) -> calibrated, and the "
             "share of (layer, slot) cells where the kind predicted cheapest is the kind measured cheapest:\n",
