@@ -514,8 +514,8 @@ class OrderMoEPolicy(Policy):
     local expert with the least predicted error, `token_substitutes`, scored with the token's real router
     logits where the backend passes them, else the calibration co-selection); router_weight: w of that score;
     calibration: None (default), or the measured extra nats of each stand-in kind per layer (a `KindCalibration`,
-    its `to_dict` form, or the path of a JSON file holding that form under "calibration", as
-    `bench.studies.calibration` writes): predicted costs and the budget are then in nats per token-layer, the
+    its `to_dict` form, or the path of a JSON file holding that form at its top level or under "calibration";
+    `bench.studies.calibration` writes one per model under models[i].calibration): predicted costs and the budget are then in nats per token-layer, the
     kinds are compared on what they were measured to cost, quality_power is the calibration's, and a layer
     left with no expert output is allowed at its measured cost where the calibration has one.
     """
