@@ -696,10 +696,59 @@ def ray_demo_rows() -> tuple[str, str] | None:
             f"{'the same' if same else 'different'}, {valid} of {runs} methods' runs valid (`demo-ray/`)", "met" if ok else "missed")
 
 
+def stand_in_calibration() -> list[str]:
+    r = _load(RESULTS / "calibration.json")
+    if not r:
+        return []
+    ms = r["models"]
+
+    def rho(x):
+        return "-" if x is None else f"{x:.2f}"
+    rows = []
+    for m in ms:
+        j = m["interventions_judged"]
+        rows.append([m["model"], f"{rho(j['all']['spearman_uncalibrated'])} -> {rho(j['all']['spearman_calibrated'])}"]
+                    + [f"{rho(j[k]['spearman_uncalibrated'])} -> {rho(j[k]['spearman_calibrated'])}" for k in ("sub", "drop", "zero")]
+                    + [f"{j['choice_agreement_uncalibrated']:.2f} -> {j['choice_agreement_calibrated']:.2f}"])
+    sweeps = []
+    for m in ms:
+        for v, sw in (m.get("sweeps") or {}).items():
+            full = [x for x in sw["rows"] if x["substitutes"] == "sub,drop,zero"]
+            cells = ", ".join(f"{x['budget']:g}: {_pct(x['ppl_rel_increase'])} / {_pct(x['predicted_ppl_rel_increase'])} "
+                              f"({_num(x['latency_ms_mean'], 2)} ms, sub/drop/zero {x['slots_substituted']:.3f}/"
+                              f"{x['slots_dropped']:.3f}/{x['slots_zeroed']:.3f})" for x in full)
+            sweeps.append([m["model"], v, cells, rho(sw["spearman_full"])])
+    dials = []
+    for m in ms:
+        for v, d in (m.get("dials") or {}).items():
+            av = d["asked_vs_measured"]
+            dials.append([m["model"], v] + [f"{x['ratio']:.2f}" for x in av]
+                         + [f"{_pct(d['calib_max_rise'])}", "yes" if d["measured_monotone"] else "no",
+                            f"{sum(x['in_target'] for x in av)} of {len(av)}"])
+    asked = [f"{100 * a:g}%" for a in r["config"]["dial_asked"]]
+    return [f"**Stand-in costs against measured perplexity** (`bench/results/calibration.json`, `python -m "
+            f"bench.studies.calibration`; {ms[0]['calib_tokens']:,} calibration / {ms[0]['eval_tokens']:,} evaluation "
+            f"tokens, the interventions on the first {ms[0].get('intervention_tokens', ms[0]['eval_tokens']):,} of each; "
+            "edge8, migrate, H = 2; parts measured: " + "; ".join(f"{m['model']} {', '.join(m.get('parts_done', []))}"
+                                                               for m in ms) + "). Each stand-in kind alone at one layer on one slot of every token, fitted "
+            "on calibration text (`KindCalibration`, nats per unit of P²), judged on evaluation text: Spearman of "
+            "predicted and measured extra nats over the runs, uncalibrated (the profile's P²) -> calibrated, and the "
+            "share of (layer, slot) cells where the kind predicted cheapest is the kind measured cheapest:\n",
+            _table(["model", "all runs", "sub", "drop", "zero", "cheapest kind right"], rows), "",
+            "The policies over their budget sweeps on evaluation text (budget: `ordermoe` in the profile's units, "
+            "`calibrated` = `ordermoe` with `calibration=` in nats per token-layer): measured / predicted perplexity "
+            "increase per budget, and the Spearman of spent cost and measured increase:\n",
+            _table(["model", "policy", "budget: measured / predicted (mean latency, slots sub/drop/zero)", "Spearman"], sweeps),
+            "", "The quality dial, measured increase on evaluation text over the asked one (target 0.5x-1.2x); "
+            "`calibrated-empty` also allows a layer with no expert output at its measured cost; the largest "
+            "increase the dial's calibration curve reached:\n",
+            _table(["model", "policy"] + asked + ["largest calibrated increase", "monotone", "in target"], dials), ""]
+
+
 # --- the block ------------------------------------------------------------------------------------------------
 
 SECTIONS = (model_table, demo_tables, planner_tables, slim_sweeps, out_of_sample, ordermoe_placement, scaling, adaptive,
-            upcycle, runtime_tables, paper_scale, ray_demo, ray_failover, targets, provenance)
+            upcycle, stand_in_calibration, runtime_tables, paper_scale, ray_demo, ray_failover, targets, provenance)
 
 
 def render() -> str:

@@ -8,6 +8,8 @@ and not the other way round (tests/test_layers.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from edgemoe.errors import EdgeMoEError
@@ -71,7 +73,8 @@ def max_over_kept(x: np.ndarray, mask: np.ndarray, order: np.ndarray | None) -> 
 
 def choose_stand_ins(layer: np.ndarray, topk: np.ndarray, gates: np.ndarray, sub: np.ndarray, sub_err: np.ndarray,
                      subst_err: np.ndarray, mask: np.ndarray, kinds: tuple[str, ...],
-                     power: float = QUALITY_POWER) -> tuple[np.ndarray, np.ndarray]:
+                     power: float = QUALITY_POWER, scale: np.ndarray | None = None,
+                     empty: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per replaced slot, the stand-in with the least predicted quality cost, and that cost.
 
     layer: [R]; topk, gates: [R, K]; sub, sub_err: [R, K] the token's node's best-ranked local group member of
@@ -96,6 +99,10 @@ def choose_stand_ins(layer: np.ndarray, topk: np.ndarray, gates: np.ndarray, sub
     action that runs no expert at all at the layer (every slot dropped or zeroed) gets cost inf: zeroing the
     whole MoE output is P = 1, where the square law says nothing (it still cost a few hundred percent of
     perplexity at budgets that allowed it once per token).
+    Calibrated (`KindCalibration`, off when scale is None): scale [R, 3] multiplies each kind's perturbation
+    (KINDS order) at the row's layer before the kinds are compared and the layer's P is formed, so that
+    P ** power is measured extra nats per token; empty [R] (or None: not allowed) is the measured cost of an
+    action that leaves the layer no expert output, shared among its slots in proportion to p_k.
     Returns (kind [R, M, K] index into KINDS, cost [R, M, K] (inf: no stand-in allowed)).
     """
     R, K = topk.shape
@@ -113,6 +120,8 @@ def choose_stand_ins(layer: np.ndarray, topk: np.ndarray, gates: np.ndarray, sub
         q_drop = np.where(wsum > 0, g[:, None, :] * mix / np.where(wsum > 0, wsum, 1.0), np.inf)
     else:
         q_drop = np.full((R, M, K), np.inf)
+    if scale is not None:  # calibrated: each kind's perturbation in units whose power is measured nats
+        q_sub, q_drop, q_zero = q_sub * scale[:, :1], q_drop * scale[:, None, 1:2], q_zero * scale[:, 2:3]
     # the least of (sub, drop, zero), first on ties, as an argmin over the three would give; sub and zero do not
     # depend on the action, so they are compared once per slot [R, K]
     sub_first = q_sub <= q_zero
@@ -123,11 +132,79 @@ def choose_stand_ins(layer: np.ndarray, topk: np.ndarray, gates: np.ndarray, sub
     p = np.where(take_drop, q_drop, q_sz)  # [R, M, K] each slot's perturbation
     # an action that leaves the layer no expert output at all (every slot dropped or zeroed) is not allowed: it
     # is far outside the small-perturbation view the cost rests on (it was the cliff of issue 19)
-    if K:
-        p = np.where((mask & (kind != 0)).all(axis=2, keepdims=True), np.inf, p)
-    if power == 1.0:
+    no_output = (mask & (kind != 0)).all(axis=2, keepdims=True) if K else None
+    if K and empty is None:
+        p = np.where(no_output, np.inf, p)
+    if power == 1.0 and empty is None:
         return kind, p
     layer_p = np.where(mask, p, 0.0).sum(axis=2, keepdims=True)  # [R, M, 1] the action's perturbation P
     with np.errstate(invalid="ignore"):  # inf x 0 in slots or actions not taken (replaced by the where)
         share = np.where(np.isfinite(layer_p), p * layer_p ** (power - 1.0), np.inf)
+        if empty is not None and K:  # the measured cost of losing the layer's MoE output, shared by p_k / P
+            part = np.divide(p, layer_p, out=np.full_like(p, 1.0 / K), where=layer_p > 0)
+            share = np.where(no_output & np.isfinite(layer_p), part * empty[:, None, None], share)
     return kind, np.where(mask, share, p ** power)
+
+
+@dataclass(frozen=True)
+class KindCalibration:
+    """Measured extra nats per unit of predicted perturbation, per stand-in kind and layer (issue 19, section 2).
+
+    nats[i, l]: extra nats per token that a perturbation P ** power of kind KINDS[i] costs at layer l, fitted on
+    calibration text by replacing one slot of every token at that layer alone (`edgemoe.eval.calibration`);
+    empty[l]: extra nats per token per unit (sum |g|) ** power of leaving layer l no expert output at all
+    (None: such actions stay forbidden). `choose_stand_ins` multiplies kind i's perturbation at layer l by
+    nats[i, l] ** (1 / power), so the predicted cost is in nats and the kinds are compared on what they were
+    measured to cost. L layers."""
+
+    nats: np.ndarray  # [3, L] > 0
+    empty: np.ndarray | None = None  # [L] > 0, or None
+    power: float = QUALITY_POWER
+
+    def __post_init__(self):
+        nats = np.asarray(self.nats, dtype=float)
+        if nats.ndim != 2 or nats.shape[0] != len(KINDS) or not (np.isfinite(nats).all() and (nats > 0).all()):
+            raise EdgeMoEError(f"calibration: nats must be [{len(KINDS)}, L] finite and > 0 (kinds {list(KINDS)}), "
+                               f"got shape {nats.shape}")
+        if self.empty is not None:
+            empty = np.asarray(self.empty, dtype=float)
+            if empty.shape != (nats.shape[1],) or not (np.isfinite(empty).all() and (empty > 0).all()):
+                raise EdgeMoEError(f"calibration: empty must be [L={nats.shape[1]}] finite and > 0, or null")
+        if not (np.isfinite(self.power) and self.power > 0):
+            raise EdgeMoEError(f"calibration: power must be finite and > 0, got {self.power}")
+
+    @property
+    def num_layers(self) -> int:
+        return int(np.shape(self.nats)[1])
+
+    def scale(self, layer: np.ndarray) -> np.ndarray:
+        """[R, 3] the multiplier of each kind's perturbation at the rows' layers `layer` [R]."""
+        return (np.asarray(self.nats, float) ** (1.0 / self.power))[:, layer].T
+
+    def empty_cost(self, layer: np.ndarray, gates: np.ndarray) -> np.ndarray | None:
+        """[R] the nats of an action that runs no expert at the rows' layers (None: not allowed). gates: [R, K]."""
+        if self.empty is None:
+            return None
+        return np.asarray(self.empty, float)[layer] * np.abs(gates).sum(axis=1) ** self.power
+
+    def to_dict(self) -> dict:
+        return {"kinds": list(KINDS), "nats": np.asarray(self.nats, float).tolist(),
+                "empty": None if self.empty is None else np.asarray(self.empty, float).tolist(), "power": float(self.power)}
+
+    @classmethod
+    def from_dict(cls, doc: dict, what: str = "calibration") -> KindCalibration:
+        """From `to_dict`'s form (a results file's `calibration`); raises EdgeMoEError naming `what` on bad input."""
+        if not isinstance(doc, dict) or "nats" not in doc:
+            raise EdgeMoEError(f"{what}: expected an object with 'nats' [3][L] (and optional 'empty', 'power')")
+        if list(doc.get("kinds", KINDS)) != list(KINDS):
+            raise EdgeMoEError(f"{what}: kinds must be {list(KINDS)} in that order, got {doc.get('kinds')}")
+        try:
+            nats = np.asarray(doc["nats"], dtype=float)
+            empty = None if doc.get("empty") is None else np.asarray(doc["empty"], dtype=float)
+            power = float(doc.get("power", QUALITY_POWER))
+        except (TypeError, ValueError) as exc:
+            raise EdgeMoEError(f"{what}: nats, empty and power must be numbers ({exc})") from None
+        try:
+            return cls(nats, empty, power)
+        except EdgeMoEError as exc:
+            raise EdgeMoEError(f"{what}: {exc}") from None

@@ -30,6 +30,7 @@ from edgemoe.plan.ordermoe.standins import (  # shared with the planner's runtim
     KINDS,
     MAX_ENUM_K,
     QUALITY_POWER,
+    KindCalibration,
     check_kinds,
     choose_stand_ins,
     max_over_kept,
@@ -113,14 +114,17 @@ class Options:
 
 
 def stand_in_costs(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, topk: np.ndarray, gates: np.ndarray,
-                   mask: np.ndarray, kinds: tuple[str, ...], power: float = QUALITY_POWER, subs=None):
+                   mask: np.ndarray, kinds: tuple[str, ...], power: float = QUALITY_POWER, subs=None,
+                   calib: KindCalibration | None = None):
     """Per replaced slot, the stand-in with the least predicted quality cost, and that cost: the token's node's
     best-ranked local group member (`ctx.best_sub`), zeroing, or dropping and renormalising, priced by
     `edgemoe.plan.ordermoe.standins.choose_stand_ins` (shared with the planner's runtime model).
 
     layer, location: [R]; topk, gates: [R, K]; mask: [R, M, K] slots replaced by each action; subs: None (the
     group member), or (sub [R, K], err [R, K]) each slot's substitute chosen per token and its predicted
-    error (`token_substitutes`).
+    error (`token_substitutes`); calib: None, or the measured nats per kind and layer (`KindCalibration`:
+    costs in nats, kinds compared on their measured cost, and a layer left without expert output allowed at
+    its measured cost where the calibration has one).
     Returns (kind [R, M, K] index into KINDS, cost [R, M, K] (inf: no stand-in allowed), sub [R, K] ids).
     """
     R, K = topk.shape
@@ -131,7 +135,11 @@ def stand_in_costs(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray,
         sub, sub_err = subs
     else:
         sub, sub_err = ctx.best_sub[loc, lk, topk], ctx.best_sub_err[loc, lk, topk]
-    kind, cost = choose_stand_ins(layer, topk, gates, sub, sub_err, ctx.subst_err, mask, kinds, power)
+    if calib is None:
+        kind, cost = choose_stand_ins(layer, topk, gates, sub, sub_err, ctx.subst_err, mask, kinds, power)
+    else:
+        kind, cost = choose_stand_ins(layer, topk, gates, sub, sub_err, ctx.subst_err, mask, kinds, calib.power,
+                                      calib.scale(layer), calib.empty_cost(layer, gates))
     return kind, cost, sub
 
 
@@ -193,7 +201,8 @@ def token_substitutes(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarr
 def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, home: np.ndarray, usable: np.ndarray,
                   topk: np.ndarray, gates: np.ndarray, load: np.ndarray, max_enum_k: int = MAX_ENUM_K,
                   kinds: tuple[str, ...] = KINDS, steer: bool = False, steer_replicas: int = STEER_REPLICAS,
-                  power: float = QUALITY_POWER, steered_latency: bool = True, subs=None) -> Options:
+                  power: float = QUALITY_POWER, steered_latency: bool = True, subs=None,
+                  calib: KindCalibration | None = None) -> Options:
     """Every action for R rows (layer, location, home [R]; usable [R, N]; topk, gates [R, K]; load [N]).
 
     An action replaces a subset X of the non-local slots by their cheapest stand-in (`stand_in_costs`) and
@@ -204,7 +213,8 @@ def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, 
     first; the token continues from g (which may hold none of this layer's experts: it is positioned for
     the next layers). A = M subsets unsteered, M x G steered with G = 1 + K (steer_replicas + 1).
     steered_latency False: a steered result leaves latency_mg None (`ordermoe_kernel.steered_pick` walks it).
-    subs: the per-token substitutes (`stand_in_costs`), None: each expert's group member.
+    subs: the per-token substitutes (`stand_in_costs`), None: each expert's group member; calib: the measured
+    cost per kind and layer (`stand_in_costs`), None: the profile's predicted errors alone.
     """
     R, K = topk.shape
     node_x = choose_replicas(ctx, layer, location, usable, topk, load, "fallback")
@@ -218,7 +228,7 @@ def layer_options(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, 
     else:
         order, mask = prefix_masks(ready_x, ~local)  # prefix j replaces the j slowest non-local slots
     M = mask.shape[1]
-    kind, q_alt, sub = stand_in_costs(ctx, layer, location, topk, gates, mask, kinds, power, subs)
+    kind, q_alt, sub = stand_in_costs(ctx, layer, location, topk, gates, mask, kinds, power, subs, calib)
     valid = ~(mask & (local[:, None, :] | ~np.isfinite(q_alt))).any(axis=2)
     is_sub = mask & (kind == 0)
     experts = np.where(mask, np.where(is_sub, sub[:, None, :], -1), topk[:, None, :])
@@ -409,9 +419,10 @@ class LookAhead:
     def __init__(self, ctx: RuntimeContext, grid: BudgetGrid, horizon: int, sets_per_prev: int = 4,
                  max_enum_k: int = MAX_ENUM_K, kinds: tuple[str, ...] = KINDS, steer: bool = False,
                  steer_replicas: int = STEER_REPLICAS, power: float = QUALITY_POWER, min_set_count: int = MIN_SET_COUNT,
-                 subs_fn=None):
+                 subs_fn=None, calib: KindCalibration | None = None):
         self.ctx, self.grid, self.horizon = ctx, grid, int(horizon)
         self.subs_fn = subs_fn  # (layer [R], location [R], topk [R, K]) -> per-token substitutes; None: the groups
+        self.calib = calib  # measured nats per kind and layer (`KindCalibration`), None: predicted errors alone
         self.kinds, self.steer, self.steer_replicas, self.power = kinds, steer, steer_replicas, power
         N, L, E = ctx.num_nodes, ctx.num_layers, ctx.num_experts
         self.keys = RoutingKeys(ctx.profile_topk, ctx.profile_gates, E, min_set_count if horizon > 0 else 0)
@@ -466,7 +477,7 @@ class LookAhead:
             subs = None if self.subs_fn is None else self.subs_fn(lr, loc[r], experts[r])
             opt = layer_options(ctx, lr, loc[r], loc[r], usable[r], experts[r], gates[r],
                                 np.zeros(N), max_enum_k, self.kinds, self.steer, self.steer_replicas, self.power,
-                                subs=subs)
+                                subs=subs, calib=self.calib)
             quality = opt.quality
             left = b[None, None, :] - quality[:, :, None]  # [R, A, m]
             feasible = opt.valid[:, :, None] & (left >= -1e-12)
@@ -484,7 +495,7 @@ def compiled_loop_supported(policy) -> bool:
     loop's module, so that the policy's `compiled_rule` needs nothing from the simulator (no import circle)."""
     K = policy.ctx.top_k
     return (K <= policy.max_enum_k and K <= 4 and not policy.lookahead.keys.enabled
-            and policy.power in (1.0, 2.0))
+            and policy.power in (1.0, 2.0) and getattr(policy, "calib", None) is None)
 
 
 class OrderMoEPolicy(Policy):
@@ -501,7 +512,12 @@ class OrderMoEPolicy(Policy):
     next H layers' paced share of the remaining budget (`pace_share`) instead of all of it;
     stand_in_choice: "group" (default: the expert's best-ranked local group member) or "token" (per token, the
     local expert with the least predicted error, `token_substitutes`, scored with the token's real router
-    logits where the backend passes them, else the calibration co-selection); router_weight: w of that score.
+    logits where the backend passes them, else the calibration co-selection); router_weight: w of that score;
+    calibration: None (default), or the measured extra nats of each stand-in kind per layer (a `KindCalibration`,
+    its `to_dict` form, or the path of a JSON file holding that form at its top level or under "calibration";
+    `bench.studies.calibration` writes one per model under models[i].calibration): predicted costs and the budget are then in nats per token-layer, the
+    kinds are compared on what they were measured to cost, quality_power is the calibration's, and a layer
+    left with no expert output is allowed at its measured cost where the calibration has one.
     """
 
     name = "ordermoe"
@@ -512,8 +528,12 @@ class OrderMoEPolicy(Policy):
                  pressure_gain: float = 1.0, sets_per_prev: int = 16, max_enum_k: int = MAX_ENUM_K,
                  steer_replicas: int = STEER_REPLICAS, ewma: float = 0.1, adapt_gain: float = 0.5,
                  spend_target: float = 0.5, quality_power: float = QUALITY_POWER, min_set_count: int = MIN_SET_COUNT,
-                 pace: bool = True, stand_in_choice: str = "group", router_weight: float = ROUTER_WEIGHT):
+                 pace: bool = True, stand_in_choice: str = "group", router_weight: float = ROUTER_WEIGHT,
+                 calibration: str | dict | None = None):
         kinds = check_kinds(substitutes)
+        calib = load_calibration(calibration, ctx.num_layers)
+        if calib is not None:
+            quality_power = calib.power
         if stand_in_choice not in STAND_IN_CHOICES:
             raise EdgeMoEError(f"ordermoe: stand_in_choice must be one of {list(STAND_IN_CHOICES)}, got {stand_in_choice!r}")
         if not 0.0 <= router_weight <= 1.0:
@@ -523,7 +543,9 @@ class OrderMoEPolicy(Policy):
                          max_enum_k=max_enum_k, steer_replicas=steer_replicas, ewma=ewma, adapt_gain=adapt_gain,
                          spend_target=spend_target, quality_power=quality_power, min_set_count=min_set_count,
                          pace=bool(pace), **({} if stand_in_choice == "group" else
-                                             {"stand_in_choice": stand_in_choice, "router_weight": float(router_weight)}))
+                                             {"stand_in_choice": stand_in_choice, "router_weight": float(router_weight)}),
+                         **({} if calib is None else {"calibration": calib.to_dict()}))
+        self.calib = calib
         self.stand_in_choice, self.router_weight = stand_in_choice, float(router_weight)
         self.per_token = stand_in_choice == "token"
         if self.per_token:
@@ -549,7 +571,7 @@ class OrderMoEPolicy(Policy):
         # future with the myopic rule (64 servers, L=16, E=32, K=4: 57 s steered vs ~1 s), the decision stays steered.
         self.lookahead = LookAhead(ctx, self.grid, self.horizon, sets_per_prev, max_enum_k, kinds,
                                    self.steer and ctx.num_nodes <= STEER_ALL_NODES, self.steer_replicas, self.power,
-                                   min_set_count, self.token_subs if self.per_token else None)
+                                   min_set_count, self.token_subs if self.per_token else None, calib)
         U = ctx.num_users
         self.queue_pressure = 0.0  # EWMA of mean queueing delay / (it + median round trip)
         self.latency_excess = np.zeros(U)  # [U] EWMA of max(observed / estimated latency - 1, 0)
@@ -639,7 +661,7 @@ class OrderMoEPolicy(Policy):
         subs = self.token_subs(layer, loc, topk, self.router_logits) if self.per_token else None
         opt = layer_options(ctx, layer, loc, state.home, ctx.usable[state.user], topk, gates, load, self.max_enum_k,
                             self.kinds, self.steer, self.steer_replicas, self.power, steered_latency=not COMPILED_STEER,
-                            subs=subs)
+                            subs=subs, calib=self.calib)
         # per subset [T, M]: quality, what is left, feasibility, budget level; per action [T, M, G]: the rest
         quality = opt.quality_m
         left = state.budget_left[:, None] - quality  # [T, M]
@@ -674,6 +696,27 @@ class OrderMoEPolicy(Policy):
     def _track(self, load: np.ndarray) -> None:
         mean_load = float(load.mean()) if load.size else 0.0
         self.queue_pressure += self.ewma * (mean_load / (mean_load + self.rt_med) - self.queue_pressure)
+
+
+def load_calibration(calibration, num_layers: int) -> KindCalibration | None:
+    """The `calibration` parameter of OrderMoEPolicy as a KindCalibration for num_layers layers (None: none):
+    a KindCalibration, its `to_dict` form, or a JSON file path whose document holds that form (at the top
+    level or under "calibration")."""
+    if calibration is None or isinstance(calibration, KindCalibration):
+        calib = calibration
+    elif isinstance(calibration, dict):
+        calib = KindCalibration.from_dict(calibration)
+    elif isinstance(calibration, str):
+        from edgemoe.io import read_json
+
+        doc = read_json(calibration, what="calibration file")
+        calib = KindCalibration.from_dict(doc.get("calibration", doc) if isinstance(doc, dict) else doc,
+                                          f"calibration file {calibration}")
+    else:
+        raise EdgeMoEError(f"ordermoe: calibration must be a file path or an object, got {type(calibration).__name__}")
+    if calib is not None and calib.num_layers != num_layers:
+        raise EdgeMoEError(f"ordermoe: calibration has {calib.num_layers} layers, the model {num_layers}")
+    return calib
 
 
 def pick_decision(opt: Options, pick: np.ndarray, location: np.ndarray, latency_s: np.ndarray | None = None,
