@@ -15,7 +15,7 @@ parallel from there; the outputs meet at `next_location` (always the current nod
 the meeting node (+ the trip home after the last layer in `migrate`).
 
 This layer rule exists in four copies, each pinned to this one (the reference) by tests:
-- compiled, `runtime.sim.waves._decide_rows`: tests/runtime/sim/test_sim_speed.py (compiled rule = policy call);
+- compiled, `runtime.sim.rules._decide_rows`: tests/runtime/sim/test_sim_speed.py (compiled rule = policy call);
 - replayed without queues, `plan.ordermoe.runtime_model.PathModel`: tests/plan/ordermoe/test_planner.py
   (replay = the exact policy, replay = the ordermoe policy's stand-ins);
 - the steered ordermoe decision, `runtime.policies.ordermoe_kernel`: tests/runtime/policies/test_ordermoe_kernel.py.
@@ -29,6 +29,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from edgemoe.errors import EdgeMoEError
+from edgemoe.io import jsonable
 
 from .context import RuntimeContext
 
@@ -110,7 +111,8 @@ class Policy:
         if (allowance < 0).any() or not np.isfinite(allowance).all():
             raise EdgeMoEError(f"budget must be finite and >= 0 (per token-layer, per user), got {budget}")
         self.allowance = allowance  # [U] quality allowance per token-layer
-        self.params = {"budget": _jsonable(budget), **{k: _jsonable(v) for k, v in params.items()}}
+        # numpy to Python, NaN and tuples kept (the policy is rebuilt from these); results files go strict on write
+        self.params = jsonable({"budget": budget, **params}, strict=False)
 
     # -- interface ------------------------------------------------------------------------------------------
     def start(self, users, tokens=None) -> TokenState:
@@ -169,7 +171,7 @@ class Policy:
     router_logits: np.ndarray | None = None  # [T, E] during `choose`: the rows' real router logits, if passed
 
     def compiled_rule(self) -> str | None:
-        """Name of a compiled rule (`edgemoe.runtime.sim.waves.RULES`) that makes exactly this policy's decisions,
+        """Name of a compiled rule (`edgemoe.runtime.sim.rules.RULES`) that makes exactly this policy's decisions,
         for the simulator's fast engine to run in its compiled loop instead of calling `decide` per wave; None
         (default): the engine calls `decide`. A policy returning a name must decide by that rule alone."""
         return None
@@ -370,14 +372,3 @@ def meeting_node(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, h
     rows = np.arange(pick.size)
     nxt = cand.reshape(-1, cand.shape[-1])[rows, pick.reshape(-1)].reshape(pick.shape)
     return nxt, done.reshape(-1, done.shape[-1])[rows, pick.reshape(-1)].reshape(pick.shape)
-
-
-def _jsonable(v):
-    """numpy values to Python ones, shallowly. Not `edgemoe.results._jsonable` on purpose: that one also turns
-    NaN/inf into null and tuples into lists, which would change the parameters a policy is rebuilt from;
-    results files convert on write."""
-    if isinstance(v, np.ndarray):
-        return v.tolist()
-    if isinstance(v, np.generic):
-        return v.item()
-    return v

@@ -8,7 +8,7 @@ It does the same floating-point operations in the same order as `layer_options` 
 (sums, exact maxima and minima, first index on ties), so it picks the same action and reports the same
 bits; tests/runtime/policies/test_ordermoe_kernel.py checks that against the numpy path, which stays the reference
 and the fallback without numba (`edgemoe.jit.HAVE_NUMBA`). One of four copies of the layer rule (the others:
-`edgemoe.runtime.policy`, the reference; `runtime.sim.waves._decide_rows`; `plan.ordermoe.runtime_model.PathModel`).
+`edgemoe.runtime.policy`, the reference; `runtime.sim.rules._decide_rows`; `plan.ordermoe.runtime_model.PathModel`).
 """
 
 from __future__ import annotations

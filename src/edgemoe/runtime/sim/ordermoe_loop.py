@@ -1,8 +1,8 @@
 """OrderMoE decided inside the fast engine's compiled wave loop (numba), bit for bit as the per-wave policy call.
 
-`run_ordermoe` drives the simulation as `WaveEngine.run_rule` does for exact / slimcaching / drop, with the
+`run_ordermoe` drives the simulation as `rules.run_rule` does for exact / slimcaching / drop, with the
 whole OrderMoE decision of `edgemoe.runtime.policies.ordermoe` (`layer_options` + `OrderMoEPolicy.choose`) in
-the compiled loop (`_decide_ordermoe`): exact's replica choice (waves' `_decide_rows`, rule "exact", run on a
+the compiled loop (`_decide_ordermoe`): exact's replica choice (rules' `_decide_rows`, rule "exact", run on a
 scratch copy of the token state), the stand-in pricing of `edgemoe.plan.ordermoe.standins.choose_stand_ins`,
 the budget state, the look-ahead lookup (`LookAhead.stacked`, paced), the steered search of
 `ordermoe_kernel._steered_pick` or the unsteered meeting rule (`unsteered_meeting`), the adaptive weights
@@ -24,14 +24,55 @@ the per-wave policy call.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from edgemoe.jit import njit
 
 from ..policy import Decision, replica_shortlist
-from .waves import SORTED_MAX_CELLS, _decide_rows, _wave_step, holder_lists
+from .engine import _wave_step
+from .jobqueue import C_ENDED, C_PENDING
+from .rules import RULE_EXACT, _decide_rows, decision_buffers, rule_tables
 
 _I = np.int64
+
+# entries of `OrderMoETables.flags` (bool), `.ints` and `.params` (float)
+F_SUB, F_DROP, F_ZERO, F_POWER2, F_STEER, F_ALL_NODES = range(6)
+I_SHORT, I_CELLS, I_LEVELS, I_HORIZON, I_PACE = range(5)
+P_QUALITY_PRICE, P_PRESSURE_GAIN, P_EWMA, P_RT_MED, P_STEP, P_EPS = range(6)
+# entries of `FeedbackArrays.calls`: policy calls so far, passes ended when the policy last observed
+FB_CALLS, FB_ENDED_SEEN = 0, 1
+
+
+class OrderMoETables(NamedTuple):
+    """The policy's own tables and weights as `_decide_ordermoe` reads them (`ordermoe_tables`)."""
+
+    best_sub: np.ndarray  # [N, L, E] stand-in per (node, layer, expert) (-1: none)
+    best_sub_err: np.ndarray  # [N, L, E] its error
+    subst_err: np.ndarray  # [L, E, E]
+    flags: np.ndarray  # F_* (bool)
+    short_node: np.ndarray  # [N * L * E, S] the steered search's replica shortlist
+    short_static: np.ndarray  # [N * L * E, S] its static cost (inf: padding)
+    table: np.ndarray  # the look-ahead's stacked table, flat
+    ints: np.ndarray  # I_*
+    params: np.ndarray  # P_* (float)
+    budget_total: np.ndarray  # [R] token state (`TokenState`); budget_used written in place
+    budget_used: np.ndarray
+    qpress: np.ndarray  # [1] the policy's queue_pressure (written in place)
+    latency_excess: np.ndarray  # [U] the policy's weights (its observe updates them in place)
+    quality_weight: np.ndarray  # [U]
+
+
+class FeedbackArrays(NamedTuple):
+    """`Feedback`'s per-pass arrays [P] as the compiled loop fills them."""
+
+    estimate: np.ndarray
+    spent: np.ndarray
+    dense: np.ndarray
+    observed: np.ndarray
+    calls: np.ndarray  # [2] FB_*
+    pass_end: np.ndarray
 
 
 @njit(cache=True, inline="always")
@@ -118,21 +159,23 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
     """OrderMoE's decision for the T rows of one wave into the buffers' rows b .. b + T, and the token state
     updated as `Policy.decide` does (location, budget used, layer, top-1), then the queue pressure (`_track`).
 
-    ex / ex_scratch: waves' `_decide_rows` tables on the real token state / on a scratch copy of it (exact's
-    replica choice node_x comes from the scratch call into scratch_out); om: OrderMoE's own tables and
-    weights (`ordermoe_tables`); out: waves' nine decision buffers; extra: (quality [B], zeroed [B, K])."""
+    ex / ex_scratch: rules' `_decide_rows` tables (`RuleTables`) on the real token state / on a scratch copy
+    of it (exact's replica choice node_x comes from the scratch call into scratch_out); om: `OrderMoETables`;
+    out: a `DecisionBuffers`; extra: (quality [B], zeroed [B, K])."""
     (topk_tab, gates_tab, st_user, st_home, st_loc, st_layer, st_top1, zero_load, usable, hosts, rt, compute, hold_ptr,
      hold_node, hold_compute, is_cloud, migrate, sorted_on, cand_ptr, cand_node, cand_compute, srt_built, srt_static,
      srt_node) = ex
-    s_loc = ex_scratch[4]
+    s_loc = ex_scratch.loc
     (best_sub, best_sub_err, subst_err, flags, short_node, short_static, table, ints, params, budget_total, budget_used,
      qpress, latency_excess, quality_weight) = om
-    has_sub, has_drop, has_zero, power2, steer, all_nodes = flags[0], flags[1], flags[2], flags[3], flags[4], flags[5]
-    n_short, C, levels, horizon, pace = ints[0], ints[1], ints[2], ints[3], ints[4]
-    quality_price, pressure_gain, ewma, rt_med, step, eps = params[0], params[1], params[2], params[3], params[4], params[5]
+    has_sub, has_drop, has_zero = flags[F_SUB], flags[F_DROP], flags[F_ZERO]
+    power2, steer, all_nodes = flags[F_POWER2], flags[F_STEER], flags[F_ALL_NODES]
+    n_short, C, levels, horizon, pace = ints[I_SHORT], ints[I_CELLS], ints[I_LEVELS], ints[I_HORIZON], ints[I_PACE]
+    quality_price, pressure_gain, ewma = params[P_QUALITY_PRICE], params[P_PRESSURE_GAIN], params[P_EWMA]
+    rt_med, step, eps = params[P_RT_MED], params[P_STEP], params[P_EPS]
     out_experts, out_node, out_loc, out_next, out_lat, out_topk, out_layer, out_home, out_pass = out
     out_quality, out_zeroed = extra
-    x_node = scratch_out[1]
+    x_node = scratch_out.node
     T = rows.shape[0]
     K = topk_tab.shape[2]
     N = xfer.shape[0]
@@ -144,7 +187,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
             if budget_total[rows[t]] > 0:
                 any_budget = True
         if not any_budget:
-            _decide_rows(0, rows, rpass, rlayer, rtok, ex, load, xfer, num_layers, out, b)
+            _decide_rows(RULE_EXACT, rows, rpass, rlayer, rtok, ex, load, xfer, num_layers, out, b)
             for t in range(T):
                 out_quality[b + t] = 0.0
                 budget_used[rows[t]] = budget_used[rows[t]] + 0.0
@@ -155,7 +198,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
             return
     for t in range(T):
         s_loc[rows[t]] = st_loc[rows[t]]
-    _decide_rows(0, rows, rpass, rlayer, rtok, ex_scratch, load, xfer, num_layers, scratch_out, 0)
+    _decide_rows(RULE_EXACT, rows, rpass, rlayer, rtok, ex_scratch, load, xfer, num_layers, scratch_out, 0)
     M = 1 << K
     J = 1 + n_short
     G = (1 + N if all_nodes else 1 + K * J) if steer else 1
@@ -448,24 +491,23 @@ def _drive_ordermoe(chunk_rows, every, stamp, b, wave, ex, ex_scratch, scratch_o
     one until the run ends, the buffers hold >= chunk_rows rows, the policy is due to observe finished
     passes (`Feedback.flush`: every `every`-th wave, when passes ended since the last observation; the
     engine logs ended passes in `ended`), or the next wave does not fit in the buffers or the job queue. fb:
-    (estimate [P], spent [P], dense [P], observed [P], [policy calls, passes ended when last observed],
-    pass_end [P]). Returns (next wave's ids, rows, pass, layer, token, stamp, more, rows buffered, observe now)."""
+    a `FeedbackArrays`. Returns (next wave's ids, rows, pass, layer, token, stamp, more, rows buffered, observe now)."""
     ids, rows, rpass, rlayer, rtok = wave
     estimate, spent, dense, observed, calls, pass_end = fb
-    out_pass, out_lat = out[8], out[4]
+    out_pass, out_lat = out.pass_, out.lat
     out_quality = extra[0]
-    load, jobs_f, counters = nodes[11], nodes[9][0], nodes[10]
-    xfer, num_layers = cost[0], cost[7]
-    K = ex[0].shape[2]
+    load, jobs_f, counters = nodes.load, nodes.queue.jobs_f, nodes.counters
+    xfer, num_layers = cost.xfer, cost.num_layers
+    K = ex.topk.shape[2]
     N = xfer.shape[0]
-    J = 1 + om[7][0]
-    steer, all_nodes = om[3][4], om[3][5]
+    J = 1 + om.ints[I_SHORT]
+    steer, all_nodes = om.flags[F_STEER], om.flags[F_ALL_NODES]
     work = _work_arrays(K, N, J, (1 + N if all_nodes else 1 + K * J) if steer else 1)
     more = True
     observe = False
     while True:
         T = rows.shape[0]
-        if b + T > out_pass.shape[0] or counters[1] + T * K > jobs_f.shape[0] or T > scratch_out[0].shape[0]:
+        if b + T > out_pass.shape[0] or counters[C_PENDING] + T * K > jobs_f.shape[0] or T > scratch_out.pass_.shape[0]:
             break
         _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om, work, load, xfer, num_layers, out,
                          extra, b)
@@ -482,29 +524,16 @@ def _drive_ordermoe(chunk_rows, every, stamp, b, wave, ex, ex_scratch, scratch_o
             estimate[p] += slowest + dense[p]
             spent[p] += q
         e = b + T
-        dec = (out_pass[b:e], out[6][b:e], out[7][b:e], out[1][b:e], out[0][b:e], out[2][b:e], out[3][b:e])
+        dec = (out_pass[b:e], out.layer[b:e], out.home[b:e], out.node[b:e], out.experts[b:e], out.loc[b:e],
+               out.next[b:e])
         ids, rows, rpass, rlayer, rtok, stamp, more = _wave_step(True, stamp, ids, dec, passes, nodes, scenario, cost)
         b = e
-        calls[0] += 1
-        if calls[0] % every == 0 and counters[4] > calls[1]:  # passes ended since the last observation
+        calls[FB_CALLS] += 1
+        if calls[FB_CALLS] % every == 0 and counters[C_ENDED] > calls[FB_ENDED_SEEN]:  # passes ended since the last observation
             observe = True
         if not more or b >= chunk_rows or observe:
             break
     return ids, rows, rpass, rlayer, rtok, stamp, more, b, observe
-
-
-def exact_tables(ctx, state, trace, loc, layer, top1):
-    """waves' `_decide_rows` tables of the "exact" rule on token state arrays loc, layer, top1 (see there)."""
-    xfer = np.ascontiguousarray(ctx.xfer_s, float)
-    rt = xfer + xfer.T
-    hold_ptr, hold_node, hold_compute = holder_lists(ctx.hosts, ctx.compute_s)
-    cand_ptr, cand_node, cand_compute = holder_lists(ctx.hosts, ctx.compute_s, ctx.is_cloud)
-    N = ctx.num_nodes
-    sorted_on = bool(ctx.usable.all()) and N * max(cand_node.size, 1) <= SORTED_MAX_CELLS
-    shape = (N, cand_node.size) if sorted_on else (1, 1)
-    return (trace.topk, trace.gates, state.user, state.home, loc, layer, top1, np.zeros(N), ctx.usable, ctx.hosts, rt,
-            ctx.compute_s, hold_ptr, hold_node, hold_compute, ctx.is_cloud, ctx.mode == "migrate", sorted_on, cand_ptr,
-            cand_node, cand_compute, np.zeros(N, bool), np.zeros(shape), np.zeros(shape, _I))
 
 
 def ordermoe_tables(policy, state):
@@ -532,7 +561,7 @@ def ordermoe_tables(policy, state):
     ints = np.array([n_short, C, levels, policy.horizon, policy.pace], _I)
     params = np.array([policy.quality_price, policy.pressure_gain, policy.ewma, policy.rt_med, policy.grid.step,
                        EPS_S_PER_Q], float)
-    return (np.ascontiguousarray(ctx.best_sub, _I), np.ascontiguousarray(ctx.best_sub_err, float),
+    return OrderMoETables(np.ascontiguousarray(ctx.best_sub, _I), np.ascontiguousarray(ctx.best_sub_err, float),
             np.ascontiguousarray(ctx.subst_err, float), flags, short_node, short_static,
             np.ascontiguousarray(policy.lookahead.stacked.reshape(-1)), ints, params, state.budget_total,
             state.budget_used, np.array([policy.queue_pressure]), policy.latency_excess, policy.quality_weight)
@@ -553,17 +582,17 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
     ids = engine.ids
     for name in ("location", "layer", "prev_top1", "budget_used"):  # compiled code writes them in place
         setattr(state, name, np.ascontiguousarray(getattr(state, name)).copy())
-    ex = exact_tables(ctx, state, trace, state.location, state.layer, state.prev_top1)
+    ex = rule_tables(ctx, state, trace, "exact")
     R = len(state)
-    ex_scratch = ex[:4] + (np.zeros(R, _I), np.zeros(R, _I), np.zeros(R, _I)) + ex[7:]  # shares the sorted tables
+    # the scratch state shares the sorted tables
+    ex_scratch = ex._replace(loc=np.zeros(R, _I), layer=np.zeros(R, _I), top1=np.zeros(R, _I))
     om = ordermoe_tables(policy, state)
-    qpress = om[11]
-    fb = (feedback.estimate, feedback.spent, feedback.dense, feedback.observed, np.array([feedback.calls, 0], _I),
-          engine.run.pass_end)
+    qpress = om.qpress
+    fb = FeedbackArrays(feedback.estimate, feedback.spent, feedback.dense, feedback.observed,
+                        np.array([feedback.calls, 0], _I), engine.run.pass_end)
 
     def buffers(cap, keep=None, rows_kept=0):
-        new = (np.empty((cap, K), _I), np.empty((cap, K), _I), np.empty(cap, _I), np.empty(cap, _I), np.empty(cap),
-               np.empty((cap, K), _I), np.empty(cap, _I), np.empty(cap, _I), np.empty(cap, _I))
+        new = decision_buffers(cap, K)
         new_extra = (np.empty(cap), np.empty((cap, K), bool))
         if keep is not None:
             for a, old in zip(new + new_extra, keep[0] + keep[1], strict=True):
@@ -578,17 +607,17 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
         if b + len(rows) > cap:
             cap = max(2 * cap, b + 2 * len(rows))
             out, extra = buffers(cap, (out, extra), b)
-        if len(rows) > scratch_out[0].shape[0]:
+        if len(rows) > scratch_out.experts.shape[0]:
             scratch_out = buffers(2 * len(rows))[0]
         engine._job_room(len(rows) * K)
         ids, rows, rpass, rlayer, rtok, engine.stamp, more, b, observe = _drive_ordermoe(
             chunk_rows, feedback.every, engine.stamp, b, (ids, rows, rpass, rlayer, rtok), ex, ex_scratch, scratch_out,
             om, fb, out, extra, *engine._groups())
         if observe:  # exactly where `Feedback.flush` observes, the same passes (ascending, as its flatnonzero)
-            n_ended = int(engine.counters[4])
-            done = np.sort(engine.ended[int(fb[4][1]):n_ended])
-            fb[4][1] = n_ended
-            feedback.calls = int(fb[4][0])
+            n_ended = int(engine.counters[C_ENDED])
+            done = np.sort(engine.ended[int(fb.calls[FB_ENDED_SEEN]):n_ended])
+            fb.calls[FB_ENDED_SEEN] = n_ended
+            feedback.calls = int(fb.calls[FB_CALLS])
             feedback.observe(done)
         if b and (b >= chunk_rows or not more):
             experts, node, loc, nxt, lat, topk, lv, home, row_pass = (a[:b] for a in out)
@@ -598,5 +627,5 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
             b = 0
         if not more:
             break
-    feedback.calls = int(fb[4][0])
+    feedback.calls = int(fb.calls[FB_CALLS])
     policy.queue_pressure = float(qpress[0])

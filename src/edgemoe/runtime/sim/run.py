@@ -1,6 +1,6 @@
 """What both simulator engines share: the finished run's record (`Run`), the policy feedback, the dense
 part's per-pass seconds and the jobs one layer's decision creates. The reference engine (`des`) and the
-fast one (`waves`, driven by `simulate.run_fast`) import it; it imports neither.
+fast one (`engine`, driven by `simulate.run_fast`) import it; it imports neither.
 """
 
 from __future__ import annotations
