@@ -65,6 +65,10 @@ class TokenState:
 
 
 _STATE_FIELDS = tuple(f.name for f in fields(TokenState))  # in declaration order (dataclasses.fields per call is slow)
+_UNBUILT = object()  # `Policy.decide`: the policy's decode path not asked for yet
+# policy -> its decode path (`Policy.decode_path`), beside the policy rather than in it: a policy stays
+# picklable (the Ray backend ships policies) and a copy builds its own path on its own arrays
+_DECODE_PATHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,16 @@ class Policy:
         logits at this layer or None (the `local` backend passes them to policies with `wants_router_logits`;
         `choose` reads them as `self.router_logits`, None where the backend has none).
         """
+        try:
+            fast = _DECODE_PATHS.get(self, _UNBUILT)
+            if fast is _UNBUILT:  # built at the first call: a backend that never calls `decide` never pays for it
+                fast = _DECODE_PATHS[self] = self.decode_path()
+        except TypeError:  # a subclass that is not hashable (or weakly referable) decides as below
+            fast = None
+        if fast is not None and router_logits is None:
+            dec = fast(self, layer, topk, gates, state, load_s)
+            if dec is not None:
+                return dec
         topk = np.asarray(topk, dtype=np.int64)
         gates = np.asarray(gates, dtype=float)
         T = len(state)
@@ -166,6 +180,13 @@ class Policy:
         state.layer = state.layer + 1
         state.prev_top1 = top1(topk, gates)
         return dec
+
+    def decode_path(self):
+        """A callable (policy, layer, topk, gates, state, load_s) -> Decision or None that makes exactly the decisions
+        and state updates of `decide` in one compiled call (None where it does not apply: `decide` then goes
+        on as usual), or None (default): `decide` always runs `choose`. OrderMoE has one
+        (`edgemoe.runtime.policies.ordermoe_kernel.DecodePath`)."""
+        return None
 
     wants_feedback = False  # backends call `observe` only when True (it costs them bookkeeping)
     router_logits: np.ndarray | None = None  # [T, E] during `choose`: the rows' real router logits, if passed
