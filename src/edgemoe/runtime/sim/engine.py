@@ -48,7 +48,7 @@ from .jobqueue import (
     _enqueue,
     _serve,
 )
-from .run import pass_dense_s
+from .run import pass_stage_s
 
 _I = np.int64
 
@@ -66,7 +66,7 @@ class Passes(NamedTuple):
     pass_end: np.ndarray  # `Run.pass_end`
     mark: np.ndarray  # scratch: the stamp of the wave that last saw it
     pass_home: np.ndarray  # its user's home node
-    pass_dense: np.ndarray  # one layer's dense seconds (`pass_dense_s`)
+    pass_dense: np.ndarray  # one layer's backbone-stage seconds: dense (+ decision when charged; `pass_stage_s`)
     ended: np.ndarray  # log of ended passes, in end order (counters[C_ENDED] of them)
 
 
@@ -460,7 +460,7 @@ class WaveEngine:
     `wave = engine.step(decision, home)`. A wave is (rows, row_pass, row_layer, row_token, load [N]).
     """
 
-    def __init__(self, ctx, sc, run, window_s: float):
+    def __init__(self, ctx, sc, run, window_s: float, policy=None):
         P, N = sc.num_passes, ctx.num_nodes
         self.window = float(window_s)
         self.times = np.zeros(2)
@@ -486,12 +486,13 @@ class WaveEngine:
         live = np.isfinite(sc.request_arrival)
         self.ready_ids = np.zeros(max(P, 1), _I)
         self.ready_t = np.zeros(max(P, 1))
-        # Dense part (docs/runtime.md): a ready pass first runs its layer's dense work on its home's backbone
-        # queue (stage 0), then is ready to decide (stage 1); with the dense part off it enters at stage 1.
-        self.first_stage = 0 if ctx.dense_on else 1
+        # Dense part (docs/runtime.md): a ready pass first runs its layer's dense work (and, when the policy's
+        # decisions are charged, its decision) on its home's backbone queue (stage 0), then is ready to decide
+        # (stage 1); with neither it enters at stage 1.
+        self.pass_dense, staged = pass_stage_s(ctx, sc, policy)
+        self.first_stage = 0 if staged else 1
         self.ready_stage = np.full(max(P, 1), self.first_stage, _I)
         self.pass_home = np.asarray(ctx.user_home[sc.request_user[sc.pass_request]], _I)
-        self.pass_dense = pass_dense_s(ctx, sc)
         self.backbone_free = np.full(N, -np.inf)
         first = sc.request_first_pass[live].astype(_I)
         self.ready_ids[:first.size] = first

@@ -81,7 +81,7 @@ def run_fast(ctx: RuntimeContext, policy: Policy, trace: Trace, sc: Scenario, wi
     run = Run(ctx, sc)
     state = policy.start(sc.row_user, tokens=sc.row_trace)
     run.budget_total = float(state.budget_total.sum())
-    engine = WaveEngine(ctx, sc, run, window_s)
+    engine = WaveEngine(ctx, sc, run, window_s, policy)
     rule = compiled_rule(policy) if compiled else None
     if rule == "ordermoe":
         from .ordermoe_loop import run_ordermoe
