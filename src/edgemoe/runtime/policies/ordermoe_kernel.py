@@ -798,8 +798,10 @@ class DecodePath:
         T = state.user.shape[0]
         if not isinstance(layer, int | np.integer) or T == 0 or not 0 <= layer < self.L:
             return None
-        topk = np.asarray(topk, dtype=_I)
-        gates = np.asarray(gates, dtype=float)
+        # contiguous: one compiled signature for every caller (a column slice of a [T, L, K] trace would
+        # otherwise compile a second, minutes on a busy host before numba's disk cache holds it)
+        topk = np.ascontiguousarray(topk, dtype=_I)
+        gates = np.ascontiguousarray(gates, dtype=float)
         if topk.shape != (T, self.K) or gates.shape != topk.shape:
             return None
         if T > self.cap or pol.latency_excess is not om.latency_excess or pol.quality_weight is not om.quality_weight:
