@@ -49,5 +49,8 @@ results: $(STAMP)
 	$(BIN)/python -m bench.studies.calibration
 	$(BIN)/python -m bench.studies.lookahead --quick --budgets 0.05,0.2 --clusters testbed8,edge8
 	$(BIN)/python -m bench.speed.policies --setups L=16 --policies 'ordermoe(H=0),ordermoe(H=2),ordermoe(H=3)'
+	$(BIN)/python -m bench.speed.policies --setups 'edge8 L=8' --rows 1,64 --out policies_decode.json
+	$(BIN)/python -m bench.speed.policies --setups L=32,generate --policies 'ordermoe(H=2)' --rows 1,64 \
+		--out policies_decode_large.json
 	$(BIN)/python -m bench.studies.out_of_sample --ilp-nodes 0 --ilp-from bench/results/out_of_sample.json
 	$(BIN)/python -m bench.tools.tables --write

@@ -463,3 +463,28 @@ def test_check_outputs_claims_every_output_the_same_way(tmp_path):
             io.check_outputs(outputs, inputs)
     io.check_outputs({"--out": io.Output(tmp_path / "new.json"), "--expert-map": io.Output(None)}, {"--trace": [trace, "-"]})
     assert (mine / "similarity.png").read_text() == "my figure"
+
+
+def test_jsonable_strict_writes_strict_json_and_loose_keeps_what_rebuilds_a_policy():
+    import math
+    from typing import NamedTuple
+
+    import numpy as np
+
+    class Pair(NamedTuple):
+        a: float
+        b: float
+
+    obj = {1: np.float64(0.5), "nan": np.nan, "arr": np.array([1.0, np.inf]), "tup": (np.int64(2), np.nan),
+           "nested": [{"x": np.float32(0.25)}], "pair": Pair(np.float64(1.0), 2.0)}
+    strict = io.jsonable(obj)
+    assert strict == {"1": 0.5, "nan": None, "arr": [1.0, None], "tup": [2, None], "nested": [{"x": 0.25}],
+                      "pair": [1.0, 2.0]}
+    json.dumps(strict, allow_nan=False)  # strict JSON
+    assert all(type(v) is not np.float64 for v in (strict["1"], strict["tup"][0]))
+    loose = io.jsonable(obj, strict=False)
+    assert set(loose) == {1, "nan", "arr", "tup", "nested", "pair"}
+    assert math.isnan(loose["nan"]) and loose["arr"][1] == math.inf
+    assert type(loose["tup"]) is tuple and loose["tup"][0] == 2 and type(loose["tup"][0]) is int
+    assert type(loose["pair"]) is Pair and type(loose["pair"].a) is float
+    assert type(loose[1]) is float and type(loose["nested"][0]["x"]) is float

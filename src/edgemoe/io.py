@@ -21,6 +21,7 @@ import ctypes
 import errno
 import fnmatch
 import json
+import math
 import os
 import shutil
 import stat
@@ -212,6 +213,31 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 def atomic_write_json(path: str | os.PathLike, obj, indent: int = 2) -> Path:
     """Serialise `obj` as JSON and write it atomically."""
     return atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=False) + "\n")
+
+
+def jsonable(obj, strict: bool = True):
+    """obj with numpy arrays and scalars turned into Python values, through dicts, lists and tuples.
+
+    strict (what a results file needs, so that json.dumps writes strict JSON): NaN and inf become None,
+    tuples become lists and dict keys strings. strict=False (a policy's recorded parameters, which rebuild
+    the policy): NaN, inf, tuples and keys stay as they are, so the values rebuild the same policy.
+    """
+    import numpy as np
+
+    if isinstance(obj, dict):
+        return {(str(k) if strict else k): jsonable(v, strict) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        items = [jsonable(v, strict) for v in obj]
+        if strict or isinstance(obj, list):
+            return items
+        return tuple(items) if type(obj) is tuple else type(obj)(*items)  # a NamedTuple stays one
+    if isinstance(obj, np.ndarray):
+        return jsonable(obj.tolist(), strict)
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if strict and isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
 
 
 def atomic_write_figure(fig, path: str | os.PathLike, **savefig_kwargs) -> Path:

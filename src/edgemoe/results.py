@@ -23,7 +23,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, NonNegativeFloat, NonNegativeInt, ValidationError, field_validator
 
 from edgemoe.errors import EdgeMoEError
-from edgemoe.io import atomic_write_json, read_json
+from edgemoe.io import atomic_write_json, jsonable, read_json
 
 SCHEMA = "edgemoe.results/1"
 
@@ -133,13 +133,13 @@ def results_dict(config: dict, methods: dict[str, dict], env: dict | None = None
 
 def write_results(path: str | Path, config: dict, methods: dict[str, dict], env: dict | None = None) -> Path:
     """Validate and write a results file atomically; returns the path."""
-    return atomic_write_json(path, _jsonable(results_dict(config, methods, env)))
+    return atomic_write_json(path, jsonable(results_dict(config, methods, env)))
 
 
 def write_document(path: str | Path, doc: dict) -> Path:
     """Validate a whole results document (extra top-level sections allowed) and write it atomically."""
     validate_results(doc, str(path))
-    return atomic_write_json(path, _jsonable(doc))
+    return atomic_write_json(path, jsonable(doc))
 
 
 def validate_results(doc: dict, source: str = "results") -> dict:
@@ -160,23 +160,6 @@ def validate_results(doc: dict, source: str = "results") -> dict:
 def load_results(path: str | Path) -> dict:
     """Read and validate a results file; returns the document as a dict."""
     return validate_results(read_json(path, "results file"), str(path))
-
-
-def _jsonable(obj):
-    """Plain JSON types: numpy scalars/arrays to Python, NaN/inf to null (strict JSON)."""
-    import numpy as np
-
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
 
 
 # ------------------------------------------------------------------ the comparison table of a results file

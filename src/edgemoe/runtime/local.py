@@ -5,6 +5,10 @@ hidden states) to the policy; the policy's `experts [T, K]` become an `Intervent
 drop), so perplexity and the cost model's latency/traffic come from the very same decisions.
 `replay_decisions` runs the same policy on a recorded routing trace without the model (numpy only), which
 is how the simulator and this backend are checked to decide identically.
+
+A policy whose decisions are charged (`edgemoe.runtime.decision_cost`) adds each decide call's modelled CPU
+seconds at the home to every row of the call (`TraceDecisions.decision_s`; the rows wait for the call):
+the same model the simulator charges, never a clock read, so replays stay deterministic.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 
 from edgemoe.models import Intervention, LayerCall, MoEAdapter
 
+from .decision_cost import decision_cost_of
 from .policy import Decision, Policy
 
 
@@ -33,18 +38,22 @@ class TraceDecisions:
     quality_cost: np.ndarray  # [T, L]
     latency_s: np.ndarray  # [T, L] the policy's cost-model latency of each layer (no queueing)
     zeroed: np.ndarray  # [T, L, K] bool slot zeroed (other gates kept) rather than dropped
+    decision_s: np.ndarray  # [T, L] the decide call's charged CPU seconds at the home (0: not charged)
 
     @property
     def token_latency_s(self) -> np.ndarray:
-        """[T] seconds through all MoE layers: the sum of the layers' latencies."""
-        return self.latency_s.sum(axis=1)
+        """[T] seconds through all MoE layers: the sum of the layers' latencies and decision times."""
+        return (self.latency_s + self.decision_s).sum(axis=1)
 
     def substituted(self) -> np.ndarray:
         """[T, L, K] bool."""
         return (self.experts >= 0) & (self.experts != self.topk)
 
 
-def _stack(users, topk_l, gates_l, decisions: list[Decision]) -> TraceDecisions:
+def _stack(users, topk_l, gates_l, decisions: list[Decision], policy: Policy) -> TraceDecisions:
+    cost = decision_cost_of(policy)
+    T = len(users)
+    charge = 0.0 if cost is None else float(cost.seconds(T))  # one call of the T rows per layer
     return TraceDecisions(
         users=np.asarray(users), topk=np.stack(topk_l, 1), gates=np.stack(gates_l, 1),
         experts=np.stack([d.experts for d in decisions], 1), node=np.stack([d.node for d in decisions], 1),
@@ -53,6 +62,7 @@ def _stack(users, topk_l, gates_l, decisions: list[Decision]) -> TraceDecisions:
         quality_cost=np.stack([d.quality_cost for d in decisions], 1),
         latency_s=np.stack([d.latency_s for d in decisions], 1),
         zeroed=np.stack([d.zero_mask for d in decisions], 1),
+        decision_s=np.full((T, len(decisions)), charge),
     )
 
 
@@ -62,7 +72,7 @@ def replay_decisions(policy: Policy, users: np.ndarray, topk: np.ndarray, gates:
     each row's index in the routing a future-knowing policy was given; default 0..T-1)."""
     state = policy.start(users, tokens=np.arange(len(users)) if tokens is None else tokens)
     decisions = [policy.decide(layer, topk[:, layer], gates[:, layer], state) for layer in range(topk.shape[1])]
-    return _stack(users, list(topk.transpose(1, 0, 2)), list(gates.transpose(1, 0, 2)), decisions)
+    return _stack(users, list(topk.transpose(1, 0, 2)), list(gates.transpose(1, 0, 2)), decisions, policy)
 
 
 def concat(parts: list[TraceDecisions]) -> TraceDecisions:
@@ -100,7 +110,7 @@ class _PolicyBridge:
         self.gates.append(gates)
         self.decisions.append(dec)
         if call.layer == self.num_layers - 1:
-            self.parts.append(_stack(self.users, self.topk, self.gates, self.decisions))
+            self.parts.append(_stack(self.users, self.topk, self.gates, self.decisions, self.policy))
         if np.array_equal(dec.experts, topk):
             return None  # nothing changes: let the model run untouched
         return Intervention.from_numpy(dec.experts, dec.zeroed)

@@ -15,7 +15,7 @@ parallel from there; the outputs meet at `next_location` (always the current nod
 the meeting node (+ the trip home after the last layer in `migrate`).
 
 This layer rule exists in four copies, each pinned to this one (the reference) by tests:
-- compiled, `runtime.sim.waves._decide_rows`: tests/runtime/sim/test_sim_speed.py (compiled rule = policy call);
+- compiled, `runtime.sim.rules._decide_rows`: tests/runtime/sim/test_sim_speed.py (compiled rule = policy call);
 - replayed without queues, `plan.ordermoe.runtime_model.PathModel`: tests/plan/ordermoe/test_planner.py
   (replay = the exact policy, replay = the ordermoe policy's stand-ins);
 - the steered ordermoe decision, `runtime.policies.ordermoe_kernel`: tests/runtime/policies/test_ordermoe_kernel.py.
@@ -29,6 +29,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from edgemoe.errors import EdgeMoEError
+from edgemoe.io import jsonable
 
 from .context import RuntimeContext
 
@@ -64,6 +65,10 @@ class TokenState:
 
 
 _STATE_FIELDS = tuple(f.name for f in fields(TokenState))  # in declaration order (dataclasses.fields per call is slow)
+_UNBUILT = object()  # `Policy.decide`: the policy's decode path not asked for yet
+# policy -> its decode path (`Policy.decode_path`), beside the policy rather than in it: a policy stays
+# picklable (the Ray backend ships policies) and a copy builds its own path on its own arrays
+_DECODE_PATHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -110,7 +115,8 @@ class Policy:
         if (allowance < 0).any() or not np.isfinite(allowance).all():
             raise EdgeMoEError(f"budget must be finite and >= 0 (per token-layer, per user), got {budget}")
         self.allowance = allowance  # [U] quality allowance per token-layer
-        self.params = {"budget": _jsonable(budget), **{k: _jsonable(v) for k, v in params.items()}}
+        # numpy to Python, NaN and tuples kept (the policy is rebuilt from these); results files go strict on write
+        self.params = jsonable({"budget": budget, **params}, strict=False)
 
     # -- interface ------------------------------------------------------------------------------------------
     def start(self, users, tokens=None) -> TokenState:
@@ -138,6 +144,16 @@ class Policy:
         logits at this layer or None (the `local` backend passes them to policies with `wants_router_logits`;
         `choose` reads them as `self.router_logits`, None where the backend has none).
         """
+        try:
+            fast = _DECODE_PATHS.get(self, _UNBUILT)
+            if fast is _UNBUILT:  # built at the first call: a backend that never calls `decide` never pays for it
+                fast = _DECODE_PATHS[self] = self.decode_path()
+        except TypeError:  # a subclass that is not hashable (or weakly referable) decides as below
+            fast = None
+        if fast is not None and router_logits is None:
+            dec = fast(self, layer, topk, gates, state, load_s)
+            if dec is not None:
+                return dec
         topk = np.asarray(topk, dtype=np.int64)
         gates = np.asarray(gates, dtype=float)
         T = len(state)
@@ -165,11 +181,18 @@ class Policy:
         state.prev_top1 = top1(topk, gates)
         return dec
 
+    def decode_path(self):
+        """A callable (policy, layer, topk, gates, state, load_s) -> Decision or None that makes exactly the decisions
+        and state updates of `decide` in one compiled call (None where it does not apply: `decide` then goes
+        on as usual), or None (default): `decide` always runs `choose`. OrderMoE has one
+        (`edgemoe.runtime.policies.ordermoe_kernel.DecodePath`)."""
+        return None
+
     wants_feedback = False  # backends call `observe` only when True (it costs them bookkeeping)
     router_logits: np.ndarray | None = None  # [T, E] during `choose`: the rows' real router logits, if passed
 
     def compiled_rule(self) -> str | None:
-        """Name of a compiled rule (`edgemoe.runtime.sim.waves.RULES`) that makes exactly this policy's decisions,
+        """Name of a compiled rule (`edgemoe.runtime.sim.rules.RULES`) that makes exactly this policy's decisions,
         for the simulator's fast engine to run in its compiled loop instead of calling `decide` per wave; None
         (default): the engine calls `decide`. A policy returning a name must decide by that rule alone."""
         return None
@@ -370,14 +393,3 @@ def meeting_node(ctx: RuntimeContext, layer: np.ndarray, location: np.ndarray, h
     rows = np.arange(pick.size)
     nxt = cand.reshape(-1, cand.shape[-1])[rows, pick.reshape(-1)].reshape(pick.shape)
     return nxt, done.reshape(-1, done.shape[-1])[rows, pick.reshape(-1)].reshape(pick.shape)
-
-
-def _jsonable(v):
-    """numpy values to Python ones, shallowly. Not `edgemoe.results._jsonable` on purpose: that one also turns
-    NaN/inf into null and tuples into lists, which would change the parameters a policy is rebuilt from;
-    results files convert on write."""
-    if isinstance(v, np.ndarray):
-        return v.tolist()
-    if isinstance(v, np.generic):
-        return v.item()
-    return v

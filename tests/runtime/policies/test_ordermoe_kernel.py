@@ -1,7 +1,8 @@
 """The compiled steered decision (`ordermoe_kernel`) decides exactly as the numpy path it replaces: every
 Decision field equal, bit for bit, on small random deployments in both modes, with enumerated (K <= max_enum_k)
 and prefix (K > max_enum_k) action sets, H = 0 (steered without look-ahead), 1 and 2, with and without budgets
-and load."""
+and load. So does the whole decision in one compiled call (`DecodePath`, the decode path of `decide`), with
+the adaptive weights moving between passes."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ import pytest
 from edgemoe.jit import HAVE_NUMBA
 from edgemoe.runtime import make_policy
 from edgemoe.runtime.policies import ordermoe as om
+from edgemoe.runtime.policies import ordermoe_kernel as ok
 
-from .test_ordermoe_equivalence import assert_same, context, decisions
+from .test_ordermoe_equivalence import FIELDS, assert_same, context, decisions
 
 
 def both_paths(monkeypatch, ctx, profile, rows, users, load, params):
     """(compiled, numpy) decisions of one policy configuration over every layer."""
     out = []
+    monkeypatch.setattr(om, "COMPILED_DECODE", False)  # the steered kernel on its own (the decode path: below)
     for compiled in (True, False):
         monkeypatch.setattr(om, "COMPILED_STEER", compiled)
         out.append(decisions(make_policy("ordermoe", ctx, **params), profile, ctx, rows, users, load))
@@ -54,6 +57,54 @@ def test_the_steered_decision_takes_the_compiled_path_when_numba_is_there(monkey
 
     monkeypatch.setattr(om, "steered_pick", spy)
     monkeypatch.setattr(om, "COMPILED_STEER", True)
+    monkeypatch.setattr(om, "COMPILED_DECODE", False)  # `choose`'s own path (the decode path skips it)
     rows = np.arange(10)
     decisions(make_policy("ordermoe", ctx, horizon=2, budget=0.1), profile, ctx, rows, rows % ctx.num_users, None)
     assert len(seen) == ctx.num_layers
+
+
+@pytest.mark.skipif(not HAVE_NUMBA, reason="without numba the numpy path is the only one")
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("mode", ["migrate", "home"])
+def test_the_decode_path_decides_as_the_numpy_path(monkeypatch, seed, mode):
+    profile, ctx = context(seed, mode)
+    rng = np.random.default_rng(2000 + seed)
+    used = []
+    real = ok.DecodePath.__call__
+
+    def spy(self, *args):
+        dec = real(self, *args)
+        used.append(dec is not None)
+        return dec
+
+    monkeypatch.setattr(ok.DecodePath, "__call__", spy)
+    monkeypatch.setattr(om, "COMPILED_STEER", False)  # the reference: numpy all through
+    expected = 0  # decide calls the decode path should have made
+    for T in (1, 5, 70):  # 70 rows: more than the decode tables start with (64), so they grow
+        rows = rng.integers(0, profile.num_tokens, T)
+        users = rng.integers(0, ctx.num_users, T)
+        params = dict(budget=float(rng.choice([0.0, 0.02, 0.3])), horizon=int(rng.integers(0, 3)),
+                      steer=[None, True, False][int(rng.integers(3))], pace=bool(rng.integers(2)),
+                      substitutes=str(rng.choice(["sub,drop,zero", "sub", "drop,zero"])))
+        loads = [rng.exponential(0.01, ctx.num_nodes) if rng.integers(2) else None for _ in range(2)]
+        runs = []
+        for decode in (True, False):
+            monkeypatch.setattr(om, "COMPILED_DECODE", decode)
+            pol = make_policy("ordermoe", ctx, **params)
+            if decode and pol.compiled_rule() == "ordermoe":
+                expected += len(loads) * ctx.num_layers
+            out = []
+            for p, load in enumerate(loads):  # two passes; the feedback between them moves the weights
+                state = pol.start(users, tokens=rows)
+                for layer in range(ctx.num_layers):
+                    dec = pol.decide(layer, profile.topk[rows, layer].astype(np.int64), profile.gates[rows, layer],
+                                     state, load)
+                    out.append({f: getattr(dec, f) for f in FIELDS})
+                out.append({f: getattr(state, f) for f in ("location", "budget_used", "layer", "prev_top1")})
+                out.append({"pressure": np.array(pol.queue_pressure)})
+                pol.observe(users, np.full(T, 0.02 * (p + 1)), np.full(T, 0.015), state.budget_used, state.budget_total)
+            runs.append(out)
+        for a, b in zip(*runs, strict=True):
+            for f in a:
+                np.testing.assert_array_equal(a[f], b[f], err_msg=f"T={T} {params} {f}")
+    assert len(used) == expected and all(used)  # it ran wherever it applies, and decided every call

@@ -1,4 +1,4 @@
-"""The simulator's calendar job queue (`edgemoe.runtime.sim.waves.JobQueue`) serves every node's jobs in (arrival,
+"""The simulator's calendar job queue (`edgemoe.runtime.sim.jobqueue.JobQueue`) serves every node's jobs in (arrival,
 seq) order, whatever the bucket width, the crowding of a bucket or the window: checked against a plain sort."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgemoe.runtime.sim.waves import JobQueue, _earliest_job, _enqueue, _serve
+from edgemoe.runtime.sim.jobqueue import JobQueue, _earliest_job, _enqueue, _serve
 
 _I = np.int64
 

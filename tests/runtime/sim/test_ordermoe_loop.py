@@ -35,6 +35,8 @@ def recorded_run(monkeypatch, ctx, policy, trace, sc, window, compiled):
         return real(self, dec, topk, layer, home, prefill)
 
     monkeypatch.setattr(DecisionTally, "add", add)
+    # the per-wave call is the numpy path (not the policy's compiled decode path, which shares the loop's kernel)
+    monkeypatch.setattr(om, "COMPILED_DECODE", compiled)
     run = run_fast(ctx, policy, trace, sc, window, compiled=compiled)
     names = (*FIELDS, "topk", "layer", "home", "prefill")
     return run, {n: np.concatenate(c) for n, c in zip(names, zip(*seen, strict=True), strict=True)}, len(seen)
@@ -116,7 +118,7 @@ def test_unsupported_configurations_keep_the_policy_call(deployments):
 
 def test_compiled_mean_is_numpys():
     """`_mean` (the queue pressure's mean load) adds in numpy's pairwise order, past its 128-value blocks too."""
-    from edgemoe.runtime.sim.ordermoe_loop import _mean
+    from edgemoe.runtime.policies.ordermoe_kernel import _mean
 
     rng = np.random.default_rng(0)
     for n in [0, 1, 7, 8, 9, 127, 128, 129, 300, 1031, 5000]:

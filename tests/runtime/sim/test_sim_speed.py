@@ -142,10 +142,10 @@ def test_compiled_rule_is_the_policy_call_bit_for_bit(small_deployments, policy,
                                                       monkeypatch):
     # The compiled loop decides by the policy's rule; the per-wave policy call is the definition. Both
     # replica searches: sorted per location (every node usable) and the plain scan of the holders.
-    from edgemoe.runtime.sim import waves
+    from edgemoe.runtime.sim import rules
 
     if not sorted_search:
-        monkeypatch.setattr(waves, "SORTED_MAX_CELLS", 0)
+        monkeypatch.setattr(rules, "SORTED_MAX_CELLS", 0)
     profile, contexts = small_deployments
     ctx = contexts["generated", mode]
     trace = Trace.from_profile(profile)

@@ -25,7 +25,7 @@ Rows are decided layer by layer exactly as the runtime decides them, so with bud
 latencies equal the `exact` policy's `Decision.latency_s`, and with a budget its stand-ins, quality and
 latencies equal the ordermoe policy's at horizon 0 and no quality price (both tested against
 `edgemoe.runtime`: tests/plan/ordermoe/test_planner.py). It is one of four copies of the layer rule (the
-others: `edgemoe.runtime.policy`, the reference; `runtime.sim.waves._decide_rows`; `runtime.policies.
+others: `edgemoe.runtime.policy`, the reference; `runtime.sim.rules._decide_rows`; `runtime.policies.
 ordermoe_kernel`).
 
 Incremental evaluation: a change of one node's experts at one layer only changes rows whose Top-K set at

@@ -41,13 +41,14 @@ from edgemoe.plan.ordermoe.standins import (  # shared with the planner's runtim
 from ..context import RuntimeContext
 from ..policy import Decision, Policy, TokenState, branch_ready_s, choose_replicas, replica_shortlist, top1
 from .baselines import exact_decision
-from .ordermoe_kernel import steered_inputs, steered_pick
+from .ordermoe_kernel import DecodePath, steered_inputs, steered_pick
 
 EPS_S_PER_Q = 1e-9  # tie-break: between equally fast actions, spend no budget
 STEER_REPLICAS = 4  # replicas per branch (besides exact's own choice) that a steered decision considers
 TABLE_CHUNK_CELLS = 1 << 22  # rows x actions x levels per block when the look-ahead tables are built
 STEER_ALL_NODES = 16  # up to this many nodes, a steered decision may meet at any node; beyond, at a replica
 COMPILED_STEER = HAVE_NUMBA  # steered decisions by `ordermoe_kernel` (same picks and bits; False: the numpy path)
+COMPILED_DECODE = HAVE_NUMBA  # `decide` in one compiled call (`ordermoe_kernel.DecodePath`; same bits; False: numpy)
 COMPILED_LOOP = HAVE_NUMBA  # the simulator's fast engine decides inside its compiled loop (`edgemoe.runtime.sim.ordermoe_loop`;
 # same picks and bits; False: the per-wave `decide` call, the reference)
 
@@ -592,6 +593,13 @@ class OrderMoEPolicy(Policy):
         if self.per_token or not COMPILED_LOOP or type(self).observe is not OrderMoEPolicy.observe:
             return None
         return self._own_rule(OrderMoEPolicy, "ordermoe") if compiled_loop_supported(self) else None
+
+    def decode_path(self):
+        """`ordermoe_kernel.DecodePath` where it decides exactly as `choose` (the simulator loop's conditions,
+        `compiled_rule`), else None."""
+        if not COMPILED_DECODE or self.compiled_rule() != "ordermoe":
+            return None
+        return DecodePath(self, EPS_S_PER_Q, STEER_ALL_NODES)
 
     @property
     def alpha(self) -> np.ndarray:

@@ -1,4 +1,6 @@
-"""OrderMoE's steered decision, compiled: the per-row search over (stand-in subset, meeting node) actions.
+"""OrderMoE's decision, compiled: the steered search over (stand-in subset, meeting node) actions
+(`_steered_pick`), the whole per-row decision (`_decide_ordermoe`, which the simulator's compiled loop,
+`edgemoe.runtime.sim.ordermoe_loop`, runs in its waves) and `decide` in one compiled call (`DecodePath`).
 
 At 64 rows per call the numpy form of the steered decision spends its time on the [R, K, J, G] arrival times
 and the [R, M, G] latency, look-ahead and cost arrays, a few dozen small array operations per call; this
@@ -8,14 +10,49 @@ It does the same floating-point operations in the same order as `layer_options` 
 (sums, exact maxima and minima, first index on ties), so it picks the same action and reports the same
 bits; tests/runtime/policies/test_ordermoe_kernel.py checks that against the numpy path, which stays the reference
 and the fallback without numba (`edgemoe.jit.HAVE_NUMBA`). One of four copies of the layer rule (the others:
-`edgemoe.runtime.policy`, the reference; `runtime.sim.waves._decide_rows`; `plan.ordermoe.runtime_model.PathModel`).
+`edgemoe.runtime.policy`, the reference; `runtime.sim.rules._decide_rows`; `plan.ordermoe.runtime_model.PathModel`).
+
+`_decide_ordermoe` and `DecodePath` do the numpy path's operations in the same order too
+(tests/runtime/sim/test_ordermoe_loop.py, tests/runtime/policies/test_ordermoe_kernel.py).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
-from edgemoe.jit import njit
+from edgemoe.jit import HAVE_NUMBA, njit
+
+from ..policy import replica_shortlist
+from ..sim.rules import RULE_EXACT, _decide_rows
+
+_I = np.int64
+
+# entries of `OrderMoETables.flags` (bool), `.ints` and `.params` (float)
+F_SUB, F_DROP, F_ZERO, F_POWER2, F_STEER, F_ALL_NODES = range(6)
+I_SHORT, I_CELLS, I_LEVELS, I_HORIZON, I_PACE = range(5)
+P_QUALITY_PRICE, P_PRESSURE_GAIN, P_EWMA, P_RT_MED, P_STEP, P_EPS = range(6)
+
+
+class OrderMoETables(NamedTuple):
+    """The policy's own tables and weights as `_decide_ordermoe` reads them (`ordermoe_tables`)."""
+
+    best_sub: np.ndarray  # [N, L, E] stand-in per (node, layer, expert) (-1: none)
+    best_sub_err: np.ndarray  # [N, L, E] its error
+    subst_err: np.ndarray  # [L, E, E]
+    flags: np.ndarray  # F_* (bool)
+    short_node: np.ndarray  # [N * L * E, S] the steered search's replica shortlist
+    short_static: np.ndarray  # [N * L * E, S] its static cost (inf: padding)
+    table: np.ndarray  # the look-ahead's stacked table, flat
+    ints: np.ndarray  # I_*
+    params: np.ndarray  # P_* (float)
+    budget_total: np.ndarray  # [R] token state (`TokenState`); budget_used written in place
+    budget_used: np.ndarray
+    qpress: np.ndarray  # [1] the policy's queue_pressure (written in place)
+    latency_excess: np.ndarray  # [U] the policy's weights (its observe updates them in place)
+    quality_weight: np.ndarray  # [U]
+
 
 
 @njit(cache=True)
@@ -196,3 +233,588 @@ def steered_pick(opt, part: np.ndarray | None, stride: int, table: np.ndarray, l
                          np.ascontiguousarray(last), np.ascontiguousarray(feasible), np.ascontiguousarray(qterm, dtype=float),
                          np.ascontiguousarray(alpha, dtype=float), np.ascontiguousarray(part, dtype=np.int64), int(stride),
                          table, use_table)
+
+
+# ----------------------------------------------------------- the whole decision, row by row (`_decide_ordermoe`)
+
+
+@njit(cache=True, inline="always")
+def _block_sum(a, lo, n):  # pragma: no cover - compiled
+    """numpy's pairwise sum of a block of n <= 128 values (8 accumulators from n = 8 on)."""
+    if n < 8:
+        res = -0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    r = np.empty(8)
+    for j in range(8):
+        r[j] = a[lo + j]
+    i = 8
+    while i < n - n % 8:
+        for j in range(8):
+            r[j] += a[lo + i + j]
+        i += 8
+    res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+    while i < n:
+        res += a[lo + i]
+        i += 1
+    return res
+
+
+@njit(cache=True)
+def _pairwise_sum(a):  # pragma: no cover - compiled
+    """numpy's float64 sum of a (pairwise: halves of a multiple of 8 down to blocks of <= 128), the same
+    additions in the same order; the recursion is walked with a stack (numba's cache breaks recursive functions)."""
+    n = a.shape[0]
+    if n <= 128:
+        return _block_sum(a, 0, n)
+    depth = 64
+    s_lo, s_n, s_state = np.empty(depth, _I), np.empty(depth, _I), np.empty(depth, _I)
+    vals = np.empty(depth)
+    sp, vp = 1, 0
+    s_lo[0], s_n[0], s_state[0] = 0, n, 0
+    while sp > 0:
+        lo, m, state = s_lo[sp - 1], s_n[sp - 1], s_state[sp - 1]
+        if m <= 128:
+            sp -= 1
+            vals[vp] = _block_sum(a, lo, m)
+            vp += 1
+            continue
+        half = m // 2
+        half -= half % 8
+        if state == 0:  # left half first
+            s_state[sp - 1] = 1
+            s_lo[sp], s_n[sp], s_state[sp] = lo, half, 0
+            sp += 1
+        elif state == 1:
+            s_state[sp - 1] = 2
+            s_lo[sp], s_n[sp], s_state[sp] = lo + half, m - half, 0
+            sp += 1
+        else:  # both halves done: left + right
+            sp -= 1
+            vals[vp - 2] = vals[vp - 2] + vals[vp - 1]
+            vp -= 1
+    return vals[0]
+
+
+@njit(cache=True)
+def _mean(a):  # pragma: no cover - compiled
+    """float(a.mean()), bit for bit (0.0 for an empty array)."""
+    if a.shape[0] == 0:
+        return 0.0
+    return _pairwise_sum(a) / a.shape[0]
+
+
+@njit(cache=True)
+def _work_arrays(K, N, J, G):  # pragma: no cover - compiled
+    """The per-row scratch arrays of `_decide_ordermoe` (allocated once per `_drive_ordermoe` call, not per wave)."""
+    M = 1 << K
+    return (np.empty(K), np.empty(K, _I), np.empty(K), np.empty(K), np.empty((K, K)), np.empty((M, K), _I),
+            np.empty((M, K)), np.empty((M, K)), np.empty(M), np.empty(M, np.bool_), np.empty(M, np.bool_), np.empty(M),
+            np.empty(M, _I), np.empty(M), np.empty(K), np.empty(K), np.empty(K), np.empty((K, J), _I), np.empty((K, J)),
+            np.empty(G, _I), np.empty((K, G)), np.empty((M, G)), np.empty(G), np.zeros(G), np.zeros(G, np.bool_),
+            np.full(N, -1, _I), np.empty(K, _I))
+
+
+@njit(cache=True, inline="always")
+def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om, work, load, xfer, num_layers, out,
+                     extra, b):
+    """OrderMoE's decision for the T rows of one wave into the buffers' rows b .. b + T, and the token state
+    updated as `Policy.decide` does (location, budget used, layer, top-1), then the queue pressure (`_track`).
+
+    ex / ex_scratch: rules' `_decide_rows` tables (`RuleTables`) on the real token state / on a scratch copy
+    of it (exact's replica choice node_x comes from the scratch call into scratch_out); om: `OrderMoETables`;
+    out: a `DecisionBuffers`; extra: (quality [B], zeroed [B, K])."""
+    (topk_tab, gates_tab, st_user, st_home, st_loc, st_layer, st_top1, zero_load, usable, hosts, rt, compute, hold_ptr,
+     hold_node, hold_compute, is_cloud, migrate, sorted_on, cand_ptr, cand_node, cand_compute, srt_built, srt_static,
+     srt_node) = ex
+    s_loc = ex_scratch.loc
+    (best_sub, best_sub_err, subst_err, flags, short_node, short_static, table, ints, params, budget_total, budget_used,
+     qpress, latency_excess, quality_weight) = om
+    has_sub, has_drop, has_zero = flags[F_SUB], flags[F_DROP], flags[F_ZERO]
+    power2, steer, all_nodes = flags[F_POWER2], flags[F_STEER], flags[F_ALL_NODES]
+    n_short, C, levels, horizon, pace = ints[I_SHORT], ints[I_CELLS], ints[I_LEVELS], ints[I_HORIZON], ints[I_PACE]
+    quality_price, pressure_gain, ewma = params[P_QUALITY_PRICE], params[P_PRESSURE_GAIN], params[P_EWMA]
+    rt_med, step, eps = params[P_RT_MED], params[P_STEP], params[P_EPS]
+    out_experts, out_node, out_loc, out_next, out_lat, out_topk, out_layer, out_home, out_pass = out
+    out_quality, out_zeroed = extra
+    x_node = scratch_out.node
+    T = rows.shape[0]
+    K = topk_tab.shape[2]
+    N = xfer.shape[0]
+    L = num_layers
+    E = compute.shape[2]
+    if not steer:  # `choose`: no budget in the wave and no steering -> exactly `exact`
+        any_budget = False
+        for t in range(T):
+            if budget_total[rows[t]] > 0:
+                any_budget = True
+        if not any_budget:
+            _decide_rows(RULE_EXACT, rows, rpass, rlayer, rtok, ex, load, xfer, num_layers, out, b)
+            for t in range(T):
+                out_quality[b + t] = 0.0
+                budget_used[rows[t]] = budget_used[rows[t]] + 0.0
+                for k in range(K):
+                    out_zeroed[b + t, k] = False
+            mean_load = _mean(load)
+            qpress[0] += ewma * (mean_load / (mean_load + rt_med) - qpress[0])
+            return
+    for t in range(T):
+        s_loc[rows[t]] = st_loc[rows[t]]
+    _decide_rows(RULE_EXACT, rows, rpass, rlayer, rtok, ex_scratch, load, xfer, num_layers, scratch_out, 0)
+    M = 1 << K
+    J = 1 + n_short
+    G = (1 + N if all_nodes else 1 + K * J) if steer else 1
+    Cm = C * levels
+    (g, sub, q_sub, q_zero, err, kind, p, q_alt, quality, valid, feasible, qterm, part, sub_ready, ready_x, ready_sub, w,
+     cand, base, meet, arrive, kept_max, to_meet, home_leg, dup, seen, nodes_m) = work
+    for n in range(N):
+        seen[n] = -1
+    for t in range(T):
+        r, lv, tok = rows[t], rlayer[t], rtok[t]
+        o = b + t
+        loc, home, u = st_loc[r], st_home[r], st_user[r]
+        last = lv == L - 1
+        # -- stand-ins (`stand_in_costs` -> `choose_stand_ins`)
+        for k in range(K):
+            e = topk_tab[tok, lv, k]
+            g[k] = abs(gates_tab[tok, lv, k])
+            if has_sub:
+                sub[k] = best_sub[loc, lv, e]
+                q_sub[k] = g[k] * best_sub_err[loc, lv, e] if sub[k] >= 0 else np.inf
+            else:
+                sub[k] = -1
+                q_sub[k] = np.inf
+            q_zero[k] = g[k] if has_zero else np.inf
+            for j in range(K):
+                err[k, j] = subst_err[lv, e, topk_tab[tok, lv, j]]
+        drop_on = has_drop and K > 1
+        for m in range(M):
+            wsum = -0.0
+            for j in range(K):
+                w[j] = 0.0 if (m >> j) & 1 else g[j]
+                wsum += w[j]
+            all_gone = K > 0
+            for k in range(K):
+                qd = np.inf
+                if drop_on and wsum > 0:
+                    # np.einsum's order for K <= 4 (numpy 2.x, tested): even and odd j summed apart, then added
+                    even, odd = 0.0, 0.0
+                    for j in range(0, K, 2):
+                        even += w[j] * err[k, j]
+                    for j in range(1, K, 2):
+                        odd += w[j] * err[k, j]
+                    qd = g[k] * (even + odd) / wsum
+                sub_first = q_sub[k] <= q_zero[k]
+                q_sz = q_sub[k] if sub_first else q_zero[k]
+                take_drop = (qd < q_sz) or (qd == q_sz and not sub_first)
+                kind[m, k] = 1 if take_drop else (0 if sub_first else 2)
+                p[m, k] = qd if take_drop else q_sz
+                if not ((m >> k) & 1 and kind[m, k] != 0):
+                    all_gone = False
+            if all_gone:
+                for k in range(K):
+                    p[m, k] = np.inf
+            if power2:
+                layer_p = -0.0
+                for k in range(K):
+                    layer_p += p[m, k] if (m >> k) & 1 else 0.0
+                for k in range(K):
+                    if (m >> k) & 1:
+                        q_alt[m, k] = p[m, k] * layer_p if np.isfinite(layer_p) else np.inf
+                    else:
+                        q_alt[m, k] = p[m, k] * p[m, k]
+            else:
+                for k in range(K):
+                    q_alt[m, k] = p[m, k]
+            ok = True
+            qs = -0.0
+            for k in range(K):
+                if (m >> k) & 1:
+                    if x_node[t, k] == loc or not np.isfinite(q_alt[m, k]):
+                        ok = False
+                    qs += q_alt[m, k] if np.isfinite(q_alt[m, k]) else 0.0
+                else:
+                    qs += 0.0
+            valid[m] = ok
+            quality[m] = qs
+        # -- budget state, weights, look-ahead index (`choose`)
+        total = budget_total[r]
+        has_budget = total > 0
+        left_b = total - budget_used[r]
+        used = budget_used[r] / total if total > 0 else 0.0
+        beta = quality_price * quality_weight[u] * used / ((lv + 0.5) / L)
+        lx = latency_excess[u]
+        alpha = 1.0 + pressure_gain * (qpress[0] + (lx if lx < 1.0 else 1.0))
+        share = 1.0
+        if pace:
+            rest = L - 1 - lv
+            if rest < 1:
+                rest = 1
+            share = horizon / rest
+            if share > 1.0:
+                share = 1.0
+        bk = 0  # the look-ahead key: the row's top-1 expert (`RoutingKeys` without set keys)
+        for k in range(1, K):
+            if gates_tab[tok, lv, k] > gates_tab[tok, lv, bk]:
+                bk = k
+        key = topk_tab[tok, lv, bk]
+        for m in range(M):
+            left = left_b - quality[m]
+            feasible[m] = valid[m] and left >= -1e-12 and (m == 0 or has_budget)
+            qterm[m] = (beta + eps) * quality[m]
+            if horizon > 0:
+                ahead = left if left > 0.0 else 0.0
+                if pace:
+                    ahead = ahead * share
+                lvl = np.floor(ahead / step + 1e-9)
+                if lvl < 0:
+                    lvl = 0
+                if lvl > levels - 1:
+                    lvl = levels - 1
+                part[m] = ((lv + 1) * (N * Cm) + key * levels) + int(lvl)
+        for k in range(K):
+            n = x_node[t, k]
+            e = topk_tab[tok, lv, k]
+            ready_x[k] = (xfer[loc, n] + load[n]) + compute[n, lv, e]
+            ready_sub[k] = (0.0 + load[loc]) + compute[loc, lv, sub[k] if sub[k] >= 0 else 0]
+        for m in range(M):
+            v = -np.inf
+            for k in range(K):
+                if (m >> k) & 1 and kind[m, k] == 0 and ready_sub[k] > v:
+                    v = ready_sub[k]
+            sub_ready[m] = v
+        if not steer:
+            # -- unsteered (`unsteered_meeting`), then argmin J over the M subsets
+            best_cost, best_m, best_nxt, best_lat = np.inf, 0, loc, np.nan
+            for m in range(M):
+                if not migrate or K == 0:
+                    back = -np.inf
+                    for k in range(K):
+                        if not (m >> k) & 1:
+                            v = ready_x[k] + xfer[x_node[t, k], loc]
+                            if v > back:
+                                back = v
+                    sr = sub_ready[m] + 0.0
+                    lat = back if back > sr else sr
+                    lat = lat if lat > 0.0 else 0.0
+                    nxt = loc
+                else:
+                    nxt, lat = loc, np.inf
+                    for gi in range(K + 1):
+                        c = loc if gi == 0 else x_node[t, gi - 1]
+                        if gi > 0 and (m >> (gi - 1)) & 1:
+                            continue  # a slot not run exactly is no candidate
+                        done = -np.inf
+                        for k in range(K):
+                            if not (m >> k) & 1:
+                                v = ready_x[k] + xfer[x_node[t, k], c]
+                                if v > done:
+                                    done = v
+                        v = sub_ready[m] + xfer[loc, c]
+                        if v > done:
+                            done = v
+                        if done < 0.0:
+                            done = 0.0
+                        done = done + (xfer[c, home] if last else 0.0)
+                        if done < lat:
+                            nxt, lat = c, done
+                if m == 0:
+                    best_nxt, best_lat = nxt, lat  # numpy's argmin of an all-inf row: action 0
+                if not feasible[m]:
+                    continue
+                seconds = lat + table[part[m] + nxt * Cm] if horizon > 0 else lat
+                cost = alpha * seconds + qterm[m]
+                if cost < best_cost:
+                    best_cost, best_m, best_nxt, best_lat = cost, m, nxt, lat
+            m = best_m
+            for k in range(K):
+                if (m >> k) & 1:
+                    nodes_m[k] = loc if kind[m, k] == 0 else -1
+                else:
+                    nodes_m[k] = x_node[t, k]
+            nxt, lat = best_nxt, best_lat
+        else:
+            # -- steered (`_steered_inputs` + `_steered_pick`)
+            for k in range(K):
+                e = topk_tab[tok, lv, k]
+                flat = (loc * L + lv) * E + e
+                for j in range(J):
+                    n = x_node[t, k] if j == 0 else short_node[flat, j - 1]
+                    ok = (j == 0 or np.isfinite(short_static[flat, j - 1])) and usable[u, n]
+                    if not ok:
+                        n = x_node[t, k]
+                    cand[k, j] = n
+                    base[k, j] = xfer[loc, n] + load[n] + compute[n, lv, e] if ok else np.inf
+            meet[0] = loc
+            if all_nodes:
+                for n in range(N):
+                    meet[1 + n] = n if usable[u, n] else loc
+            else:
+                for k in range(K):
+                    for j in range(J):
+                        meet[1 + k * J + j] = cand[k, j]
+            for gi in range(G):
+                dup[gi] = seen[meet[gi]] == t
+                seen[meet[gi]] = t
+                to_meet[gi] = xfer[loc, meet[gi]]
+                if last:
+                    home_leg[gi] = xfer[meet[gi], home]
+            for k in range(K):
+                for gi in range(G):
+                    if dup[gi]:
+                        continue
+                    best = np.inf
+                    for j in range(J):
+                        v = base[k, j] + xfer[cand[k, j], meet[gi]]
+                        if v < best:
+                            best = v
+                    arrive[k, gi] = best
+            for gi in range(G):
+                kept_max[0, gi] = -np.inf
+            for s in range(1, M):
+                low = 0
+                while not (s >> low) & 1:
+                    low += 1
+                for gi in range(G):
+                    if dup[gi]:
+                        continue
+                    kept_max[s, gi] = max(kept_max[s & (s - 1), gi], arrive[low, gi])
+            best_cost = np.inf
+            best_a = 0
+            best_lat = np.nan
+            for m in range(M):
+                if not feasible[m]:
+                    continue
+                for gi in range(G):
+                    if dup[gi]:
+                        continue
+                    lat = kept_max[M - 1 - m, gi]
+                    lat = max(lat, sub_ready[m] + to_meet[gi])
+                    lat = max(lat, 0.0)
+                    if last:
+                        lat = lat + home_leg[gi]
+                    cost = alpha * lat + qterm[m]
+                    if horizon > 0 and (alpha < 0 or cost < best_cost):
+                        cost = alpha * (lat + table[part[m] + meet[gi] * Cm]) + qterm[m]
+                    if cost < best_cost:
+                        best_cost, best_a, best_lat = cost, m * G + gi, lat
+            m, gi = best_a // G, best_a % G
+            if best_lat != best_lat:
+                lat = -np.inf
+                for k in range(K):
+                    if not (m >> k) & 1 and arrive[k, gi] > lat:
+                        lat = arrive[k, gi]
+                lat = max(max(lat, sub_ready[m] + to_meet[gi]), 0.0)
+                if last:
+                    lat = lat + home_leg[gi]
+                best_lat = lat
+            for k in range(K):
+                if (m >> k) & 1:
+                    nodes_m[k] = loc if kind[m, k] == 0 else -1
+                    continue
+                best = np.inf
+                bj = 0
+                for j in range(J):
+                    v = base[k, j] + xfer[cand[k, j], meet[gi]]
+                    if v < best:
+                        best, bj = v, j
+                nodes_m[k] = cand[k, bj]
+            nxt, lat = meet[gi], best_lat
+        # -- the decision (`pick_decision`) and the state update (`Policy.decide`)
+        for k in range(K):
+            e = topk_tab[tok, lv, k]
+            out_topk[o, k] = e
+            out_node[o, k] = nodes_m[k]
+            if (m >> k) & 1:
+                out_experts[o, k] = sub[k] if kind[m, k] == 0 else -1
+                out_zeroed[o, k] = kind[m, k] == 2
+            else:
+                out_experts[o, k] = e
+                out_zeroed[o, k] = False
+        out_loc[o] = loc
+        out_next[o] = nxt
+        out_lat[o] = lat
+        out_quality[o] = quality[m]
+        out_layer[o] = lv
+        out_home[o] = home
+        out_pass[o] = rpass[t]
+        st_loc[r] = nxt
+        budget_used[r] = budget_used[r] + quality[m]
+        st_layer[r] += 1
+        st_top1[r] = topk_tab[tok, lv, bk] if K else -1
+    mean_load = _mean(load)
+    qpress[0] += ewma * (mean_load / (mean_load + rt_med) - qpress[0])
+
+
+def ordermoe_tables(policy, budget_total, budget_used, eps_s_per_q: float, steer_all_nodes: int) -> OrderMoETables:
+    """The `om` group of `_decide_ordermoe`: the policy's stand-in tables, shortlist, look-ahead and weights,
+    and the token state's budget arrays [R] (budget_used written in place). The weight arrays are the policy's
+    own (observe updates them in place); qpress holds queue_pressure. eps_s_per_q, steer_all_nodes: the
+    policy module's EPS_S_PER_Q and STEER_ALL_NODES (passed in: this module imports nothing of it)."""
+    ctx = policy.ctx
+    kinds = policy.kinds
+    steer = bool(policy.steer)
+    N = ctx.num_nodes
+    if steer:
+        short = replica_shortlist(ctx, "fallback")
+        short.ensure(np.arange(N))
+        size = short.node.shape[-1]
+        n_short = min(policy.steer_replicas, size)
+        short_node = np.ascontiguousarray(short.node.reshape(-1, size)[:, :n_short])
+        short_static = np.ascontiguousarray(short.static.reshape(-1, size)[:, :n_short])
+    else:
+        n_short = 0
+        short_node, short_static = np.zeros((1, 1), _I), np.zeros((1, 1))
+    _, _, C, levels = policy.lookahead.stacked.shape
+    flags = np.array(["sub" in kinds, "drop" in kinds, "zero" in kinds, policy.power == 2.0, steer,
+                      N <= steer_all_nodes])  # in F_* order
+    ints = np.array([n_short, C, levels, policy.horizon, policy.pace], _I)  # I_* order
+    params = np.array([policy.quality_price, policy.pressure_gain, policy.ewma, policy.rt_med, policy.grid.step,
+                       eps_s_per_q], float)  # P_* order
+    return OrderMoETables(np.ascontiguousarray(ctx.best_sub, _I), np.ascontiguousarray(ctx.best_sub_err, float),
+                          np.ascontiguousarray(ctx.subst_err, float), flags, short_node, short_static,
+                          np.ascontiguousarray(policy.lookahead.stacked.reshape(-1)), ints, params, budget_total,
+                          budget_used, np.array([policy.queue_pressure]), policy.latency_excess, policy.quality_weight)
+
+
+# ---------------------------------------------------------------- decode: one `decide` call, one compiled call
+
+
+if HAVE_NUMBA:
+    # A `DecodePath`'s tables as one numba StructRef: one argument whose type numba reads off the object,
+    # where the ~70 arrays of the tables passed as tuples cost the dispatcher a type check each, every call.
+    from numba.core import types as _nb_types
+    from numba.experimental import structref as _structref
+
+    @_structref.register
+    class DecodeTablesType(_nb_types.StructRef):
+        def preprocess_fields(self, fields):
+            return tuple((name, _nb_types.unliteral(typ)) for name, typ in fields)
+
+    class DecodeTables(_structref.StructRefProxy):
+        """ex, ex_scratch (`RuleTables`), scratch_out, out (`DecisionBuffers`), om (`OrderMoETables`), work
+        (`_work_arrays`), extra (quality, zeroed), rows (0..cap-1), xfer [N, N], num_layers."""
+
+    _structref.define_proxy(DecodeTables, DecodeTablesType,
+                            ["ex", "ex_scratch", "scratch_out", "om", "work", "out", "extra", "rows", "xfer",
+                             "num_layers"])
+
+
+@njit(cache=True)
+def _decode_tables(ex, ex_scratch, scratch_out, om, work, out, extra, rows, xfer, num_layers):  # pragma: no cover
+    """A `DecodeTables` made in compiled code: cached on disk, where the proxy's own constructor compiles
+    anew in every process (seconds)."""
+    return DecodeTables(ex, ex_scratch, scratch_out, om, work, out, extra, rows, xfer, num_layers)
+
+
+@njit(cache=True)
+def _decode_call(tab, layer, topk, gates, load, user, home, location, state_layer, budget_total,
+                 budget_used):  # pragma: no cover - compiled (tested against the numpy path)
+    """`Policy.decide` + `OrderMoEPolicy.choose` for T rows at `layer`: the rows are copied into the tables'
+    scratch state and routing, decided by `_decide_ordermoe` (the simulator loop's per-row decision), and
+    the decision and the new state come back as fresh arrays.
+
+    topk, gates [T, K]; load [N]; user, home, location, state_layer [T] int; budget_total, budget_used [T].
+    Returns (ok: every row at `layer`, experts [T, K], node [T, K], location [T] (a copy), next [T], quality
+    [T], latency [T], zeroed [T, K], any zeroed, budget used [T], next layer [T], top-1 [T])."""
+    T, K = topk.shape
+    ex, om, out, extra = tab.ex, tab.om, tab.out, tab.extra
+    ok = True
+    for t in range(T):
+        if state_layer[t] != layer:
+            ok = False
+    if not ok:
+        e2, e1, f1 = np.empty((0, K), np.int64), np.empty(0, np.int64), np.empty(0)
+        return (False, e2, e2, e1, e1, f1, f1, np.empty((0, K), np.bool_), False, f1, e1, e1)
+    for t in range(T):
+        ex.user[t], ex.home[t], ex.loc[t], ex.layer[t] = user[t], home[t], location[t], layer
+        om.budget_total[t], om.budget_used[t] = budget_total[t], budget_used[t]
+        for k in range(K):
+            ex.topk[t, layer, k] = topk[t, k]
+            ex.gates[t, layer, k] = gates[t, k]
+    rows = tab.rows[:T]
+    rlayer = np.full(T, layer, np.int64)
+    _decide_ordermoe(rows, rows, rlayer, rows, ex, tab.ex_scratch, tab.scratch_out, om, tab.work, load, tab.xfer,
+                     tab.num_layers, out, extra, 0)
+    zeroed = extra[1][:T].copy()
+    any_zeroed = False
+    for t in range(T):
+        for k in range(K):
+            if zeroed[t, k]:
+                any_zeroed = True
+    loc = np.empty(T, np.int64)
+    loc[:] = location
+    return (True, out.experts[:T].copy(), out.node[:T].copy(), loc, out.next[:T].copy(),
+            extra[0][:T].copy(), out.lat[:T].copy(), zeroed, any_zeroed, om.budget_used[:T].copy(),
+            ex.layer[:T].copy(), ex.top1[:T].copy())
+
+
+class DecodePath:
+    """OrderMoE's `decide` in one compiled call (`_decode_call`), for the backends that call the policy per
+    layer (the local backend, the Ray actors, serving; decode at 1 row per call is the edge's common case).
+
+    The per-row decision is the simulator loop's (`_decide_ordermoe`), so the picks, latencies and state
+    updates are those of the numpy path bit for bit (tests/runtime/policies/test_ordermoe_kernel.py). The
+    tables are built once, at the policy's first `decide`, from the policy as it is then (its parameters
+    are fixed at construction; its adaptive weights are read in place on every call); `__call__` returns
+    None where it does not apply (a [T] layer argument, no rows, shapes `decide` refuses, rows out of
+    order), and `Policy.decide` then takes its own path, which raises the errors.
+    """
+
+    def __init__(self, policy, eps_s_per_q: float, steer_all_nodes: int, rows: int = 64):
+        # the policy is not kept (it is passed to every call): `Policy.decide` keeps this path in a weak map
+        # keyed by the policy, which a reference back would keep alive for ever
+        self.eps, self.steer_all_nodes = float(eps_s_per_q), int(steer_all_nodes)
+        ctx = policy.ctx
+        self.K, self.L, self.N = ctx.top_k, ctx.num_layers, ctx.num_nodes
+        self.zero_load = np.zeros(self.N)
+        self._build(policy, max(int(rows), 1))
+
+    def _build(self, pol, cap: int) -> None:
+        """Tables of policy `pol` for calls of up to `cap` rows."""
+        from types import SimpleNamespace
+
+        from ..sim.rules import decision_buffers, rule_tables
+
+        ctx, K, L, N = pol.ctx, self.K, self.L, self.N
+        zi = lambda: np.zeros(cap, _I)  # noqa: E731 - scratch token-state columns
+        state = SimpleNamespace(user=zi(), home=zi(), location=zi(), layer=zi(), prev_top1=zi())
+        trace = SimpleNamespace(topk=np.zeros((cap, L, K), _I), gates=np.zeros((cap, L, K)))  # one layer filled a call
+        ex = rule_tables(ctx, state, trace, "exact")
+        ex_scratch = ex._replace(loc=zi(), layer=zi(), top1=zi())  # exact's replica choice on a copy of the state
+        om = ordermoe_tables(pol, np.zeros(cap), np.zeros(cap), self.eps, self.steer_all_nodes)
+        J = 1 + int(om.ints[I_SHORT])
+        G = (1 + N if om.flags[F_ALL_NODES] else 1 + K * J) if om.flags[F_STEER] else 1
+        self.cap, self.om = cap, om
+        self.tab = _decode_tables(ex, ex_scratch, decision_buffers(cap, K), om, _work_arrays(K, N, J, G),
+                                  decision_buffers(cap, K), (np.empty(cap), np.empty((cap, K), np.bool_)),
+                                  np.arange(cap, dtype=_I), np.ascontiguousarray(ctx.xfer_s, float), int(L))
+
+    def __call__(self, pol, layer, topk, gates, state, load_s):
+        from ..policy import Decision
+
+        om = self.om
+        T = state.user.shape[0]
+        if not isinstance(layer, int | np.integer) or T == 0 or not 0 <= layer < self.L:
+            return None
+        # contiguous: one compiled signature for every caller (a column slice of a [T, L, K] trace would
+        # otherwise compile a second, minutes on a busy host before numba's disk cache holds it)
+        topk = np.ascontiguousarray(topk, dtype=_I)
+        gates = np.ascontiguousarray(gates, dtype=float)
+        if topk.shape != (T, self.K) or gates.shape != topk.shape:
+            return None
+        if T > self.cap or pol.latency_excess is not om.latency_excess or pol.quality_weight is not om.quality_weight:
+            self._build(pol, max(T, self.cap))  # more rows than the tables hold, or the weights replaced
+            om = self.om
+        load = self.zero_load if load_s is None else np.asarray(load_s, dtype=float)
+        om.qpress[0] = pol.queue_pressure
+        (ok, experts, node, location, nxt, quality, lat, zeroed, any_zeroed, used, next_layer,
+         top1) = _decode_call(self.tab, int(layer), topk, gates, load, state.user, state.home, state.location,
+                              state.layer, state.budget_total, state.budget_used)
+        if not ok:
+            return None  # rows out of order: `decide` says so
+        pol.queue_pressure = float(om.qpress[0])
+        state.location, state.budget_used, state.layer, state.prev_top1 = nxt.copy(), used, next_layer, top1
+        return Decision(experts=experts, node=node, location=location, next_location=nxt, quality_cost=quality,
+                        latency_s=lat, zeroed=zeroed if any_zeroed else None)

@@ -14,7 +14,7 @@ import heapq
 
 import numpy as np
 
-from .run import Feedback, Run, make_jobs, pass_dense_s
+from .run import Feedback, Run, make_jobs, pass_stage_s
 
 DECIDE, DONE, ARRIVE = 0, 0, 1  # priorities at equal times
 
@@ -27,7 +27,7 @@ def run_reference(ctx, policy, trace, sc, record: list | None = None, record_den
     run = Run(ctx, sc)
     state = policy.start(sc.row_user, tokens=sc.row_trace)
     run.budget_total = float(state.budget_total.sum())
-    dense = pass_dense_s(ctx, sc)  # [P] seconds of one layer's dense work (0: off)
+    dense, staged = pass_stage_s(ctx, sc, policy)  # [P] seconds of one layer's dense work (+ decision, charged)
     feedback = Feedback(policy, sc, state, run, dense_s=dense)
     pass_home = ctx.user_home[sc.request_user[sc.pass_request]]
     backbone_free = np.full(N, -np.inf)  # each home's backbone queue (dense work, one layer of one pass at a time)
@@ -43,7 +43,7 @@ def run_reference(ctx, policy, trace, sc, record: list | None = None, record_den
         heapq.heappush(heap, (float(t), prio, seq, kind, data))
         seq += 1
 
-    start_kind = "start" if ctx.dense_on else "decide"
+    start_kind = "start" if staged else "decide"
     for r in np.flatnonzero(np.isfinite(sc.request_arrival)):
         push(sc.request_arrival[r], DECIDE, start_kind, int(sc.request_first_pass[r]))
 
@@ -86,7 +86,7 @@ def run_reference(ctx, policy, trace, sc, record: list | None = None, record_den
             run.tally.add(dec, topk, lv, part.home, sc.pass_prefill[p])
             feedback.add(np.full(len(rows), p), dec)
             feedback.flush()
-            if lv == 0 and not ctx.dense_on:
+            if lv == 0 and not staged:
                 run.pass_begin[p] = t
             row_pass = np.full(len(rows), p)
             jpass, node, arrival, service, back, floor = make_jobs(ctx, lv, dec, row_pass, np.full(len(rows), t), part.home)

@@ -1,12 +1,13 @@
 """What both simulator engines share: the finished run's record (`Run`), the policy feedback, the dense
 part's per-pass seconds and the jobs one layer's decision creates. The reference engine (`des`) and the
-fast one (`waves`, driven by `simulate.run_fast`) import it; it imports neither.
+fast one (`engine`, driven by `simulate.run_fast`) import it; it imports neither.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from edgemoe.runtime.decision_cost import decision_cost_of
 from edgemoe.runtime.metrics import DecisionTally, RunMetrics, latency_summary_ms
 
 from ..context import RuntimeContext
@@ -111,6 +112,18 @@ def pass_dense_s(ctx: RuntimeContext, sc: Scenario) -> np.ndarray:
     docs/runtime.md, "Dense part"); zeros when the context's dense part is off."""
     home = ctx.user_home[sc.request_user[sc.pass_request]]
     return np.asarray(ctx.dense_s(home, sc.pass_row_count), float)
+
+
+def pass_stage_s(ctx: RuntimeContext, sc: Scenario, policy: Policy | None) -> tuple[np.ndarray, bool]:
+    """([P] seconds one layer of each pass spends on its home's backbone before its expert calls, whether
+    that stage runs at all): the dense work, plus the policy's decision of the pass's rows when its decisions
+    are charged (`edgemoe.runtime.decision_cost`; the decision follows the dense work, in the same stage).
+    Without the charge: the dense seconds, and the stage runs when the dense part is on (as before it)."""
+    dense = pass_dense_s(ctx, sc)
+    cost = decision_cost_of(policy) if policy is not None else None
+    if cost is None:
+        return dense, ctx.dense_on
+    return dense + cost.seconds(sc.pass_row_count), True
 
 
 def make_jobs(ctx: RuntimeContext, layer, dec, row_pass: np.ndarray, row_start: np.ndarray, home: np.ndarray):

@@ -15,9 +15,10 @@ Two engines give the same model:
 - `engine="fast"` (default): windowed waves. Each wave takes the earliest pending time t0, decides every
   pass whose layer starts before t0 + window (one vectorised policy call, rows at different layers), and
   serves every job arriving before t0 + window in per-node FIFO order. The bookkeeping of a wave (jobs,
-  queues, passes) is one compiled call (`edgemoe.runtime.sim.waves`); the policy call stays numpy, except for
-  policies with a compiled rule (exact, slimcaching, drop: `Policy.compiled_rule`), decided inside the
-  compiled loop with the same arithmetic, bit for bit (tests/runtime/sim/test_sim_pinned.py). With window 0
+  queues, passes) is one compiled call (`edgemoe.runtime.sim.engine`); the policy call stays numpy, except for
+  policies with a compiled rule (`Policy.compiled_rule`: exact, slimcaching, drop in `edgemoe.runtime.sim.rules`,
+  ordermoe in `edgemoe.runtime.sim.ordermoe_loop`), decided inside the compiled loop with the same arithmetic,
+  bit for bit (tests/runtime/sim/test_sim_pinned.py). With window 0
   it is the reference's event order and arithmetic (tested equal); a window w lets jobs arriving within w of
   each other be served out of arrival order, so waits can be off by about w (tested against the reference).
 """
@@ -32,8 +33,9 @@ from edgemoe.runtime.metrics import RunMetrics
 
 from ..context import RuntimeContext
 from ..policy import Decision, Policy
+from .engine import WaveEngine
+from .rules import RULES, run_rule
 from .run import Feedback, Run
-from .waves import RULES, WaveEngine
 from .workload import Scenario, Trace, Workload, build_scenario
 
 DEFAULT_WINDOW_S = 1e-3  # fast engine's wave width: about the compute time of a few expert calls
@@ -71,7 +73,7 @@ def simulate_scenario(ctx: RuntimeContext, policy: Policy, trace: Trace, scenari
 def run_fast(ctx: RuntimeContext, policy: Policy, trace: Trace, sc: Scenario, window_s: float,
              compiled: bool = True) -> Run:
     """Windowed-wave engine (see the module docstring): per wave one policy call (numpy) for all its rows
-    and one compiled call (`edgemoe.runtime.sim.waves`) for the jobs, the FIFO queues and the bookkeeping.
+    and one compiled call (`edgemoe.runtime.sim.engine`) for the jobs, the FIFO queues and the bookkeeping.
 
     A policy with a compiled rule (`Policy.compiled_rule`: exact, slimcaching, drop) is decided inside the
     compiled loop instead, many waves per call (the same decisions, bit for bit); compiled=False forces the
@@ -79,7 +81,7 @@ def run_fast(ctx: RuntimeContext, policy: Policy, trace: Trace, sc: Scenario, wi
     run = Run(ctx, sc)
     state = policy.start(sc.row_user, tokens=sc.row_trace)
     run.budget_total = float(state.budget_total.sum())
-    engine = WaveEngine(ctx, sc, run, window_s)
+    engine = WaveEngine(ctx, sc, run, window_s, policy)
     rule = compiled_rule(policy) if compiled else None
     if rule == "ordermoe":
         from .ordermoe_loop import run_ordermoe
@@ -92,8 +94,8 @@ def run_fast(ctx: RuntimeContext, policy: Policy, trace: Trace, sc: Scenario, wi
         return run
     if rule is not None:
         prefill = sc.pass_prefill
-        engine.run_rule(rule, ctx, state, trace,
-                        lambda dec, topk, layer, home, row_pass: run.tally.add(dec, topk, layer, home, prefill[row_pass]))
+        run_rule(engine, rule, ctx, state, trace,
+                 lambda dec, topk, layer, home, row_pass: run.tally.add(dec, topk, layer, home, prefill[row_pass]))
         return run
     feedback = Feedback(policy, sc, state, run, dense_s=engine.pass_dense)
     tally = _TallyBuffer(run.tally, sc.pass_prefill)
@@ -114,7 +116,7 @@ def run_fast(ctx: RuntimeContext, policy: Policy, trace: Trace, sc: Scenario, wi
 
 
 def compiled_rule(policy: Policy) -> str | None:
-    """The policy's compiled decision rule (`edgemoe.runtime.sim.waves.RULES`) when the fast engine can use it:
+    """The policy's compiled decision rule (`edgemoe.runtime.sim.rules.RULES`) when the fast engine can use it:
     numba present, the policy names a known rule and wants no feedback (the compiled loop of exact, slimcaching
     and drop gives none; "ordermoe"'s, `edgemoe.runtime.sim.ordermoe_loop`, gives the policy its own)."""
     rule = policy.compiled_rule()
