@@ -54,6 +54,9 @@ class RuntimeContext:
     profile_gates: np.ndarray  # [T, L, K]
     placement_method: str = ""
     cluster_name: str = ""
+    # the budget the placement was planned for (Placement.budget; None: its planner has none): the default
+    # budget of every policy that spends one (`runtime.make_policy`)
+    placement_budget: float | None = None
     # The dense part (docs/runtime.md, "Dense part"): per MoE layer, the backbone's FLOPs per token and weight
     # bytes (the whole backbone spread evenly over the L MoE layers). "off": the dense part takes no time.
     dense_flops: float = 0.0
@@ -129,15 +132,13 @@ def make_context(
     """Build the RuntimeContext of `placement` (edgemoe.plan.base.Placement) on `cluster` for `profile`.
 
     mode: "migrate" (the token continues from the server that ran its expert) or "home" (round trips).
-    groups: SimilarityGroups (default `groups_for(profile)`, OrderMoE's layer-aware grouping).
+    groups: SimilarityGroups (default: the grouping the placement was planned with, `placement_groups`).
     wire_bytes: bytes of one hidden-state transfer (default profile.meta.hidden_bytes).
     domain_fallback: map cluster domains the profile lacks round-robin (synthetic profiles).
     dense: the backbone's cost (edgemoe.runtime.dense.DenseCost, e.g. `dense_cost_of_model(adapter)`); True
     (default): estimated from the profile's shapes (`dense_cost_estimate`); False: the dense part takes no
     time.
     """
-    from edgemoe.profile.groups import groups_for
-
     from .dense import DenseCost, dense_cost_estimate
 
     if mode not in MODES:
@@ -156,7 +157,7 @@ def make_context(
     wire = int(profile.meta.hidden_bytes if wire_bytes is None else wire_bytes)
     if wire <= 0:
         raise EdgeMoEError(f"wire_bytes must be > 0, got {wire}")
-    groups = groups_for(profile) if groups is None else groups
+    groups = placement_groups(profile, placement) if groups is None else groups
     is_cloud = cluster.is_cloud
     hosts = np.asarray(placement.hosts, dtype=bool).copy()
     hosts[is_cloud] = True
@@ -184,10 +185,19 @@ def make_context(
     return RuntimeContext(
         node_names=cluster.node_names, node_kind=cluster.node_kind, hidden_bytes=int(profile.meta.hidden_bytes),
         wire_bytes=wire, mode=mode, groups=groups, user_names=cluster.user_names,
-        placement_method=placement.method, cluster_name=cluster.name,
+        placement_method=placement.method, cluster_name=cluster.name, placement_budget=placement.budget,
         dense_flops=float(dense.flops_per_token) / L if dense else 0.0, dense_bytes=float(dense.bytes) / L if dense else 0.0,
         dense_source=dense.source or "given" if dense else "off", **arrays,
     )
+
+
+def placement_groups(profile, placement):
+    """The SimilarityGroups `placement` was planned with (Placement.grouping, rebuilt from `profile`); OrderMoE's
+    layer-aware grouping (`groups_for(profile)`) for a placement whose planner groups nothing."""
+    from edgemoe.profile.groups import groups_for
+
+    g = getattr(placement, "grouping", None)
+    return groups_for(profile) if g is None else groups_for(profile, g["kind"], **g["params"])
 
 
 def _check_reachable(hosts: np.ndarray, usable: np.ndarray, user_names: tuple[str, ...]) -> None:
