@@ -47,6 +47,10 @@ class PlanProblem:
     # [N] seconds of one MoE layer's dense work for one token on each node (the runtime's default estimate,
     # charged on the token's home whatever the placement); None: unknown (counted as 0)
     dense_s: np.ndarray | None = None
+    # the edgemoe.cluster.schema.Cluster the tables were derived from (`plan_problem`), from which the runtime's
+    # context takes the links and hardware (`runtime.context.context_from_problem`); None for a problem built
+    # from arrays alone (plan.synthetic), which plans but cannot be served
+    cluster: object | None = None
 
     @property
     def is_cloud(self) -> np.ndarray:
