@@ -322,7 +322,8 @@ def planner_choices(planner: Planner, params: dict) -> tuple[dict | None, float 
     arguments of that name the kind takes (None ones left to groups_for's defaults); "uniform" without a
     `theta` takes the middle of theta_hi and theta_lo, as the planners that group (plan.ordermoe) do.
     budget: its `budget` argument. None where it has no such argument."""
-    sig = inspect.signature(planner).parameters
+    # a planner whose knobs are a settings dataclass (`settings_class`) takes them by the dataclass's field names
+    sig = inspect.signature(getattr(planner, "settings_class", planner)).parameters
     args = {k: p.default for k, p in sig.items() if p.default is not inspect.Parameter.empty} | dict(params)
     budget = float(args["budget"]) if "budget" in sig and args.get("budget") is not None else None
     kind = args.get("grouping") if "grouping" in sig else None
