@@ -384,8 +384,9 @@ class ComparisonRun:
         return make_policy(spec.policy, ctx, **spec.policy_params, **extra)
 
     def quality(self, spec: MethodSpec, ctx):
-        """(nll, top1, decisions) of `spec` on the evaluation text: exact execution's scores for EXACT_POLICIES
-        (their decisions replayed on the routing), else the real model run with the policy's decisions."""
+        """(nll, top1, decisions, policy) of `spec` on the evaluation text: exact execution's scores for
+        EXACT_POLICIES (their decisions replayed on the routing), else the real model run with the policy's
+        decisions; `policy` is the one that decided (its params go into the results)."""
         from edgemoe.runtime.local import replay_decisions, score_local
 
         text = self.text
