@@ -318,14 +318,13 @@ def demo(
         ExperimentConfig,
         run_demo,
     )
-    from edgemoe.io import Output, check_outputs, claim_output_dir
+    from edgemoe.io import Output, check_outputs, write_into_dir
     from edgemoe.report.render import render_report
 
     _choice(backend, ("simulate", "ray"), "--backend")
     k = _demo_dilation(dilation, backend)
     check_outputs({"--out": Output(out, "report", _is_report_folder, "write into")},
                   {"--eval-data": (eval_data or "").split(":")[-1] or None})
-    claim_output_dir(out, "report", REPORT_FILES, recognise=_is_report_folder)
     cfg = ExperimentConfig(eval_data=eval_data, ray_dilation=k)
     if quick:
         cfg = ExperimentConfig(eval_data=eval_data, calib_tokens=4096, eval_tokens=2048, num_requests=16,
@@ -334,12 +333,22 @@ def demo(
         from edgemoe.eval.experiment import ordermoe_comparison, slimcaching_comparison
 
         ordermoe, slimcaching = ordermoe_comparison(), slimcaching_comparison()
-        # the progress bar counts OrderMoE's comparison once per model, SlimCaching's once
-        with _experiment_log([ordermoe] * max(1, len(cfg.models)) + [slimcaching]) as log:
-            paths = run_demo(cfg, out, backend=backend, log=log, ordermoe=ordermoe, slimcaching=slimcaching)
-        report = render_report(paths, out)
+        names: list[str] = []
+
+        def write(stage: Path) -> None:
+            # all or nothing (issue 22): results and report are made in a private folder beside --out and
+            # moved in only once every comparison and the report are done; a failure leaves --out as it was
+            # the progress bar counts OrderMoE's comparison once per model, SlimCaching's once
+            with _experiment_log([ordermoe] * max(1, len(cfg.models)) + [slimcaching]) as log:
+                staged = run_demo(cfg, stage, backend=backend, log=log, ordermoe=ordermoe, slimcaching=slimcaching)
+            render_report(staged, stage, shown_dir=out)
+            names.extend(p.name for p in staged)
+
+        folder = write_into_dir(out, write, "report", REPORT_FILES, recognise=_is_report_folder)
     except EdgeMoEError as exc:
         _fail(exc)
+    paths = [folder / name for name in names]
+    report = Path(out) / "report.md"
     from edgemoe.results import load_results, markdown_table, methods_table
 
     for p in paths:

@@ -23,7 +23,7 @@ import numpy as np
 
 from edgemoe.errors import EdgeMoEError
 
-from .replay import all_local
+from .pipeline import Pipeline
 
 
 @dataclass(frozen=True)
@@ -260,58 +260,64 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
     `local` backend. Budgets named after an operating point are calibrated first, on calibration text.
     backend="ray": latency, traffic and ratios are measured on Ray actors (edgemoe.distributed), one process
     per node with emulated links; the simulator's numbers for the same requests stay beside them."""
-    from edgemoe.cluster.load import load_cluster
-    from edgemoe.models.scoring import perplexity, quality_metrics
-    from edgemoe.plan import plan
-    from edgemoe.plan.problem import plan_problem
-    from edgemoe.profile.groups import groups_for
-    from edgemoe.results import results_dict
-    from edgemoe.runtime import make_context, make_policy
-    from edgemoe.runtime.dense import dense_cost_of_model
-    from edgemoe.runtime.local import replay_decisions, score_local
-    from edgemoe.runtime.metrics import method_entry
-    from edgemoe.runtime.sim.simulate import simulate
-    from edgemoe.runtime.sim.workload import Workload
-
-    cluster = load_cluster(comp.cluster)
-    fallback = any(u.domain not in profile.meta.domains for u in cluster.users)
-    problem = plan_problem(profile, cluster, domain_fallback=fallback)
-    ids = text.ids
-    ppl_exact = perplexity(text.nll)
-    groups = groups_for(profile)
-    # The dense part (docs/runtime.md, "Dense part"), counted on the loaded model; both backends charge it.
-    dense = dense_cost_of_model(adapter) if cfg.dense else False
-    workload = Workload(num_requests=cfg.num_requests, prompt_tokens=cfg.prompt_tokens, gen_tokens=cfg.gen_tokens,
-                        rate_per_s=cfg.rate_per_s, seed=cfg.seed)
-    trace = None
-    placements: dict = {}
-    methods: dict = {}
-    planned: dict = {}  # (placement, params json) -> (context, placement, plan seconds)
-    ray_state: dict = {}
-    memo: dict = {}
     if backend not in ("simulate", "ray"):
         raise EdgeMoEError(f"backend={backend!r}; expected 'simulate' or 'ray'")
+    run = ComparisonRun(adapter, profile, comp, text, cfg, log, backend)
+    calibration = run.calibrate_points()
+    own = run.self_calibrate()
+    if own and calibration is not None:
+        calibration["self_calibrated"] = own
+    methods = {spec.name: run.method_row(spec) for spec in comp.methods}
+    sweeps = {name: run.budget_sweep(name) for name in comp.budget_sweep_methods}
+    run.close()
+    return run.document(methods, sweeps, calibration)
 
-    def context_for(placement_name: str, params: dict, label: str | None = None, record: bool = True):
+
+class ComparisonRun:
+    """The state of one comparison: its pipeline (the planning problem on the comparison's cluster, placements
+    planned once), the calibrated operating points, evaluated methods (memoised by what decides their result)
+    and the Ray deployment when backend="ray". Each method does one step of `run_comparison`."""
+
+    def __init__(self, adapter, profile, comp: Comparison, text: EvalText, cfg: ExperimentConfig,
+                 log: Callable[[str], None], backend: str):
+        from edgemoe.cluster.load import load_cluster
+        from edgemoe.plan.problem import plan_problem
+        from edgemoe.runtime.dense import dense_cost_of_model
+        from edgemoe.runtime.sim.workload import Workload
+
+        self.adapter, self.profile, self.comp, self.text, self.cfg, self.log = adapter, profile, comp, text, cfg, log
+        self.backend = backend
+        cluster = load_cluster(comp.cluster)
+        fallback = any(u.domain not in profile.meta.domains for u in cluster.users)
+        # The dense part (docs/runtime.md, "Dense part"), counted on the loaded model; both backends charge it.
+        self.dense = dense_cost_of_model(adapter) if cfg.dense else False
+        self.pipe = Pipeline(plan_problem(profile, cluster, domain_fallback=fallback), comp.mode, dense=self.dense)
+        self.workload = Workload(num_requests=cfg.num_requests, prompt_tokens=cfg.prompt_tokens,
+                                 gen_tokens=cfg.gen_tokens, rate_per_s=cfg.rate_per_s, seed=cfg.seed)
+        self.trace = None  # the simulator's Trace of the evaluation text, made with the first context
+        self.placements: dict = {}  # label -> what the results file keeps of each placement used
+        self.points: dict = {}  # operating point name -> calibrated budget facts
+        self.own: dict = {}  # self-calibrated method -> its own budget facts
+        self.memo: dict = {}
+        self.ray_state: dict = {}
+
+    def context_for(self, placement: str, params: dict, label: str | None = None, record: bool = True):
         """The context of a placement (planned once per params); `record` lists it in the results' placements
         under `label` (default: name and params)."""
-        key = (placement_name, json.dumps(params, sort_keys=True))
-        if key not in planned:
-            t0 = time.perf_counter()
-            pl = all_local(problem) if placement_name == "all-local" else plan(problem, placement_name, **params)
-            ctx = make_context(profile, cluster, pl, mode=comp.mode, groups=groups, domain_fallback=fallback, dense=dense)
-            planned[key] = (ctx, pl, round(time.perf_counter() - t0, 3))
-        ctx, pl, seconds = planned[key]
+        planned = self.pipe.planned(placement, params)
         if record:
-            label = label or (placement_name if not params or params == SLIM_PARAMS
-                              else f"{placement_name}{_params_tag(params)}")
-            placements[label] = {"copies": pl.replicas().tolist(), "bytes_used": pl.bytes_used().tolist(),
-                                 "plan_seconds": seconds, "params": params}
-        return ctx
+            pl = planned.placement
+            label = label or (placement if not params or params == SLIM_PARAMS else f"{placement}{_params_tag(params)}")
+            self.placements[label] = {"copies": pl.replicas().tolist(), "bytes_used": pl.bytes_used().tolist(),
+                                      "plan_seconds": planned.wall_s, "params": params}
+        return planned.context
 
-    # operating points: budget names -> calibrated budgets (on calibration text, never the evaluation text)
-    points: dict = {}
-    if comp.operating_points and comp.calibrate_method:
+    def calibrate_points(self) -> dict | None:
+        """Operating points: budget names -> budgets calibrated for comp.calibrate_method on calibration text
+        (never the evaluation text); the results' "operating_points" record, or None without points."""
+        comp, text = self.comp, self.text
+        if not (comp.operating_points and comp.calibrate_method):
+            return None
         if text.calib_ids is None:
             raise EdgeMoEError("operating points need calibration text (EvalText.calib_ids)")
         base = next(m for m in comp.methods if m.name == comp.calibrate_method)
@@ -319,148 +325,183 @@ def run_comparison(adapter, profile, comp: Comparison, text: EvalText, cfg: Expe
         if isinstance(base.placement_params.get("budget"), str):
             # the placement is planned for the operating point's budget: every trial budget plans its own
             def ctx(b: float):
-                return context_for(base.placement, _with_budget(base.placement_params, b), record=False)
+                return self.context_for(base.placement, _with_budget(base.placement_params, b), record=False)
         else:
-            ctx = context_for(base.placement, base.placement_params)
+            ctx = self.context_for(base.placement, base.placement_params)
         trials: dict = {}
         for name, target in comp.operating_points:
             t0 = time.perf_counter()
-            b = calibrate_budget(adapter, ctx, base.policy, params, text, target, trials)
+            b = calibrate_budget(self.adapter, ctx, base.policy, params, text, target, trials)
             rise, upper = trials[b]
-            points[name] = {"budget": b, "target_ppl_rel_increase": target, "calib_ppl_rel_increase": rise,
-                            "calib_ppl_rel_increase_upper95": upper}
-            log(f"  operating point {name}: budget {b:.4g} (calibration ppl +{100 * rise:.2f}%, "
-                f"95% upper bound +{100 * upper:.2f}%, "
-                f"target <= {100 * target:.1f}%; {time.perf_counter() - t0:.0f} s)")
-        calibration = {"method": comp.calibrate_method, "points": points,
-                       "trials": [{"budget": b, "ppl_rel_increase": r, "upper95": u} for b, (r, u) in sorted(trials.items())],
-                       "confidence": "one-sided 95% upper bound over calibration blocks must fit the target",
-                       "calib_tokens": int(text.calib_ids.size)}
-    else:
-        calibration = None
-    # self-calibrated methods: their own budget for each operating point (trials shared per policy + placement)
-    own: dict = {}
-    own_trials: dict = {}
-    for name in comp.self_calibrated:
-        spec = next(m for m in comp.methods if m.name == name)
-        point = spec.policy_params.get("budget")
-        target = dict(comp.operating_points).get(point)
-        if target is None or text.calib_ids is None:
-            raise EdgeMoEError(f"method {name}: self-calibrated methods need a budget naming an operating point "
-                               f"of the comparison ({[p for p, _ in comp.operating_points]}) and calibration text")
-        pla = _with_budget(spec.placement_params, _point_budget(points, spec.placement_params.get("budget"), name))
-        params = {k: v for k, v in spec.policy_params.items() if k != "budget"}
-        key = json.dumps([spec.placement, pla, spec.policy, params], sort_keys=True)
-        trials = own_trials.setdefault(key, {})
-        t0 = time.perf_counter()
-        b = calibrate_budget(adapter, context_for(spec.placement, pla, record=False), spec.policy, params, text, target,
-                             trials)
-        own[name] = {"budget": b, "target_ppl_rel_increase": target, "calib_ppl_rel_increase": trials[b][0],
-                     "calib_ppl_rel_increase_upper95": trials[b][1]}
-        log(f"  operating point {point} of {name}: budget {b:.4g} (calibration ppl +{100 * trials[b][0]:.2f}%; "
-            f"{time.perf_counter() - t0:.0f} s)")
-    if own and calibration is not None:
-        calibration["self_calibrated"] = own
+            self.points[name] = {"budget": b, "target_ppl_rel_increase": target, "calib_ppl_rel_increase": rise,
+                                 "calib_ppl_rel_increase_upper95": upper}
+            self.log(f"  operating point {name}: budget {b:.4g} (calibration ppl +{100 * rise:.2f}%, "
+                     f"95% upper bound +{100 * upper:.2f}%, "
+                     f"target <= {100 * target:.1f}%; {time.perf_counter() - t0:.0f} s)")
+        return {"method": comp.calibrate_method, "points": self.points,
+                "trials": [{"budget": b, "ppl_rel_increase": r, "upper95": u} for b, (r, u) in sorted(trials.items())],
+                "confidence": "one-sided 95% upper bound over calibration blocks must fit the target",
+                "calib_tokens": int(text.calib_ids.size)}
 
-    def resolved(spec: MethodSpec) -> MethodSpec:
+    def self_calibrate(self) -> dict:
+        """Self-calibrated methods: their own budget for each operating point, on their own placement for that
+        point (trials shared per policy + placement). Returns {method: budget facts}."""
+        comp, text = self.comp, self.text
+        own_trials: dict = {}
+        for name in comp.self_calibrated:
+            spec = next(m for m in comp.methods if m.name == name)
+            point = spec.policy_params.get("budget")
+            target = dict(comp.operating_points).get(point)
+            if target is None or text.calib_ids is None:
+                raise EdgeMoEError(f"method {name}: self-calibrated methods need a budget naming an operating point "
+                                   f"of the comparison ({[p for p, _ in comp.operating_points]}) and calibration text")
+            pla = _with_budget(spec.placement_params, _point_budget(self.points, spec.placement_params.get("budget"), name))
+            params = {k: v for k, v in spec.policy_params.items() if k != "budget"}
+            key = json.dumps([spec.placement, pla, spec.policy, params], sort_keys=True)
+            trials = own_trials.setdefault(key, {})
+            t0 = time.perf_counter()
+            b = calibrate_budget(self.adapter, self.context_for(spec.placement, pla, record=False), spec.policy, params,
+                                 text, target, trials)
+            self.own[name] = {"budget": b, "target_ppl_rel_increase": target, "calib_ppl_rel_increase": trials[b][0],
+                              "calib_ppl_rel_increase_upper95": trials[b][1]}
+            self.log(f"  operating point {point} of {name}: budget {b:.4g} (calibration ppl +{100 * trials[b][0]:.2f}%; "
+                     f"{time.perf_counter() - t0:.0f} s)")
+        return self.own
+
+    def resolved(self, spec: MethodSpec) -> MethodSpec:
         """`spec` with operating-point names in its policy's and its placement's `budget` replaced by budgets."""
         pol, pla = spec.policy_params, spec.placement_params
-        pol_budget = own[spec.name]["budget"] if spec.name in own else _point_budget(points, pol.get("budget"), spec.name)
+        pol_budget = (self.own[spec.name]["budget"] if spec.name in self.own
+                      else _point_budget(self.points, pol.get("budget"), spec.name))
         return replace(spec, policy_params=_with_budget(pol, pol_budget),
-                       placement_params=_with_budget(pla, _point_budget(points, pla.get("budget"), spec.name)))
+                       placement_params=_with_budget(pla, _point_budget(self.points, pla.get("budget"), spec.name)))
 
-    def make(spec: MethodSpec, ctx):
-        extra = {"routing": (text.topk, text.gates)} if spec.policy == "oracle" else {}
+    def policy(self, spec: MethodSpec, ctx):
+        """A fresh policy of `spec` on `ctx` (the oracle is handed the evaluation text's routing)."""
+        from edgemoe.runtime import make_policy
+
+        extra = {"routing": (self.text.topk, self.text.gates)} if spec.policy == "oracle" else {}
         return make_policy(spec.policy, ctx, **spec.policy_params, **extra)
 
-    def evaluate(spec: MethodSpec, on_ray: bool = True) -> dict:
-        nonlocal trace
-        named = spec.placement_params.get("budget")
-        label = f"{spec.placement}({named})" if isinstance(named, str) else None
-        spec = resolved(spec)
-        on_ray = on_ray and backend == "ray" and spec.policy not in RAY_SIMULATED_ONLY
-        key = (spec.placement, json.dumps(spec.placement_params, sort_keys=True), spec.policy,
-               json.dumps(spec.policy_params, sort_keys=True), on_ray)
-        if key in memo:
-            return dict(memo[key])
-        ctx = context_for(spec.placement, spec.placement_params, label=label)
-        row_users = np.arange(len(ids)) % ctx.num_users
-        policy = make(spec, ctx)
+    def quality(self, spec: MethodSpec, ctx):
+        """(nll, top1, decisions, policy) of `spec` on the evaluation text: exact execution's scores for
+        EXACT_POLICIES (their decisions replayed on the routing), else the real model run with the policy's
+        decisions; `policy` is the one that decided (its params go into the results)."""
+        from edgemoe.runtime.local import replay_decisions, score_local
+
+        text = self.text
+        row_users = np.arange(len(text.ids)) % ctx.num_users
+        policy = self.policy(spec, ctx)
         if spec.policy in EXACT_POLICIES:
-            nll, top1 = text.nll, text.top1
-            dec = replay_decisions(policy, np.repeat(row_users, ids.shape[1]), text.topk, text.gates)
-        else:
-            nll, top1, dec = score_local(adapter, policy, ids, row_users)
-        quality = quality_metrics(nll, top1, text.nll, text.top1)
-        if trace is None:
-            trace = eval_trace(text.topk, text.gates, ctx.user_domain, cfg.block_len)
-        sim_policy = make(spec, ctx)
-        metrics = simulate(ctx, sim_policy, trace, workload)
-        local_ms = dec.token_latency_s * 1e3
+            dec = replay_decisions(policy, np.repeat(row_users, text.ids.shape[1]), text.topk, text.gates)
+            return text.nll, text.top1, dec, policy
+        nll, top1, dec = score_local(self.adapter, policy, text.ids, row_users)
+        return nll, top1, dec, policy
+
+    def latency(self, spec: MethodSpec, ctx, on_ray: bool):
+        """(RunMetrics, the simulated policy) of `spec`: simulated, then measured on Ray when `on_ray`."""
+        if self.trace is None:
+            self.trace = eval_trace(self.text.topk, self.text.gates, ctx.user_domain, self.cfg.block_len)
+        sim_policy = self.policy(spec, ctx)
+        metrics = self.pipe.simulate(ctx, sim_policy, self.trace, self.workload)
         if on_ray:
-            metrics = _ray_measured(ray_state, ctx, spec, ids, cfg, log, metrics)
-        elif backend == "ray":
+            metrics = _ray_measured(self.ray_state, ctx, spec, self.text.ids, self.cfg, self.log, metrics)
+        elif self.backend == "ray":
             metrics = replace(metrics, extra={**metrics.extra, "backend": "simulate", "ray_skipped":
                                               RAY_SIMULATED_ONLY.get(spec.policy, "budget sweep: simulated only")})
+        return metrics, sim_policy
+
+    def evaluate(self, spec: MethodSpec, on_ray: bool = True) -> dict:
+        """The results entry of `spec` (operating-point names resolved), memoised by placement, policy and backend."""
+        from edgemoe.models.scoring import quality_metrics
+        from edgemoe.runtime.metrics import method_entry
+
+        named = spec.placement_params.get("budget")
+        label = f"{spec.placement}({named})" if isinstance(named, str) else None
+        spec = self.resolved(spec)
+        on_ray = on_ray and self.backend == "ray" and spec.policy not in RAY_SIMULATED_ONLY
+        key = (spec.placement, json.dumps(spec.placement_params, sort_keys=True), spec.policy,
+               json.dumps(spec.policy_params, sort_keys=True), on_ray)
+        if key in self.memo:
+            return dict(self.memo[key])
+        ctx = self.context_for(spec.placement, spec.placement_params, label=label)
+        nll, top1, dec, policy = self.quality(spec, ctx)
+        quality = quality_metrics(nll, top1, self.text.nll, self.text.top1)
+        metrics, sim_policy = self.latency(spec, ctx, on_ray)
+        local_ms = dec.token_latency_s * 1e3
         entry = method_entry(
             metrics, spec.placement, spec.policy, ppl=quality["ppl"], quality_retention=quality["quality_retention"],
             ppl_rel_increase=quality["ppl_rel_increase"], extra_nats_per_token=quality["extra_nats_per_token"],
             top1_agreement=quality["top1_agreement"], policy_params=policy.params,
-            placement_params=spec.placement_params, mode=comp.mode, cluster=comp.cluster,
+            placement_params=spec.placement_params, mode=self.comp.mode, cluster=self.comp.cluster,
             local_cost_model_latency_ms={"mean": float(local_ms.mean()), "p99": float(np.percentile(local_ms, 99))},
             local_substitution_ratio=float(dec.substituted().mean()), local_not_run_ratio=float((dec.experts < 0).mean()),
             local_zero_ratio=float(dec.zeroed.mean()),
         )
         if hasattr(sim_policy, "weights"):
             entry["adaptive_weights"] = sim_policy.weights()
-        memo[key] = entry
+        self.memo[key] = entry
         return dict(entry)
 
-    for spec in comp.methods:
+    def method_row(self, spec: MethodSpec) -> dict:
+        """One method's results entry, tagged with the operating point its budget names, and its log line."""
         t0 = time.perf_counter()
-        m = methods[spec.name] = evaluate(spec)
+        m = self.evaluate(spec)
         b = spec.policy_params.get("budget")
         if isinstance(b, str):
             m["operating_point"] = b
-        log(f"  {spec.name:<24} mean {m['latency_ms']['mean']:8.2f} ms  p99 {m['latency_ms']['p99']:8.2f} ms  "
-            f"ppl {m['ppl']:.3f} (+{100 * m['ppl_rel_increase']:.2f}%)  ({time.perf_counter() - t0:.1f} s)")
-    sweeps: dict = {}
-    budgets = sorted(set(comp.budgets) | {pt["budget"] for pt in points.values()})
-    for name in comp.budget_sweep_methods:
-        base = next(s for s in comp.methods if s.name == name)
-        sweeps[name] = []
-        for b in budgets:
-            m = evaluate(replace(base, policy_params={**base.policy_params, "budget": b},
-                                 placement_params=_with_budget(base.placement_params, b)), on_ray=False)
-            sweeps[name].append({
+        self.log(f"  {spec.name:<24} mean {m['latency_ms']['mean']:8.2f} ms  p99 {m['latency_ms']['p99']:8.2f} ms  "
+                 f"ppl {m['ppl']:.3f} (+{100 * m['ppl_rel_increase']:.2f}%)  ({time.perf_counter() - t0:.1f} s)")
+        return m
+
+    def budget_sweep(self, name: str) -> list[dict]:
+        """Method `name` at every swept budget (comp.budgets and the calibrated points' budgets), simulated."""
+        base = next(s for s in self.comp.methods if s.name == name)
+        rows = []
+        for b in sorted(set(self.comp.budgets) | {pt["budget"] for pt in self.points.values()}):
+            m = self.evaluate(replace(base, policy_params={**base.policy_params, "budget": b},
+                                      placement_params=_with_budget(base.placement_params, b)), on_ray=False)
+            rows.append({
                 "budget": b, "latency_ms_mean": m["latency_ms"]["mean"], "latency_ms_p99": m["latency_ms"]["p99"],
                 "ppl": m["ppl"], "ppl_rel_increase": m["ppl_rel_increase"], "top1_agreement": m["top1_agreement"],
                 "quality_retention": m["quality_retention"], "substitution_ratio": m["substitution_ratio"],
                 "drop_ratio": m["drop_ratio"], "traffic_bytes_per_1k_tokens": m["traffic_bytes_per_1k_tokens"]})
-            log(f"  sweep {name} budget {b:<8.4g} mean {m['latency_ms']['mean']:8.2f} ms  ppl {m['ppl']:.3f} "
-                f"(+{100 * m['ppl_rel_increase']:.2f}%)")
-    if ray_state:
-        from edgemoe.distributed.serve import stop_ray
+            self.log(f"  sweep {name} budget {b:<8.4g} mean {m['latency_ms']['mean']:8.2f} ms  ppl {m['ppl']:.3f} "
+                     f"(+{100 * m['ppl_rel_increase']:.2f}%)")
+        return rows
 
-        ray_state["deployment"].shutdown()
-        # Each comparison's Ray instance carries its own cluster's node resources: stop it, so the next
-        # comparison (another cluster) starts one with the resources its actors need.
-        stop_ray()
-    config = {"name": comp.name, "cluster": comp.cluster, "mode": comp.mode, "backend": backend, **asdict(cfg),
-              "dense_cost": asdict(dense) if dense else None,
-              "methods": [asdict(s) for s in comp.methods], "profile": {"model": profile.meta.model, "data": profile.meta.data,
-              "tokens": profile.num_tokens, "weights_hash": profile.meta.weights_hash}}
-    doc = results_dict(config, methods)
-    doc["ppl_exact"] = ppl_exact
-    doc["budget_sweep"] = sweeps
-    if "ordermoe-H0" in sweeps and len(sweeps) > 1:
-        doc["lookahead_equal_quality"] = equal_quality_ratios(sweeps, "ordermoe-H0")
-    if calibration:
-        doc["operating_points"] = calibration
-    doc["groups"] = {"layer-aware": groups.mean_group_size().tolist()}
-    doc["placements"] = placements
-    doc["summary"] = summarise(doc)
-    return doc
+    def close(self) -> None:
+        """Shut the Ray deployment down, if one was started."""
+        if self.ray_state:
+            from edgemoe.distributed.serve import stop_ray
+
+            self.ray_state["deployment"].shutdown()
+            # Each comparison's Ray instance carries its own cluster's node resources: stop it, so the next
+            # comparison (another cluster) starts one with the resources its actors need.
+            stop_ray()
+
+    def document(self, methods: dict, sweeps: dict, calibration: dict | None) -> dict:
+        """The results dict (schema edgemoe.results/1) of the comparison."""
+        from edgemoe.models.scoring import perplexity
+        from edgemoe.profile.groups import groups_for
+        from edgemoe.results import results_dict
+
+        comp, cfg, profile, dense = self.comp, self.cfg, self.profile, self.dense
+        config = {"name": comp.name, "cluster": comp.cluster, "mode": comp.mode, "backend": self.backend, **asdict(cfg),
+                  "dense_cost": asdict(dense) if dense else None,
+                  "methods": [asdict(s) for s in comp.methods], "profile": {"model": profile.meta.model, "data": profile.meta.data,
+                  "tokens": profile.num_tokens, "weights_hash": profile.meta.weights_hash}}
+        doc = results_dict(config, methods)
+        doc["ppl_exact"] = perplexity(self.text.nll)
+        doc["budget_sweep"] = sweeps
+        if "ordermoe-H0" in sweeps and len(sweeps) > 1:
+            doc["lookahead_equal_quality"] = equal_quality_ratios(sweeps, "ordermoe-H0")
+        if calibration:
+            doc["operating_points"] = calibration
+        doc["groups"] = {"layer-aware": groups_for(profile).mean_group_size().tolist()}
+        doc["placements"] = self.placements
+        doc["summary"] = summarise(doc)
+        return doc
 
 
 def _point_budget(points: dict, b, method: str):

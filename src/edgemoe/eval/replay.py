@@ -12,55 +12,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
-
 from edgemoe.errors import EdgeMoEError
+
+from .pipeline import Pipeline, is_placement_file
 
 # What `edgemoe evaluate --profile` compares when no --method is given: exact execution on each placement
 # family, plus OrderMoE's runtime on its own placement.
 DEFAULT_METHODS = ("uniform=uniform:exact", "greedy=greedy:exact", "lfu=lfu:exact", "eplb=eplb:exact",
                    "slimcaching=slimcaching:exact", "ordermoe=ordermoe:exact", "ordermoe-runtime=ordermoe:ordermoe")
 
-
 ILP_FACTS = ("stopped_by", "proven_optimal", "deterministic", "mip_gap", "mip_dual_bound", "mip_node_count")
-
-
-def is_placement_file(placement: str) -> bool:
-    """A method's PLACEMENT names a file (rather than a planner) when it ends in .json or exists on disk."""
-    return placement.endswith(".json") or Path(placement).is_file()
-
-
-def all_local(problem):
-    """Every edge server holds every expert, memory ignored: the latency floor."""
-    from edgemoe.plan.base import empty_hosts, make_placement
-
-    hosts = empty_hosts(problem)
-    hosts[[k == "edge" for k in problem.node_kind]] = True
-    pl = make_placement(problem, "all-local", hosts, note="memory ignored: the all-local floor")
-    return replace(pl, capacity_bytes=np.maximum(pl.bytes_used(), pl.capacity_bytes))
-
-
-def resolve_placement(problem, placement: str, params: dict):
-    """(Placement, seconds to plan) for a planner name, "all-local" or a placement file.
-
-    A file must list the cluster's nodes (same names, same order) and the profile's (L, E); it is checked
-    against the cluster's capacities, so a placement planned for another cluster cannot slip through.
-    """
-    from edgemoe.plan.base import check_placement_fits, load_placement, plan
-
-    t0 = time.process_time()
-    if placement == "all-local":
-        return all_local(problem), 0.0
-    if not is_placement_file(placement):
-        return plan(problem, placement, **params), time.process_time() - t0
-    if params:
-        raise EdgeMoEError(f"placement file {placement}: planner parameters {sorted(params)} do not apply to a file")
-    pl = load_placement(placement)
-    check_placement_fits(pl, problem, f"placement file {placement}")  # errors name the file, not its planner
-    return pl, 0.0
 
 
 def replay_profile(profile, cluster, methods: Sequence, mode: str = "migrate", workload=None,
@@ -80,11 +44,9 @@ def replay_profile(profile, cluster, methods: Sequence, mode: str = "migrate", w
     from edgemoe.cluster.schema import Cluster
     from edgemoe.plan.objective import expected_latency
     from edgemoe.plan.problem import plan_problem
-    from edgemoe.profile.groups import groups_for
     from edgemoe.results import results_dict
-    from edgemoe.runtime import make_context, make_policy
+    from edgemoe.runtime import make_policy
     from edgemoe.runtime.metrics import method_entry
-    from edgemoe.runtime.sim.simulate import simulate
     from edgemoe.runtime.sim.workload import Trace, Workload
 
     workload = workload or Workload(num_requests=64, prompt_tokens=16, gen_tokens=16, rate_per_s=20.0)
@@ -94,39 +56,33 @@ def replay_profile(profile, cluster, methods: Sequence, mode: str = "migrate", w
         raise EdgeMoEError(f"planning profile ({known.L}, {known.E}, {known.K}, domains {known.meta.domains}) and evaluation "
                            f"profile ({profile.L}, {profile.E}, {profile.K}, domains {profile.meta.domains}) must match")
     fallback = any(u.domain not in profile.meta.domains for u in cluster_obj.users)
-    problem = plan_problem(known, cluster_obj, domain_fallback=fallback)
+    pipe = Pipeline(plan_problem(known, cluster_obj, domain_fallback=fallback), mode)
     _, domain_map = user_domain_index(cluster_obj, profile.meta.domains, fallback)
-    groups = groups_for(known)
     trace = Trace.from_profile(profile)
     placements: dict = {}
     entries: dict = {}
-    cache: dict = {}
-    failed: dict = {}
     skipped: dict = {}
+    failed: dict = {}
     for spec in methods:
-        key = (spec.placement, repr(sorted(spec.placement_params.items())))
+        key = pipe.key(spec.placement, spec.placement_params)
         if key in failed:
             skipped[spec.name] = failed[key]
             continue
-        if key not in cache:
-            try:
-                pl, cpu_s = resolve_placement(problem, spec.placement, dict(spec.placement_params))
-            except EdgeMoEError as exc:
-                if not skip_failed_plans:
-                    raise
-                failed[key] = skipped[spec.name] = f"placement {spec.placement!r} failed: {exc}"
-                log(f"  {spec.name:<24} skipped: {exc}")
-                continue
-            cache[key] = make_context(known, cluster_obj, pl, mode=mode, groups=groups, domain_fallback=fallback)
-            placements[spec.placement] = {"method": pl.method, "from_file": is_placement_file(spec.placement),
-                                          "copies": pl.replicas().tolist(), "copies_mean": float(pl.replicas().mean()),
-                                          "bytes_used": pl.bytes_used().tolist(), "plan_cpu_seconds": round(cpu_s, 3),
-                                          # the planners' model objective on the planning profile (in sample)
-                                          "plan_objective_s": expected_latency(problem, pl.hosts),
-                                          **{k: pl.params[k] for k in ILP_FACTS if k in pl.params}}
-        ctx = cache[key]
+        new = not pipe.has(spec.placement, spec.placement_params)
+        try:
+            planned = pipe.planned(spec.placement, spec.placement_params)
+        except EdgeMoEError as exc:
+            if not skip_failed_plans:
+                raise
+            failed[key] = skipped[spec.name] = f"placement {spec.placement!r} failed: {exc}"
+            log(f"  {spec.name:<24} skipped: {exc}")
+            continue
+        if new:
+            placements[spec.placement] = _placement_record(planned, spec.placement,
+                                                           expected_latency(pipe.problem, planned.placement.hosts))
+        ctx = planned.context
         t0 = time.perf_counter()
-        metrics = simulate(ctx, make_policy(spec.policy, ctx, **spec.policy_params), trace, workload)
+        metrics = pipe.simulate(ctx, make_policy(spec.policy, ctx, **spec.policy_params), trace, workload)
         entries[spec.name] = method_entry(metrics, spec.placement, spec.policy, ppl=None, quality_retention=None,
                                           policy_params=spec.policy_params, mode=mode, cluster=cluster_obj.name)
         m = entries[spec.name]
@@ -143,6 +99,16 @@ def replay_profile(profile, cluster, methods: Sequence, mode: str = "migrate", w
     doc["placements"] = placements
     doc["skipped"] = skipped
     return doc
+
+
+def _placement_record(planned, placement: str, objective_s: float) -> dict:
+    """What the results file keeps of one placement: copies, bytes, planning CPU time, the planners' model
+    objective on the planning profile (in sample) and the ILP's stopping facts."""
+    pl = planned.placement
+    return {"method": pl.method, "from_file": is_placement_file(placement), "copies": pl.replicas().tolist(),
+            "copies_mean": float(pl.replicas().mean()), "bytes_used": pl.bytes_used().tolist(),
+            "plan_cpu_seconds": round(planned.cpu_s, 3), "plan_objective_s": objective_s,
+            **{k: pl.params[k] for k in ILP_FACTS if k in pl.params}}
 
 
 def evaluate_profile_file(profile_dir: str | Path, cluster: str, methods: Sequence, out: str | Path,

@@ -8,8 +8,10 @@ name with `@register("name")` and are called through `plan(...)`.
 
 from __future__ import annotations
 
+import inspect
+import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +47,10 @@ class PlanProblem:
     # [N] seconds of one MoE layer's dense work for one token on each node (the runtime's default estimate,
     # charged on the token's home whatever the placement); None: unknown (counted as 0)
     dense_s: np.ndarray | None = None
+    # the edgemoe.cluster.schema.Cluster the tables were derived from (`plan_problem`), from which the runtime's
+    # context takes the links and hardware (`runtime.context.context_from_problem`); None for a problem built
+    # from arrays alone (plan.synthetic), which plans but cannot be served
+    cluster: object | None = None
 
     @property
     def is_cloud(self) -> np.ndarray:
@@ -75,6 +81,13 @@ class Placement:
     hosts: np.ndarray  # [N, L, E] bool
     expert_bytes: np.ndarray  # [L, E] int64
     node_kind: tuple[str, ...] = ()
+    # What the planner decided with, so that the runtime serves the placement the way it was planned
+    # (`plan` fills both from the planner's arguments; None: the planner has no such knob, or an old file):
+    # grouping {"kind": ..., "params": {...}} rebuilds the planner's groups by
+    # `edgemoe.profile.groups.groups_for(profile, kind, **params)`; budget: the per-token-layer quality
+    # allowance it planned for, the default budget of the policies that spend one (`runtime.make_policy`).
+    grouping: dict | None = None
+    budget: float | None = None
 
     def bytes_used(self) -> np.ndarray:
         """[N] int64 bytes of experts held by each node."""
@@ -106,6 +119,8 @@ class Placement:
             "capacity_bytes": {n: int(c) for n, c in zip(self.node_names, self.capacity_bytes, strict=True)},
             "bytes_used": {n: int(u) for n, u in zip(self.node_names, used, strict=True)},
             "expert_bytes": self.expert_bytes.tolist(),
+            "grouping": self.grouping,
+            "budget": self.budget,
             "hosts": {
                 n: [np.flatnonzero(self.hosts[i, layer]).tolist() for layer in range(self.hosts.shape[1])]
                 for i, n in enumerate(self.node_names)
@@ -180,6 +195,8 @@ def load_placement(path: str | Path) -> Placement:
         method=d["method"], params=d.get("params", {}), node_names=nodes,
         capacity_bytes=np.array(capacity, dtype=np.int64),
         hosts=hosts, expert_bytes=expert_bytes, node_kind=tuple(kinds.get(n, "edge") for n in nodes),
+        # files written before the placement recorded them have neither: the runtime's defaults apply
+        grouping=_check_grouping(d.get("grouping"), path), budget=_check_budget(d.get("budget"), path),
     )
     try:
         placement.check_capacity()
@@ -189,6 +206,37 @@ def load_placement(path: str | Path) -> Placement:
 
 
 MAX_BYTES = 2**53  # sizes and capacities a placement file may give: exact in int64 sums and in floats
+
+# The groupings a planner may record and the parameters each takes (edgemoe.profile.groups.groups_for's table).
+GROUPING_PARAMS = {"layer-aware": ("theta_hi", "theta_lo", "max_group_size"), "uniform": ("theta", "max_group_size"),
+                   "fixed": ("groups_per_layer", "max_group_size"), "error": ("max_err", "max_group_size")}
+
+
+def _check_grouping(g, path) -> dict | None:
+    """A placement file's `grouping` (None, or {"kind": one of GROUPING_PARAMS, "params": finite numbers of
+    that kind}), or EdgeMoEError naming the file."""
+    if g is None:
+        return None
+    ok = isinstance(g, dict) and set(g) == {"kind", "params"} and g["kind"] in GROUPING_PARAMS \
+        and isinstance(g["params"], dict) and set(g["params"]) <= set(GROUPING_PARAMS[g["kind"]]) \
+        and all(_is_finite_number(v) for v in g["params"].values())
+    if not ok:
+        raise EdgeMoEError(f"{path}: grouping must be null or {{\"kind\": one of {sorted(GROUPING_PARAMS)}, \"params\": "
+                           f"{{name: number}}}} with the kind's parameters, got {g!r:.200}")
+    return {"kind": g["kind"], "params": dict(g["params"])}
+
+
+def _check_budget(b, path) -> float | None:
+    """A placement file's `budget`: null or a finite number >= 0."""
+    if b is None:
+        return None
+    if not _is_finite_number(b) or b < 0:
+        raise EdgeMoEError(f"{path}: budget is {b!r:.50}, expected null or a finite number >= 0")
+    return float(b)
+
+
+def _is_finite_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _is_count(v, lo: int) -> bool:
@@ -255,13 +303,36 @@ def planners() -> dict[str, Planner]:
 
 
 def plan(problem: PlanProblem, method: str, **params) -> Placement:
-    """Run the planner called `method` and check the result fits every node's capacity."""
+    """Run the planner called `method`, check the result fits every node's capacity, and record on it the
+    grouping and budget the planner used (`planner_choices`), which the runtime then defaults to."""
     table = planners()
     if method not in table:
         raise EdgeMoEError(f"unknown planner method {method!r}; expected one of {sorted(table)}")
     placement = table[method](problem, **params)
     placement.check_capacity()
-    return placement
+    grouping, budget = planner_choices(table[method], params)
+    return replace(placement, grouping=grouping, budget=budget)
+
+
+def planner_choices(planner: Planner, params: dict) -> tuple[dict | None, float | None]:
+    """(grouping, budget) a planner called with `params` decides with: read from its keyword arguments
+    (`params` over the signature's defaults), so every planner is covered the same way without reporting them.
+
+    grouping: for a planner with a `grouping` argument (a GROUPING_PARAMS kind), {"kind", "params"} with the
+    arguments of that name the kind takes (None ones left to groups_for's defaults); "uniform" without a
+    `theta` takes the middle of theta_hi and theta_lo, as the planners that group (plan.ordermoe) do.
+    budget: its `budget` argument. None where it has no such argument."""
+    # a planner whose knobs are a settings dataclass (`settings_class`) takes them by the dataclass's field names
+    sig = inspect.signature(getattr(planner, "settings_class", planner)).parameters
+    args = {k: p.default for k, p in sig.items() if p.default is not inspect.Parameter.empty} | dict(params)
+    budget = float(args["budget"]) if "budget" in sig and args.get("budget") is not None else None
+    kind = args.get("grouping") if "grouping" in sig else None
+    if kind not in GROUPING_PARAMS:
+        return None, budget
+    if kind == "uniform" and args.get("theta") is None and {"theta_hi", "theta_lo"} <= set(args):
+        args["theta"] = 0.5 * (args["theta_hi"] + args["theta_lo"])
+    chosen = {k: args[k] for k in GROUPING_PARAMS[kind] if args.get(k) is not None}
+    return {"kind": kind, "params": {k: v if isinstance(v, int) else float(v) for k, v in chosen.items()}}, budget
 
 
 def empty_hosts(problem: PlanProblem) -> np.ndarray:

@@ -30,6 +30,9 @@ def check_params(method: str, params: dict) -> dict:
     table = planners()
     if method not in table:
         raise EdgeMoEError(f"unknown planner method {method!r}; expected one of {sorted(table)}")
+    settings = getattr(table[method], "settings_class", None)  # a planner whose knobs are a settings dataclass
+    if settings is not None:
+        return validate_params(settings, params, f"planner {method!r}", skip=0)
     return validate_params(table[method], params, f"planner {method!r}")
 
 

@@ -37,6 +37,8 @@ def plan_problem(profile: Profile, cluster: Cluster | str, tokens_per_call: int 
       (`make_context(dense=True)`); the same on every placement, it only moves the planner's absolute latency.
     - user_weight [U] normalised; user_domain [U] index into profile.meta.domains (`domain_fallback`:
       see `edgemoe.cluster.cost.user_domain_index`).
+    - cluster: the Cluster itself, so that the runtime's context is built from this same join
+      (`edgemoe.runtime.context.context_from_problem`) instead of joining profile and cluster again.
     """
     if not isinstance(cluster, Cluster):
         cluster = load_cluster(cluster)
@@ -51,7 +53,7 @@ def plan_problem(profile: Profile, cluster: Cluster | str, tokens_per_call: int 
         capacity_bytes=tables.capacity_bytes, user_names=cluster.user_names, user_home=cluster.user_home,
         user_weight=cluster.user_weight, user_domain=domain_index, comm_s=tables.comm_s,
         compute_s=tables.compute_s, expert_bytes=np.asarray(profile.expert_bytes, dtype=np.int64),
-        xfer_s=tables.xfer_s, dense_s=dense_s,
+        xfer_s=tables.xfer_s, dense_s=dense_s, cluster=cluster,
         params={"cluster": cluster.name, "cluster_source": cluster.source, "tokens_per_call": tokens_per_call,
                 "hidden_bytes": int(profile.meta.hidden_bytes),
                 "queue_s": dict(zip(cluster.node_names, tables.queue_s.tolist(), strict=True)),

@@ -153,8 +153,11 @@ def placements_figure(results: dict):
     return fig
 
 
-def render_report(paths: list[str | Path], out_dir: str | Path) -> Path:
-    """Render every results file in `paths` into `out_dir`; returns the report.md path."""
+def render_report(paths: list[str | Path], out_dir: str | Path, shown_dir: str | Path | None = None) -> Path:
+    """Render every results file in `paths` into `out_dir`; returns the report.md path.
+
+    shown_dir: the folder the report names the results files in (default: the paths as given); a report
+    rendered in a staging folder that is moved into place names the files where they will be."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -174,7 +177,8 @@ def render_report(paths: list[str | Path], out_dir: str | Path) -> Path:
         plots = [q for q in plots if q is not None]
         table = methods_table(res)
         notes = res.get("summary", [])
-        md = [f"## {tag}", "", f"Results file: `{p}`", ""]
+        shown = p if shown_dir is None else Path(shown_dir) / Path(p).name
+        md = [f"## {tag}", "", f"Results file: `{shown}`", ""]
         md += [f"- {n}" for n in notes] + ([""] if notes else [])
         md += [markdown_table(table), ""] + [f"![{q.stem}]({q.name})" for q in plots] + [""]
         sections_md.append("\n".join(md))

@@ -1,8 +1,9 @@
 """What a runtime policy and the simulator know about one deployment, as arrays (pure numpy).
 
-`make_context(profile, cluster, placement)` joins the routing profile, the cluster's cost model and a
-placement into a frozen `RuntimeContext`. N nodes, U users, L MoE layers, E experts, S substitutes.
-Decisions in docs/runtime.md ("Context").
+`context_from_problem(problem, placement)` turns a planning problem (the one join of the routing profile
+and the cluster, `edgemoe.plan.problem.plan_problem`) and a placement into a frozen `RuntimeContext`;
+`make_context(profile, cluster, placement)` makes the problem first. N nodes, U users, L MoE layers,
+E experts, S substitutes. Decisions in docs/runtime.md ("Context").
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgemoe.cluster.cost import node_compute_s, roofline_s, transfer_s, usable_nodes, user_domain_index
+from edgemoe.cluster.cost import node_compute_s, roofline_s, transfer_s, usable_nodes
 from edgemoe.cluster.load import load_cluster
 from edgemoe.cluster.schema import Cluster
 from edgemoe.errors import EdgeMoEError
@@ -54,6 +55,9 @@ class RuntimeContext:
     profile_gates: np.ndarray  # [T, L, K]
     placement_method: str = ""
     cluster_name: str = ""
+    # the budget the placement was planned for (Placement.budget; None: its planner has none): the default
+    # budget of every policy that spends one (`runtime.make_policy`)
+    placement_budget: float | None = None
     # The dense part (docs/runtime.md, "Dense part"): per MoE layer, the backbone's FLOPs per token and weight
     # bytes (the whole backbone spread evenly over the L MoE layers). "off": the dense part takes no time.
     dense_flops: float = 0.0
@@ -126,28 +130,48 @@ def make_context(
     domain_fallback: bool = False,
     dense=True,
 ) -> RuntimeContext:
-    """Build the RuntimeContext of `placement` (edgemoe.plan.base.Placement) on `cluster` for `profile`.
+    """The RuntimeContext of `placement` (edgemoe.plan.base.Placement) on `cluster` for `profile`: their planning
+    problem (`edgemoe.plan.problem.plan_problem`, the one place profile and cluster are joined), then
+    `context_from_problem`. Callers that already hold the problem (the planners' one) pass it there directly.
 
-    mode: "migrate" (the token continues from the server that ran its expert) or "home" (round trips).
-    groups: SimilarityGroups (default `groups_for(profile)`, OrderMoE's layer-aware grouping).
-    wire_bytes: bytes of one hidden-state transfer (default profile.meta.hidden_bytes).
-    domain_fallback: map cluster domains the profile lacks round-robin (synthetic profiles).
-    dense: the backbone's cost (edgemoe.runtime.dense.DenseCost, e.g. `dense_cost_of_model(adapter)`); True
-    (default): estimated from the profile's shapes (`dense_cost_estimate`); False: the dense part takes no
-    time.
+    domain_fallback: map cluster domains the profile lacks round-robin (synthetic profiles). The other
+    arguments are `context_from_problem`'s.
     """
-    from edgemoe.profile.groups import groups_for
-
-    from .dense import DenseCost, dense_cost_estimate
+    from edgemoe.plan.problem import plan_problem
 
     if mode not in MODES:
         raise EdgeMoEError(f"mode={mode!r}; expected one of {list(MODES)}")
     if not isinstance(cluster, Cluster):
         cluster = load_cluster(cluster)
+    problem = plan_problem(profile, cluster, domain_fallback=domain_fallback)
+    return context_from_problem(problem, placement, mode=mode, groups=groups, wire_bytes=wire_bytes, dense=dense)
+
+
+def context_from_problem(problem, placement, mode: str = "migrate", groups=None, wire_bytes: int | None = None,
+                         dense=True) -> RuntimeContext:
+    """Build the RuntimeContext of `placement` for a planning problem (edgemoe.plan.base.PlanProblem made by
+    `plan_problem`): its profile, its users (homes, weights, domains) and its nodes as the planner saw them,
+    with links and hardware from the cluster it carries.
+
+    mode: "migrate" (the token continues from the server that ran its expert) or "home" (round trips).
+    groups: SimilarityGroups (default: the grouping the placement was planned with, `placement_groups`).
+    wire_bytes: bytes of one hidden-state transfer (default profile.meta.hidden_bytes).
+    dense: the backbone's cost (edgemoe.runtime.dense.DenseCost, e.g. `dense_cost_of_model(adapter)`); True
+    (default): estimated from the profile's shapes (`dense_cost_estimate`); False: the dense part takes no
+    time.
+    """
     from edgemoe.plan.base import check_placement_matches
 
+    from .dense import DenseCost, dense_cost_estimate
+
+    if mode not in MODES:
+        raise EdgeMoEError(f"mode={mode!r}; expected one of {list(MODES)}")
+    profile, cluster = problem.profile, problem.cluster
+    if not isinstance(cluster, Cluster):
+        raise EdgeMoEError("the planning problem carries no cluster (it was built from arrays, not by plan_problem): "
+                           "a runtime context needs the cluster's links and hardware")
     L, E = profile.L, profile.E
-    check_placement_matches(placement, cluster.node_names, (L, E), f"placement on cluster {cluster.name!r}",
+    check_placement_matches(placement, problem.node_names, (L, E), f"placement on cluster {cluster.name!r}",
                             profile.meta.model)
     if dense is True:
         dense = dense_cost_estimate(profile)
@@ -156,16 +180,15 @@ def make_context(
     wire = int(profile.meta.hidden_bytes if wire_bytes is None else wire_bytes)
     if wire <= 0:
         raise EdgeMoEError(f"wire_bytes must be > 0, got {wire}")
-    groups = groups_for(profile) if groups is None else groups
-    is_cloud = cluster.is_cloud
+    groups = placement_groups(profile, placement) if groups is None else groups
+    is_cloud = problem.is_cloud
     hosts = np.asarray(placement.hosts, dtype=bool).copy()
     hosts[is_cloud] = True
-    home = cluster.user_home
-    usable = usable_nodes(cluster.node_kind, home)
-    _check_reachable(hosts, usable, cluster.user_names)
+    home = np.asarray(problem.user_home)
+    usable = usable_nodes(problem.node_kind, home)
+    _check_reachable(hosts, usable, problem.user_names)
     xfer = transfer_s(wire, cluster.lat_s, cluster.bw_Bps)
     np.fill_diagonal(xfer, 0.0)
-    domain, _ = user_domain_index(cluster, profile.meta.domains, domain_fallback)
     best_sub, best_err = best_local_substitutes(hosts, groups.substitute_ids, profile.subst_err)
     arrays = dict(
         is_cloud=is_cloud, lat_s=np.asarray(cluster.lat_s, float), bw_Bps=np.asarray(cluster.bw_Bps, float), xfer_s=xfer,
@@ -176,18 +199,29 @@ def make_context(
         expert_flops=np.asarray(profile.expert_flops, float), expert_bytes=np.asarray(profile.expert_bytes, float),
         hosts=hosts, usable=usable, freq=np.asarray(profile.freq, float), trans=np.asarray(profile.trans, float),
         subst_err=np.asarray(profile.subst_err, float), best_sub=best_sub, best_sub_err=best_err,
-        user_home=home, user_weight=cluster.user_weight, user_domain=domain,
+        user_home=home.copy(), user_weight=np.asarray(problem.user_weight, float).copy(),
+        user_domain=np.asarray(problem.user_domain).copy(),
         profile_topk=np.asarray(profile.topk, np.int64), profile_gates=np.asarray(profile.gates, float),
     )
     for a in arrays.values():
         a.setflags(write=False)
     return RuntimeContext(
-        node_names=cluster.node_names, node_kind=cluster.node_kind, hidden_bytes=int(profile.meta.hidden_bytes),
-        wire_bytes=wire, mode=mode, groups=groups, user_names=cluster.user_names,
-        placement_method=placement.method, cluster_name=cluster.name,
+        node_names=tuple(problem.node_names), node_kind=tuple(problem.node_kind),
+        hidden_bytes=int(profile.meta.hidden_bytes), wire_bytes=wire, mode=mode, groups=groups,
+        user_names=tuple(problem.user_names), placement_method=placement.method, cluster_name=cluster.name,
+        placement_budget=getattr(placement, "budget", None),
         dense_flops=float(dense.flops_per_token) / L if dense else 0.0, dense_bytes=float(dense.bytes) / L if dense else 0.0,
         dense_source=dense.source or "given" if dense else "off", **arrays,
     )
+
+
+def placement_groups(profile, placement):
+    """The SimilarityGroups `placement` was planned with (Placement.grouping, rebuilt from `profile`); OrderMoE's
+    layer-aware grouping (`groups_for(profile)`) for a placement whose planner groups nothing."""
+    from edgemoe.profile.groups import groups_for
+
+    g = getattr(placement, "grouping", None)
+    return groups_for(profile) if g is None else groups_for(profile, g["kind"], **g["params"])
 
 
 def _check_reachable(hosts: np.ndarray, usable: np.ndarray, user_names: tuple[str, ...]) -> None:

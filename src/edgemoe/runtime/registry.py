@@ -6,6 +6,7 @@ Imports run one way: registry -> the policy modules (baselines, ordermoe, oracle
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 from edgemoe.errors import EdgeMoEError
@@ -46,10 +47,21 @@ def policy_names() -> list[str]:
     return sorted(_POLICIES)
 
 
+# Policies that take a `budget` but never spend it (they never substitute or zero an expert); every other
+# policy with a `budget` spends it, and one not given a budget takes the placement's (`make_policy`).
+BUDGET_FREE = frozenset({"exact", "slimcaching", "drop"})
+
+
 def make_policy(name: str, ctx: RuntimeContext, **params) -> Policy:
-    """The policy called `name` (see `policy_names()`) on `ctx` with `params`."""
+    """The policy called `name` (see `policy_names()`) on `ctx` with `params`.
+
+    A policy that spends a budget (not BUDGET_FREE) and is given none serves at the budget the placement was
+    planned for (ctx.placement_budget), when its planner had one; otherwise at the policy's own default."""
     if name not in _POLICIES:
         raise EdgeMoEError(f"unknown policy {name!r}; expected one of {policy_names()}")
+    if ("budget" not in params and name not in BUDGET_FREE and ctx.placement_budget is not None
+            and "budget" in inspect.signature(_POLICIES[name]).parameters):
+        params = {**params, "budget": ctx.placement_budget}
     try:
         return _POLICIES[name](ctx, **params)
     except TypeError as exc:

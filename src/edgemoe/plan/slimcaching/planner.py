@@ -16,6 +16,7 @@ Without a cloud every expert keeps an edge-server copy (`cover_edges`, sole copi
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -223,46 +224,93 @@ def round_fractional(problem: PlanProblem, frac: np.ndarray) -> np.ndarray:
     return hosts
 
 
+@dataclass(frozen=True)
+class SlimCachingSettings:
+    """The knobs of `slimcaching` (every one has the default `plan(problem, "slimcaching")` uses).
+
+    Parameters:
+        algorithm: "auto" (K = 1 -> "greedy-k1", then with `refine` the block passes and the refinement started
+            from its result, the better kept; else "successive"), "greedy-k1" or "successive"
+        passes: rounds over all blocks (1 = paper-faithful)
+        order: block order, one of `ORDERS`
+        maxconv: "auto" | "naive" | "concave" | "fptas" (with `epsilon`), how layers' value tables are combined
+        epsilon: the FPTAS's accuracy
+        enum_max: largest number of useful experts per layer whose subsets are enumerated exactly; above it a
+            beam of `beam_width` is used
+        beam_width: the beam's width
+        max_units: finest capacity grid per node
+        warm_start: (successive) "empty" (the paper's), "sum-greedy" (K = 1 greedy on the calls' additive
+            saving), or "lp": the passes start from the rounded LP relaxation of the exact ILP
+            (`exact.lp_relaxation`, HiGHS; `round_fractional`), and the empty start is run too and the better
+            kept. The LP couples every node's choice through the users' max over K calls, which the
+            block-by-block passes cannot; it costs an LP the size of the ILP (seconds at 32 x 8 with 20 users;
+            out of reach at 60 x top-4), so it is not the default. Adds `lp_bound_s` (a lower bound) to the params
+        refine: (successive) after the passes, settle the blocks and run `kicks` seeded kicks of `forced` experts
+            each (`slimcaching.refine`); refine=False with passes=1 is the paper-faithful variant
+        kicks: the refinement's kicks
+        forced: experts forced out per kick (>= 1)
+        seed: the kicks' seed
+        refine_work: caps the refinement's work in deterministic units: the value tables it builds may cover at
+            most max(refine_work x one pass's, REFINE_MIN_WORK) user-set cells (a node with U_n users at a layer
+            with M distinct Top-K sets is U_n x M cells); inf: kicks only. Whichever budget runs out first stops
+            it, with the best placement so far: the result depends on input and seed only
+        k1_seeds: (greedy-k1, unequal sizes) partial enumeration with seeds of up to k1_seeds items per node ...
+        k1_max_seeds: ... fewer when a node would need more than k1_max_seeds seeds (`slimcaching.k1`)
+        coverage: give every expert an edge-server copy; None: exactly when there is no cloud
+        remote_charge: the load-aware variant (objective.charged_model): every call sent to an edge server n other
+            than the user's home also costs factor_n x its service time there; a number (every node), one per
+            node, or "home-load" (rho / (1 - rho) from the demand homed at each node). The passes and the
+            refinement optimise that charged objective (K = 1: the greedy start stays the paper's); 0 is the
+            paper's objective. It needs passes > 1 to act on blocks solved before the nodes their misses go to
+            (docs/planners-slimcaching.md, "Remote-call charge")
+        lp_max_nonzeros: a larger LP (warm_start="lp") is refused with an error (`exact.check_program_size`)
+    """
+
+    algorithm: str = "auto"
+    passes: int = 1
+    order: str = "edge-first"
+    maxconv: str = "auto"
+    epsilon: float = 0.1
+    enum_max: int = 12
+    beam_width: int = 8
+    max_units: int = MAX_UNITS
+    warm_start: str = "empty"
+    refine: bool = True
+    kicks: int = 256
+    forced: int = 2
+    seed: int = 0
+    refine_work: float = REFINE_WORK_PASSES
+    k1_seeds: int = 3
+    k1_max_seeds: int = 5000
+    coverage: bool | None = None
+    remote_charge: float | str | list = 0.0
+    lp_max_nonzeros: float = LP_MAX_NONZEROS
+
+
 @register("slimcaching")
-def slimcaching(problem: PlanProblem, *, algorithm: str = "auto", passes: int = 1, order: str = "edge-first",
-                maxconv: str = "auto", epsilon: float = 0.1, enum_max: int = 12, beam_width: int = 8,
-                max_units: int = MAX_UNITS, warm_start: str = "empty", refine: bool = True, kicks: int = 256,
-                forced: int = 2, seed: int = 0, refine_work: float = REFINE_WORK_PASSES,
-                k1_seeds: int = 3, k1_max_seeds: int = 5000, coverage: bool | None = None,
-                remote_charge: float | str | list = 0.0, lp_max_nonzeros: float = LP_MAX_NONZEROS) -> Placement:
+def slimcaching(problem: PlanProblem, settings: SlimCachingSettings | None = None, **params) -> Placement:
     """SlimCaching placement of `problem` (devices and edge servers).
 
-    algorithm: "auto" (K = 1 -> "greedy-k1", then with `refine` the block passes and the refinement
-    started from its result, the better kept; else "successive"), "greedy-k1" or "successive".
-    passes: rounds over all blocks (1 = paper-faithful). order: block order (`ORDERS`).
-    maxconv: "auto" | "naive" | "concave" | "fptas" (with `epsilon`). enum_max: largest number of useful
-    experts per layer whose subsets are enumerated exactly; above it a beam of `beam_width` is used.
-    max_units: finest capacity grid per node.
-    refine (successive only): after the passes, settle the blocks and run `kicks` seeded kicks of `forced`
-    experts each (`slimcaching.refine`); refine=False with passes=1 is the paper-faithful variant. refine_work caps
-    the refinement's work in deterministic units: the value tables it builds may cover at most
-    max(refine_work x one pass's, REFINE_MIN_WORK) user-set cells (a table of a node with U_n users at a
-    layer with M distinct Top-K sets is U_n x M cells; its cost grows with that); inf: kicks only. Whichever
-    budget runs out first stops it, with the best placement so far: the result depends on input and seed only.
-    k1_seeds, k1_max_seeds (greedy-k1, unequal sizes): partial enumeration with seeds of up to k1_seeds items
-    per node, fewer when a node would need more than k1_max_seeds seeds (`slimcaching.k1`).
-    coverage: give every expert an edge-server copy; default (None) exactly when there is no cloud.
-    warm_start (successive): "empty" (the paper's), "sum-greedy" (K = 1 greedy on the calls' additive
-    saving), or "lp": the passes start from the rounded LP relaxation of the exact ILP (`exact.lp_relaxation`,
-    HiGHS; `round_fractional`), and the empty start is run too and the better kept. The LP couples every
-    node's choice through the users' max over K calls, which the block-by-block passes cannot: on the
-    device-edge-cloud preset it lands within a few % of the ILP where the empty start stops 17% above. It
-    costs an LP the size of the ILP (seconds at 32 x 8 with 20 users; out of reach at 60 x top-4), so it is
-    not the default. Adds `lp_bound_s` (a lower bound on the objective) to the params. lp_max_nonzeros: a
-    larger LP is refused with an error (`exact.check_program_size`).
-    remote_charge: the load-aware variant (objective.charged_model): every call sent to an edge server n other
-    than the user's home also costs factor_n x its service time there, summed over the set's calls; a number
-    (every node), one per node, or "home-load" (factor rho / (1 - rho) from the demand homed at each node).
-    The passes and the refinement optimise that charged objective (K = 1: the greedy start stays the
-    paper's); 0 (default) is the paper's objective. It needs passes > 1 to act on blocks solved before the
-    nodes their misses go to (docs/planners-slimcaching.md, "Remote-call charge"). `objective_s` is always
-    the paper's objective; `charged_objective_s` is beside it.
+    Parameters:
+        problem: the planning problem
+        settings: the planner's knobs (default SlimCachingSettings())
+        params: SlimCachingSettings fields to override, by name (what `plan(problem, "slimcaching", **params)`
+            and `edgemoe plan --param` pass)
+
+    Returns:
+        placement: the hosts [N, L, E]; its params hold the settings used, the objective (`objective_s`, always
+            the paper's; `charged_objective_s` beside it), the passes' and refinement's facts and plan_seconds
     """
+    try:
+        s = replace(settings or SlimCachingSettings(), **params)
+    except TypeError:
+        unknown = sorted(set(params) - {f.name for f in fields(SlimCachingSettings)})
+        raise EdgeMoEError(f"slimcaching: unknown parameters {unknown}; it takes "
+                           f"{[f.name for f in fields(SlimCachingSettings)]}") from None
+    algorithm, passes, order, maxconv, epsilon = s.algorithm, s.passes, s.order, s.maxconv, s.epsilon
+    enum_max, beam_width, max_units, warm_start, refine = s.enum_max, s.beam_width, s.max_units, s.warm_start, s.refine
+    kicks, forced, seed, refine_work = s.kicks, s.forced, s.seed, s.refine_work
+    coverage, remote_charge, lp_max_nonzeros = s.coverage, s.remote_charge, s.lp_max_nonzeros
     start = time.perf_counter()
     cover = resolve_coverage(problem, coverage)
     require_servable(problem, "slimcaching", cover)
@@ -291,7 +339,7 @@ def slimcaching(problem: PlanProblem, *, algorithm: str = "auto", passes: int = 
         return found, found_info
 
     if algorithm == "greedy-k1":
-        hosts, info = slimcaching_k1(problem, model, k1_seeds, k1_max_seeds)
+        hosts, info = slimcaching_k1(problem, model, s.k1_seeds, s.k1_max_seeds)
         if polish:
             # K = 1 blocks have modular, exact tables, so block passes from the greedy result only improve
             # it; the better of the two is kept, so the guarantee of the greedy result still holds.
@@ -325,3 +373,6 @@ def slimcaching(problem: PlanProblem, *, algorithm: str = "auto", passes: int = 
                 charged_objective_s=charged_objective(model, tau, serving_charge(model, hosts)), epsilon=epsilon, maxconv=maxconv, enum_max=enum_max, beam_width=beam_width,
                 refine=refine and (algorithm == "successive" or polish), coverage=cover, plan_seconds=time.perf_counter() - start)
     return make_placement(problem, "slimcaching", hosts, **info)
+
+
+slimcaching.settings_class = SlimCachingSettings  # what `plan`'s parameters are checked against (plan.cli, plan.base)
