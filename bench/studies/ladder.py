@@ -174,10 +174,10 @@ def main() -> None:
         },
         "published": PUBLISHED,
         # the runs that measured the entries (possibly several, each entry says which): their CPU and wall s summed
-        "cpu_s": round(sum(r["cpu_s"] for r in results), 1),
         "wall_s": round(sum(r["wall_s"] for r in results), 1),
         "models": results,
-        "environment": {**environment(), "torch": torch.__version__, "threads": torch.get_num_threads()},
+        "environment": environment(torch=torch.__version__, threads=torch.get_num_threads(),
+                                   cpu_s=round(sum(r["cpu_s"] for r in results), 1)),
     }
     atomic_write_json(args.out, result)
     for r in results:
