@@ -44,8 +44,11 @@ results: $(STAMP)
 	$(BIN)/python -m bench.studies.equal_quality --models default-upcycled --out bench/results/equal_quality_token.json \
 		--note "issue 19 section 2: ordermoe-token on default-upcycled alone (equal_quality.json holds it for both models once rerun)"
 	$(BIN)/python -m bench.studies.equal_quality --quick --models default --out bench/results/equal_quality_token_quick.json
-	$(BIN)/python -m bench.studies.equal_quality --quick --models upcycled-diverged,finegrained-shared \
-		--out bench/results/equal_quality_ladder.json --note "issue 19 section 5: the ladder's new models, quick token counts"
+	$(BIN)/python -m bench.studies.equal_quality --quick --models upcycled-diverged --out bench/results/equal_quality_ladder_diverged.json \
+		--note "issue 19 section 5: the ladder's upcycled-diverged model, quick token counts (1024 evaluation, 1024 calibration)"
+	$(BIN)/python -m bench.studies.equal_quality --quick --models finegrained-shared --out bench/results/equal_quality_ladder_finegrained.json \
+		--note "issue 19 section 5: the ladder's finegrained-shared model, quick token counts (1024 evaluation, 1024 calibration)"
+	$(BIN)/python -m bench.studies.ladder --curve
 	$(BIN)/python -m bench.studies.lookahead --quick --budgets 0.05,0.2 --clusters testbed8,edge8
 	$(BIN)/python -m bench.speed.policies --setups L=16 --policies 'ordermoe(H=0),ordermoe(H=2),ordermoe(H=3)'
 	$(BIN)/python -m bench.studies.out_of_sample --ilp-nodes 0 --ilp-from bench/results/out_of_sample.json

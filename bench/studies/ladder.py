@@ -135,6 +135,83 @@ def measure(name: str, tokens: int, calib_tokens: int, subst_tokens: int) -> dic
     }
 
 
+# Section 5: where each model's equal-quality run lives (bench/studies/equal_quality.py writes them).
+EQUAL_QUALITY = {"default-upcycled": "equal_quality.json", "upcycled-diverged": "equal_quality_ladder_diverged.json",
+                 "finegrained-shared": "equal_quality_ladder_finegrained.json", "default": "equal_quality.json"}
+CURVE = OUT.parent / "ladder_curve.json"
+
+
+def similarity_verdict(ratio: dict, best: dict) -> str:
+    """One plain sentence from OrderMoE's latency over the best baseline's at equal perplexity per point
+    (`ratio`, `best`: {"paper": .., "strict": ..}). Within 5% either way counts as level (these runs
+    score 1,024-4,096 tokens: a few percent is within their noise)."""
+    if any(ratio[pt] is None for pt in ratio):
+        return "no baseline's sweep reaches OrderMoE's perplexity at one of the points: no verdict"
+    nums = " and ".join(f"{ratio[pt]:.2f}x ({pt}, best {best[pt]})" for pt in ratio)
+    faster = [pt for pt in ratio if ratio[pt] < 0.95]
+    slower = [pt for pt in ratio if ratio[pt] > 1.05]
+    if faster and not slower:
+        verdict = f"similarity buys something here (faster than every baseline at {' and '.join(faster)})"
+    elif slower and not faster:
+        verdict = f"similarity buys nothing here: a baseline is faster at {' and '.join(slower)}" + (
+            ", level at the other point" if len(slower) == 1 else "")
+    elif faster:
+        verdict = f"mixed: faster than every baseline at {faster[0]}, slower than the best at {slower[0]}"
+    else:
+        verdict = "similarity buys nothing measurable here: level with the best baseline at both points"
+    return f"OrderMoE runs at {nums} of the best baseline's mean latency at equal perplexity: {verdict}."
+
+
+def curve() -> dict:
+    """OrderMoE / best baseline at equal perplexity per ladder model (from the equal-quality files) beside its
+    output CKA (ladder.json) -> ladder_curve.json and ladder_curve.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lad = {m["model"]: m for m in json.loads(OUT.read_text())["models"]}
+    rows = []
+    for name in MODELS:
+        path = OUT.parent / EQUAL_QUALITY[name]
+        doc = json.loads(path.read_text()) if path.is_file() else None
+        entry = next((m for m in (doc or {}).get("models", []) if m["model"] == name), None)
+        if entry is None or name not in lad:
+            continue
+        eq = entry["equal_quality"]
+        ratio = {pt: eq[pt]["ratio_to_best"] for pt in ("paper", "strict")}
+        rows.append({"model": name, "results_file": f"bench/results/{EQUAL_QUALITY[name]}",
+                     "eval_tokens": entry["eval_tokens"], "calib_tokens": entry["calib_tokens"],
+                     "output_cka_mean": float(np.mean(lad[name]["output_similarity"]["cka_mean"])),
+                     "ratio_to_best": ratio, "best_baseline": {pt: eq[pt]["best_baseline"] for pt in ratio},
+                     # against the field's own answers only (skip, reroute, random-local: no OrderMoE machinery)
+                     "ratio_to_best_field": {pt: eq[pt]["ratio_to_best_field"] for pt in ratio},
+                     "ordermoe_ppl_rel_increase": {pt: eq[pt]["ordermoe_ppl_rel_increase"] for pt in ratio},
+                     "verdict": similarity_verdict(ratio, {pt: eq[pt]["best_baseline"] for pt in ratio})})
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for pt, mark in (("paper", "o-"), ("strict", "s--")):
+        pts = [(r["output_cka_mean"], r["ratio_to_best"][pt]) for r in rows if r["ratio_to_best"][pt] is not None]
+        if pts:
+            ax.plot(*zip(*sorted(pts), strict=True), mark, label=f"{pt} point")
+    for r in rows:
+        ax.annotate(r["model"], (r["output_cka_mean"], r["ratio_to_best"]["paper"] or 1.0), fontsize=7,
+                    textcoords="offset points", xytext=(3, 3))
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xlabel("mean pairwise output CKA of experts (ladder.json)")
+    ax.set_ylabel("OrderMoE / best baseline, mean latency")
+    ax.set_title("OrderMoE at equal perplexity, by expert distinctness")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    from edgemoe.io import atomic_write_with
+
+    atomic_write_with(OUT.parent / "ladder_curve.png", lambda f: fig.savefig(f, format="png", dpi=120))
+    doc = {"what": "OrderMoE's mean latency over the best baseline's at equal perplexity (issue 19 section 5), "
+                   "per ladder model, beside its experts' output CKA; ratios copied from each model's equal-quality file",
+           "models": rows, "environment": environment()}
+    atomic_write_json(CURVE, doc)
+    return doc
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=32_768, help="WikiText-2 test tokens scored (from the start)")
@@ -142,7 +219,12 @@ def main() -> None:
     ap.add_argument("--subst-tokens", type=int, default=512, help="tokens per layer for subst_err and similarity")
     ap.add_argument("--models", nargs="+", default=list(MODELS))
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--curve", action="store_true", help="only section 5: ladder_curve.json/.png from the results files")
     args = ap.parse_args()
+    if args.curve:
+        for r in curve()["models"]:
+            print(f"{r['model']:<20} paper {r['ratio_to_best']['paper']} strict {r['ratio_to_best']['strict']}: {r['verdict']}")
+        return
     torch.set_num_threads(1)  # a shared 2-core machine: one thread wastes least waiting
     command = (f"python -m bench.studies.ladder --tokens {args.tokens} --calib-tokens {args.calib_tokens} "
                f"--subst-tokens {args.subst_tokens} --models {' '.join(args.models)}")

@@ -458,6 +458,26 @@ def ladder() -> list[str]:
            "\nPublished figures for real models, beside them (benchmark scores, not perplexity):\n"]
     out += [f"- {p['model']}: {p['what']}: {p['figure']} ({p['source']})." for p in r.get("published", [])]
     out.append("")
+    c = _load(RESULTS / "ladder_curve.json")
+    if c and c["models"]:
+        out.append("**The result as a curve** (`bench/results/ladder_curve.json`, `ladder_curve.png`, "
+                   "`python -m bench.studies.ladder --curve`): OrderMoE's mean latency over the best baseline's at "
+                   "equal perplexity (`bench/studies/equal_quality.py`; each model's results file and token counts "
+                   "named; the best of ordermoe-error-groups, skip, reroute and random-local, and of the field's own three alone), "
+                   "models by their experts' output CKA:\n")
+        def x(v):
+            return "-" if v is None else f"{v:.2f}x"
+        out.append(_table(["model", "output CKA", "paper", "strict", "paper, field only", "strict, field only",
+                           "results file (eval / calib tokens)"], [
+            [f"`{m['model']}`", f"{m['output_cka_mean']:.2f}"]
+            + [x(m["ratio_to_best"][pt]) for pt in ("paper", "strict")]
+            + [x((m.get("ratio_to_best_field") or {}).get(pt)) for pt in ("paper", "strict")]
+            + [
+             f"`{m['results_file'].removeprefix('bench/results/')}` ({m['eval_tokens']:,} / {m['calib_tokens']:,})"]
+            for m in c["models"]]))
+        out.append("")
+        out += [f"- `{m['model']}`: {m['verdict']}" for m in c["models"]]
+        out.append("")
     return out
 
 
