@@ -44,10 +44,10 @@ results: $(STAMP)
 	$(BIN)/python -m bench.studies.equal_quality --models default-upcycled --out bench/results/equal_quality_token.json \
 		--note "issue 19 section 2: ordermoe-token on default-upcycled alone (equal_quality.json holds it for both models once rerun)"
 	$(BIN)/python -m bench.studies.equal_quality --quick --models default --out bench/results/equal_quality_token_quick.json
-	$(BIN)/python -m bench.studies.equal_quality --quick --models upcycled-diverged --out bench/results/equal_quality_ladder_diverged.json \
-		--note "issue 19 section 5: the ladder's upcycled-diverged model, quick token counts (1024 evaluation, 1024 calibration)"
-	$(BIN)/python -m bench.studies.equal_quality --quick --models finegrained-shared --out bench/results/equal_quality_ladder_finegrained.json \
-		--note "issue 19 section 5: the ladder's finegrained-shared model, quick token counts (1024 evaluation, 1024 calibration)"
+	$(BIN)/python -m bench.studies.equal_quality --models upcycled-diverged --out bench/results/equal_quality_ladder_diverged.json \
+		--note "issue 19 section 5: the ladder's upcycled-diverged model at the default token counts (4096 evaluation, 2048 calibration)"
+	$(BIN)/python -m bench.studies.equal_quality --models finegrained-shared --out bench/results/equal_quality_ladder_finegrained.json \
+		--note "issue 19 section 5: the ladder's finegrained-shared model at the default token counts (4096 evaluation, 2048 calibration)"
 	$(BIN)/python -m bench.studies.ladder --curve
 	$(BIN)/python -m bench.studies.lookahead --quick --budgets 0.05,0.2 --clusters testbed8,edge8
 	$(BIN)/python -m bench.speed.policies --setups L=16 --policies 'ordermoe(H=0),ordermoe(H=2),ordermoe(H=3)'
