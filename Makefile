@@ -29,7 +29,7 @@ lint: $(STAMP)
 # Every committed results file, regenerated one after another with the commands that made them, then the
 # README's generated block. The time it takes: README, "Where each results file was made".
 BENCH := speed.simulator speed.sim_scale speed.policies speed.planners speed.profile_speed speed.ordermoe_scale \
-	studies.ordermoe_placement studies.scaling studies.adaptive studies.lookahead studies.slim_sweeps studies.upcycle studies.equal_quality \
+	studies.ordermoe_placement studies.scaling studies.adaptive studies.lookahead studies.slim_sweeps studies.upcycle studies.ladder studies.equal_quality \
 	ray.ray_sweep ray.ray_failover speed.serving ray.serving_ray tools.exact_stop
 results: $(STAMP)
 	$(BIN)/edgemoe demo --out bench/results/demo
@@ -46,6 +46,11 @@ results: $(STAMP)
 	$(BIN)/python -m bench.studies.equal_quality --models default-upcycled --out bench/results/equal_quality_token.json \
 		--note "issue 19 section 2: ordermoe-token on default-upcycled alone (equal_quality.json holds it for both models once rerun)"
 	$(BIN)/python -m bench.studies.equal_quality --quick --models default --out bench/results/equal_quality_token_quick.json
+	$(BIN)/python -m bench.studies.equal_quality --models upcycled-diverged --out bench/results/equal_quality_ladder_diverged.json \
+		--note "issue 19 section 5: the ladder's upcycled-diverged model at the default token counts (4096 evaluation, 2048 calibration)"
+	$(BIN)/python -m bench.studies.equal_quality --models finegrained-shared --out bench/results/equal_quality_ladder_finegrained.json \
+		--note "issue 19 section 5: the ladder's finegrained-shared model at the default token counts (4096 evaluation, 2048 calibration)"
+	$(BIN)/python -m bench.studies.ladder --curve
 	$(BIN)/python -m bench.studies.calibration
 	$(BIN)/python -m bench.studies.lookahead --quick --budgets 0.05,0.2 --clusters testbed8,edge8
 	$(BIN)/python -m bench.speed.policies --setups L=16 --policies 'ordermoe(H=0),ordermoe(H=2),ordermoe(H=3)'

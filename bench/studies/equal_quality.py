@@ -248,13 +248,13 @@ def print_table(models: list[dict]) -> None:
     print("\nordermoe-calibrated (kinds on one measured scale) at equal perplexity:")
     for m in models:
         for point, row in m["equal_quality_calibrated"].items():
-            if row["best_baseline"]:
+            if row["best_baseline"] and row["best_field_baseline"]:
                 print(f"{m['model']} | {point} | {row['ordermoe_latency_ms_mean']:.2f} (+{100 * row['ordermoe_ppl_rel_increase']:.2f}%) "
                       f"| {row['best_baseline']} | {row['ratio_to_best']:.2f}x | {row['best_field_baseline']} | {row['ratio_to_best_field']:.2f}x")
     print("\nordermoe-token (stand-ins chosen per token among every local expert) at equal perplexity:")
     for m in models:
         for point, row in m["equal_quality_token"].items():
-            if row["best_baseline"]:
+            if row["best_baseline"] and row["best_field_baseline"]:
                 print(f"{m['model']} | {point} | {row['ordermoe_latency_ms_mean']:.2f} (+{100 * row['ordermoe_ppl_rel_increase']:.2f}%) "
                       f"| {row['best_baseline']} | {row['ratio_to_best']:.2f}x | {row['best_field_baseline']} | {row['ratio_to_best_field']:.2f}x")
     print("\npredicted vs measured increase over the sweep (Spearman of predicted cost and measured increase):")

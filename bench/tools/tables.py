@@ -433,6 +433,54 @@ def upcycle() -> list[str]:
     return out
 
 
+def ladder() -> list[str]:
+    r = _load(RESULTS / "ladder.json")
+    if not r:
+        return []
+    rows = []
+    for m in r["models"]:
+        inc, se, sim = m["ppl_rel_increase"], m["subst_err"], m["output_similarity"]
+        rows.append([f"`{m['model']}`", f"{m['family']} {m['experts']}e top-{m['top_k']}", f"{m['checkpoint_mb']:.1f}",
+                     _span(m["expert_spread"], 3), _span(sim["cka_mean"], 2), _span(sim["cosine_mean"], 2),
+                     f"{_span(se['median_err_router_similar'], 2)} / {_span(se['median_err_all_pairs'], 2)}",
+                     f"{min(se['spearman_sim_vs_err']):+.2f} to {max(se['spearman_sim_vs_err']):+.2f}",
+                     f"{100 * inc['top1_router_similar']:+.1f}%", f"{100 * inc['drop_2nd']:+.1f}%",
+                     f"{100 * inc['drop_1st']:+.1f}%"])
+    first = r["models"][0]
+    out = [f"**The ladder of expert distinctness** (`bench/results/ladder.json`, `python -m bench.studies.ladder`; "
+           "per MoE layer, ranges over the layers: weight spread, mean pairwise linear CKA and cosine of expert "
+           f"outputs on {first['similarity_tokens']} calibration tokens, median substitution error of the "
+           "router-similar expert vs all pairs and Spearman of router cosine vs error; perplexity increase on the "
+           f"first {first['eval_tokens']:,} tokens of WikiText-2 test when at every token and layer the top-1 expert "
+           "is replaced by its router-similar one, the 2nd is dropped, or the 1st is dropped):\n",
+           _table(["model", "shape", "MB", "weight spread", "output CKA", "output cosine",
+                   "subst. error sim / all", "Spearman", "top-1 -> similar", "drop 2nd", "drop 1st"], rows),
+           "\nPublished figures for real models, beside them (benchmark scores, not perplexity):\n"]
+    out += [f"- {p['model']}: {p['what']}: {p['figure']} ({p['source']})." for p in r.get("published", [])]
+    out.append("")
+    c = _load(RESULTS / "ladder_curve.json")
+    if c and c["models"]:
+        out.append("**The result as a curve** (`bench/results/ladder_curve.json`, `ladder_curve.png`, "
+                   "`python -m bench.studies.ladder --curve`): OrderMoE's mean latency over the best baseline's at "
+                   "equal perplexity (`bench/studies/equal_quality.py`; each model's results file and token counts "
+                   "named; the best of ordermoe-error-groups, skip, reroute and random-local, and of the field's own three alone), "
+                   "models by their experts' output CKA:\n")
+        def x(v):
+            return "-" if v is None else f"{v:.2f}x"
+        out.append(_table(["model", "output CKA", "paper", "strict", "paper, field only", "strict, field only",
+                           "results file (eval / calib tokens)"], [
+            [f"`{m['model']}`", f"{m['output_cka_mean']:.2f}"]
+            + [x(m["ratio_to_best"][pt]) for pt in ("paper", "strict")]
+            + [x((m.get("ratio_to_best_field") or {}).get(pt)) for pt in ("paper", "strict")]
+            + [
+             f"`{m['results_file'].removeprefix('bench/results/')}` ({m['eval_tokens']:,} / {m['calib_tokens']:,})"]
+            for m in c["models"]]))
+        out.append("")
+        out += [f"- `{m['model']}`: {m['verdict']}" for m in c["models"]]
+        out.append("")
+    return out
+
+
 def slim_sweeps() -> list[str]:
     r = _load(RESULTS / "slim_sweeps.json")
     if not r:
@@ -748,7 +796,7 @@ def stand_in_calibration() -> list[str]:
 # --- the block ------------------------------------------------------------------------------------------------
 
 SECTIONS = (model_table, demo_tables, planner_tables, slim_sweeps, out_of_sample, ordermoe_placement, scaling, adaptive,
-            upcycle, stand_in_calibration, runtime_tables, paper_scale, ray_demo, ray_failover, targets, provenance)
+            upcycle, ladder, stand_in_calibration, runtime_tables, paper_scale, ray_demo, ray_failover, targets, provenance)
 
 
 def render() -> str:

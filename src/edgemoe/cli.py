@@ -126,43 +126,69 @@ REPORT_FILES = ("report.md", "report.html", "*.png", "*.json")  # demo and repor
 @app.command()
 def train(
     data: Annotated[Path, typer.Option(help="the shared data folder (wikitext-2/, gutenberg/, tinyshakespeare/)")] = SHARED_DATA,
-    out: Annotated[Path | None, typer.Option(help="output model folder (default: src/edgemoe/assets/default_model, "
-                                                  "or default_upcycled_model with --upcycle)")] = None,
-    steps: Annotated[int, typer.Option(min=1, help="optimizer steps (ignored with --upcycle: its recipe fixes both phases)")] = 3000,
-    max_minutes: Annotated[float | None, typer.Option(min=0, help="wall-clock budget; training stops early when spent (0: none; "
-                                                           "default 30, none with --upcycle)")] = None,
-    stop_after: Annotated[int | None, typer.Option(min=1, help="stop after this many steps (the schedule still spans --steps); "
-                                                       "with --max-minutes 0 this replays a budget-cut run")] = None,
+    out: Annotated[Path | None, typer.Option(help="output model folder (default: the packaged model's folder under "
+                                                  "src/edgemoe/assets)")] = None,
+    steps: Annotated[int | None, typer.Option(min=1, help="optimizer steps (default: the recipe's, 1039 for `default`; "
+                                                       "not with --upcycle or --recipe, whose recipes fix them)")] = None,
+    schedule_steps: Annotated[int | None, typer.Option(min=1, help="the LR schedule's span (default: the recipe's, 3000 "
+                                                                "for `default`; --steps when --steps is given)")] = None,
+    max_minutes: Annotated[float, typer.Option(min=0, help="error-out guard: fail, saving nothing, if training runs "
+                                                        "longer than this (0: no guard); never a silent stop")] = 0.0,
+    stop_after: Annotated[int | None, typer.Option(min=1, help="--upcycle only: stop after this many steps "
+                                                       "(dense + MoE) of its recipe")] = None,
     seed: Annotated[int, typer.Option(min=0, help="random seed")] = 0,
     upcycle: Annotated[bool, typer.Option(help="train default-upcycled instead: dense pretraining, the FFN copied into "
                                                "every expert, fresh router, MoE training")] = False,
+    recipe: Annotated[str | None, typer.Option(help="train a model derived from default-upcycled: "
+                                                    "upcycled-diverged or finegrained-shared")] = None,
 ):
-    """Train the default model (Mixtral format) on the multi-domain corpus and save it with its recipe."""
+    """Train a packaged model (default: `default`, Mixtral format) on the multi-domain corpus and save it with its recipe.
+
+    Every recipe is a step budget: training ends on its step count, never on the clock.
+    """
+    from dataclasses import replace
+
     from edgemoe.io import Output, check_outputs
     from edgemoe.models.train import TrainConfig, is_trained_model_folder, train_default_model
 
-    if max_minutes is not None:
-        _finite(max_minutes, "--max-minutes")
-    out = out or Path("src/edgemoe/assets/default_upcycled_model" if upcycle else "src/edgemoe/assets/default_model")
+    _finite(max_minutes, "--max-minutes")
+    if upcycle and recipe:
+        _fail(EdgeMoEError("--upcycle and --recipe: give one of them"))
+    if (upcycle or recipe) and (steps is not None or schedule_steps is not None):
+        _fail(EdgeMoEError("--steps/--schedule-steps: not with --upcycle or --recipe (their recipes fix the steps)"))
+    if stop_after is not None and not upcycle:
+        _fail(EdgeMoEError("--stop-after: only with --upcycle (use --steps for the default model)"))
+    if recipe is not None:
+        from edgemoe.models.derive import RECIPE_FOLDERS
+
+        if recipe not in RECIPE_FOLDERS:
+            _fail(EdgeMoEError(f"--recipe {recipe!r}: expected one of {', '.join(RECIPE_FOLDERS)}"))
+        folder = RECIPE_FOLDERS[recipe]
+    else:
+        folder = "default_upcycled_model" if upcycle else "default_model"
+    out = out or Path("src/edgemoe/assets") / folder
     check_outputs({"--out": Output(out, "model", is_trained_model_folder)}, {"--data": data})
     try:
-        if upcycle:
-            from dataclasses import replace
+        if recipe is not None:
+            from edgemoe.models.derive import RECIPES, train_derived_model
 
+            cfg = replace(RECIPES[recipe], seed=seed, max_minutes=max_minutes)
+            result = train_derived_model(data, out, recipe, cfg, log=say)
+        elif upcycle:
             from edgemoe.models.upcycle import UpcycleConfig, train_upcycled_model
 
             base = UpcycleConfig()
-            out = out or Path("src/edgemoe/assets/default_upcycled_model")
-            cfg = replace(base, model=replace(base.model, seed=seed), max_minutes=max_minutes or 0.0, stop_after=stop_after)
-            recipe = train_upcycled_model(data, out, cfg, log=say)
+            cfg = replace(base, model=replace(base.model, seed=seed), max_minutes=max_minutes, stop_after=stop_after)
+            result = train_upcycled_model(data, out, cfg, log=say)
         else:
-            out = out or Path("src/edgemoe/assets/default_model")
-            recipe = train_default_model(data, out, TrainConfig(steps=steps, max_minutes=30.0 if max_minutes is None else max_minutes,
-                                                                stop_after=stop_after, seed=seed), log=say)
+            base = TrainConfig()
+            span = schedule_steps if schedule_steps is not None else (base.schedule_steps if steps is None else steps)
+            cfg = replace(base, steps=steps or base.steps, schedule_steps=span, max_minutes=max_minutes, seed=seed)
+            result = train_default_model(data, out, cfg, log=say)
     except EdgeMoEError as exc:
         _fail(exc)
-    typer.echo(f"saved {out} after {recipe['steps_done']} steps, {recipe['train_minutes']} min; "
-               f"held-out perplexity {recipe['heldout_perplexity']}")
+    typer.echo(f"saved {out} after {result['steps_done']} steps, {result['train_minutes']} min; "
+               f"held-out perplexity {result['heldout_perplexity']}")
 
 
 def default_data_spec() -> str:

@@ -24,16 +24,19 @@ DEFAULT_MODEL = "default"
 PACKAGED_MODELS: dict[str, tuple[str, str]] = {
     DEFAULT_MODEL: ("default_model", "edgemoe train"),
     "default-upcycled": ("default_upcycled_model", "edgemoe train --upcycle"),
+    # The ladder of expert distinctness (edgemoe.models.derive): both start from default-upcycled.
+    "upcycled-diverged": ("upcycled_diverged_model", "edgemoe train --recipe upcycled-diverged"),
+    "finegrained-shared": ("finegrained_shared_model", "edgemoe train --recipe finegrained-shared"),
 }
 
 
 def default_model_path(name: str = DEFAULT_MODEL) -> Path:
-    """The folder of packaged model `name`: 'default' (trained by `edgemoe train`) or 'default-upcycled'."""
+    """The folder of packaged model `name` (a key of PACKAGED_MODELS: 'default', 'default-upcycled', ...)."""
     return Path(__file__).resolve().parent.parent / "assets" / PACKAGED_MODELS[name][0]
 
 
 def resolve_model_path(spec: str) -> str:
-    """A packaged name ('default', 'default-upcycled') -> its folder; an existing folder -> itself; else a hub id."""
+    """A packaged name (PACKAGED_MODELS) -> its folder; an existing folder -> itself; else a hub id."""
     if spec in PACKAGED_MODELS:
         path = default_model_path(spec)
         if not (path / "config.json").is_file():

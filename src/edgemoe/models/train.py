@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from edgemoe.data import TextSource, shared_corpus, tokenize_blocks, wikitext_test
+from edgemoe.errors import EdgeMoEError
 from edgemoe.io import atomic_write_dir, check_replaceable_dir
 from edgemoe.progress import bar
 
@@ -34,9 +35,9 @@ class TrainConfig:
     top_k: int = 2
     block_len: int = 256
     batch_size: int = 16
-    steps: int = 3000
-    max_minutes: float = 30.0  # stop early when the wall-clock budget is spent (<= 0: no budget)
-    stop_after: int | None = None  # stop after this many steps; the LR schedule still spans `steps`
+    steps: int = 1039  # optimizer steps run: the shipped model's run (a 30 min clock once cut a 3000-step plan here)
+    schedule_steps: int | None = 3000  # the cosine LR schedule's span (None: `steps`); the shipped run's plan
+    max_minutes: float = 0.0  # error-out guard: fail (nothing saved) once training runs longer (<= 0: no guard)
     lr: float = 3e-3
     warmup: int = 100
     weight_decay: float = 0.05
@@ -129,12 +130,23 @@ def evaluate_heldout(model, data: dict) -> dict[str, float]:
     return ppl
 
 
+class TrainingGuardError(EdgeMoEError):
+    """Training ran past its wall-clock guard (`max_minutes`); nothing was saved."""
+
+
+def guard_deadline(max_minutes: float, start: float | None = None) -> float | None:
+    """The `time.time()` past which training errors out: `start` + max_minutes (None when max_minutes <= 0)."""
+    return (time.time() if start is None else start) + 60 * max_minutes if max_minutes > 0 else None
+
+
 def train_steps(model, train, rng: np.random.Generator, opt, sched, steps: int, batch_size: int, router_loss: bool = True,
                 log=print, tag: str = "", deadline: float | None = None, every_50=None, total: int | None = None) -> list[float]:
     """`steps` optimizer steps on blocks `train` (ids [B, S], domain [B]) -> the loss of each step.
 
-    Every batch holds an equal share of each domain, so the router sees all of them all the time. Stops
-    early (and says so) once `time.time()` passes `deadline`. `every_50(step)` runs after every 50th step.
+    Every batch holds an equal share of each domain, so the router sees all of them all the time. The
+    step count alone decides where training ends, so a recipe replays on any machine; `deadline` (a
+    `time.time()` value) is only a guard: passing it raises TrainingGuardError instead of saving a run
+    that some clock cut short. `every_50(step)` runs after every 50th step.
     """
     n_dom = len(train.domains)
     by_domain = [np.flatnonzero(train.domain == i) for i in range(n_dom)]
@@ -156,35 +168,48 @@ def train_steps(model, train, rng: np.random.Generator, opt, sched, steps: int, 
             log(f"{prefix}step {step}/{total or steps} loss {np.mean(losses[-50:]):.3f} ({(time.time() - t0) / 60:.1f} min)")
             if every_50 is not None:
                 every_50(step)
-        if deadline is not None and time.time() > deadline:
-            log(f"wall-clock budget reached at {prefix}step {step}")
-            break
+        if deadline is not None and time.time() > deadline and step < steps:
+            raise TrainingGuardError(f"training passed its --max-minutes guard at {prefix}step {step} of {steps}; "
+                                     "nothing was saved (the recipe's step count decides where training ends: "
+                                     "raise --max-minutes, or 0 for no guard)")
     return losses
 
 
-def train_default_model(data_root: str | Path, out: str | Path, cfg: TrainConfig = TrainConfig(), log=print) -> dict:
-    """Train tokenizer and model on the shared corpus at `data_root`, save to `out`, return the recipe."""
+def train_default_model(data_root: str | Path, out: str | Path, cfg: TrainConfig = TrainConfig(), log=print,
+                        tokenizer=None, data: dict | None = None) -> dict:
+    """Train tokenizer and model on the shared corpus at `data_root`, save to `out`, return the recipe.
+
+    The run is `cfg.steps` optimizer steps, whatever the clock says; the same config, seed, data and
+    thread count give the same bytes (tests/models/test_train_determinism.py). `tokenizer` and `data`
+    (as load_training_data returns it): already at hand (tests pass tiny ones), else built from `data_root`.
+    """
+    if cfg.steps < 1 or (cfg.schedule_steps is not None and cfg.schedule_steps < cfg.steps):
+        raise EdgeMoEError(f"train: steps must be >= 1 and schedule_steps (None or >= steps); got steps={cfg.steps}, "
+                           f"schedule_steps={cfg.schedule_steps}")
     from transformers import get_cosine_schedule_with_warmup
 
     check_replaceable_dir(out, "model", is_trained_model_folder)  # refuse before hours of training, not after
-    t_start = time.time()
+    t_start, cpu_start = time.time(), time.process_time()
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    train_src = shared_corpus(data_root, "train")
-    tokenizer = train_tokenizer(train_src, cfg.vocab_size, cfg.tokenizer_chars_per_domain)
-    data = load_training_data(data_root, tokenizer, cfg, log=log, train_src=train_src)
+    if tokenizer is None:
+        train_src = shared_corpus(data_root, "train")
+        tokenizer = train_tokenizer(train_src, cfg.vocab_size, cfg.tokenizer_chars_per_domain)
+        data = load_training_data(data_root, tokenizer, cfg, log=log, train_src=train_src) if data is None else data
+    elif data is None:
+        data = load_training_data(data_root, tokenizer, cfg, log=log)
 
     model = build_model(cfg)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params / 1e6:.2f}M parameters")
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    sched = get_cosine_schedule_with_warmup(opt, cfg.warmup, cfg.steps)
-    deadline = t_start + 60 * cfg.max_minutes if cfg.max_minutes > 0 else None
-    steps = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
-    losses = train_steps(model, data["train"], rng, opt, sched, steps, cfg.batch_size, log=log, deadline=deadline,
-                         total=cfg.steps)
+    span = cfg.steps if cfg.schedule_steps is None else cfg.schedule_steps
+    sched = get_cosine_schedule_with_warmup(opt, cfg.warmup, span)
+    losses = train_steps(model, data["train"], rng, opt, sched, cfg.steps, cfg.batch_size, log=log,
+                         deadline=guard_deadline(cfg.max_minutes, t_start))
     step = len(losses)
     train_minutes = (time.time() - t_start) / 60
+    train_cpu_seconds = time.process_time() - cpu_start  # this process' CPU time: tokenizer, data and steps
     domains = data["domains"]
 
     ppl = evaluate_heldout(model, data)
@@ -198,6 +223,7 @@ def train_default_model(data_root: str | Path, out: str | Path, cfg: TrainConfig
         "steps_done": step,
         "tokens_seen": step * (cfg.batch_size // len(domains)) * len(domains) * cfg.block_len,
         "train_minutes": round(train_minutes, 2),
+        "train_cpu_seconds": round(train_cpu_seconds, 1),
         "final_train_loss": round(float(np.mean(losses[-50:])), 4),
         "heldout_perplexity": {k: round(v, 3) for k, v in ppl.items()},
         "environment": {"python": platform.python_version(), "torch": torch.__version__,

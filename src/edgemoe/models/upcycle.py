@@ -23,15 +23,15 @@ import torch
 
 from edgemoe.errors import EdgeMoEError
 
-from .train import TrainConfig, build_model, evaluate_heldout, load_training_data, train_steps
+from .train import TrainConfig, build_model, evaluate_heldout, guard_deadline, load_training_data, train_steps
 
 
 @dataclass(frozen=True)
 class UpcycleConfig:
     """Shape (as the default model), the two phases' schedules, and the upcycling itself.
 
-    Steps are a fixed budget; `max_minutes` can only cut the MoE phase (the dense phase always completes)
-    and `stop_after` (total steps, dense + MoE) replays such a cut exactly.
+    Steps are a fixed budget: training ends on them (or on `stop_after`, total steps dense + MoE), never on
+    the clock; `max_minutes` is only a guard that errors out, saving nothing, when a run takes longer.
     """
 
     model: TrainConfig = TrainConfig(steps=0, max_minutes=0.0)  # shape, batch, weight decay, aux loss, eval, dtype
@@ -44,7 +44,7 @@ class UpcycleConfig:
     moe_router_lr: float = 3e-3  # the fresh router learns at the dense peak rate
     moe_warmup: int = 20  # fresh AdamW moments
     noise: float = 0.01  # per expert copy: Gaussian noise of this fraction of each weight matrix's std
-    max_minutes: float = 0.0  # wall-clock budget for the whole run, checked in the MoE phase (<= 0: none)
+    max_minutes: float = 0.0  # error-out guard for the whole run, checked in the MoE phase (<= 0: none)
     stop_after: int | None = None  # total steps (dense + MoE) after which to stop
     threads: int = 1  # one thread: on a shared 2-core machine a second thread mostly waits for the first
     tokenizer_from: str = "default"  # the packaged model whose tokenizer is reused (same vocabulary)
@@ -204,7 +204,7 @@ def train_upcycled_model(data_root: str | Path, out: str | Path, cfg: UpcycleCon
         moe = upcycle(dense, cfg.model.num_experts, cfg.model.top_k, cfg.noise, seed=cfg.model.seed,
                       router_aux_loss_coef=cfg.model.router_aux_loss_coef, output_router_logits=False)
         moe_stop = None if cfg.stop_after is None else max(0, cfg.stop_after - len(dense_losses))
-        deadline = t_start + 60 * cfg.max_minutes if cfg.max_minutes > 0 else None
+        deadline = guard_deadline(cfg.max_minutes, t_start)
         moe_losses, spread = train_moe(moe, train, cfg, log_, deadline=deadline, stop_after=moe_stop)
         train_minutes = (time.time() - t_start) / 60
         ppl = evaluate_heldout(moe, data)
@@ -218,9 +218,8 @@ def train_upcycled_model(data_root: str | Path, out: str | Path, cfg: UpcycleCon
     recipe = {
         "what": "edgemoe default-upcycled model: a dense Mixtral-format LM whose FFN was copied into 16 experts "
                 "(plus noise) under a fresh router, then trained as an MoE",
-        # A run cut by the wall-clock budget replays exactly with the step count it reached.
         "command": f"edgemoe train --upcycle --data {data_root} --out {out}"
-                   + (f" --max-minutes 0 --stop-after {steps_done}" if len(moe_losses) < cfg.moe_steps else ""),
+                   + (f" --stop-after {cfg.stop_after}" if cfg.stop_after is not None else ""),
         "config": asdict(cfg),
         "parameters": n_params,
         "tokenizer": f"reused from the '{cfg.tokenizer_from}' model",
