@@ -28,10 +28,10 @@ import numpy as np
 import torch
 
 from bench.common import RESULTS
+from edgemoe.distributed.sampling import SamplingParams
 from edgemoe.io import atomic_write_json
 from edgemoe.results import environment
 from edgemoe.serve.engine import Delta, Finished, GenerationRequest
-from edgemoe.serve.sampling import SamplingParams
 from edgemoe.serve.service import ServerThread, make_service
 from edgemoe.serve.setup import DeploymentSpec, load_deployment
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from edgemoe.distributed.sampling import SamplingParams, filtered_logits, next_token
 from edgemoe.serve.engine import Engine, GenerationRequest, run_to_end, slot_kinds
-from edgemoe.serve.sampling import SamplingParams, filtered_logits, next_token
 from edgemoe.serve.text import TextStream, plain_chat_prompt
 
 PROMPTS = ["The history of the city", "In the morning", "def main():", "Once upon"]

@@ -28,10 +28,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from edgemoe.distributed.sampling import SamplingParams
 from edgemoe.errors import EdgeMoEError
 
 from .engine import Busy, Closed, Delta, Failed, Finished, GenerationRequest
-from .sampling import SamplingParams
 from .text import chat_prompt
 
 MAX_SEED = 2**63 - 1

@@ -249,8 +249,9 @@ def generate_command(
 
 
 def _generate_local(spec, prompt, max_tokens, temperature, top_p, top_k, seed, stop, opts) -> tuple[str, str, dict]:
+    from edgemoe.distributed.sampling import SamplingParams
+
     from .engine import Engine, GenerationRequest, run_to_end
-    from .sampling import SamplingParams
     from .setup import load_deployment
 
     dep = load_deployment(spec, lambda m: typer.echo(m, err=True))

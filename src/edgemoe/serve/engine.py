@@ -8,7 +8,7 @@ the deployment's policy (or `exact`, for requests that ask for it) what runs whe
 backend does (edgemoe.runtime.local), and counts per row what the decision did.
 
 Admission: at most `max_running` sequences run and `max_queue` wait; `submit` beyond that raises `Busy`.
-Each sequence's i-th token is drawn from a generator seeded by (its seed, i) (edgemoe.serve.sampling), and the
+Each sequence's i-th token is drawn from a generator seeded by (its seed, i) (edgemoe.distributed.sampling), and the
 policy's decisions are per row, so a seeded request's text does not depend on what it was batched with (up to float rounding of
 the batched arithmetic, about 1e-6 in the logits). The policy's adaptive feedback (`observe`) is not fed:
 as in the local backend, one request's latency must not change another's text.
@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 from edgemoe.distributed.batching import SLOT_KINDS, append_step, batch_caches, slot_kinds
+from edgemoe.distributed.sampling import SamplingParams, next_token, top_logprobs
 from edgemoe.errors import EdgeMoEError
 
-from .sampling import SamplingParams, next_token, top_logprobs
 from .text import TextStream
 
 
