@@ -41,9 +41,11 @@ import numpy as np
 
 from edgemoe.cluster.cost import usable_nodes
 from edgemoe.errors import EdgeMoEError
+from edgemoe.jit import HAVE_NUMBA
 
 from ..base import PlanProblem
 from ..objective import MISS_PENALTY_FACTOR
+from .replay_kernel import propagate_rows
 from .standins import (
     KINDS,
     MAX_ENUM_K,
@@ -161,6 +163,9 @@ class PathModel:
         self.device = np.where(is_device[self.home], self.home, -1)  # [R] the row's own device, -1 none
         # The dense part: every layer's backbone work on the row's home, before its experts (the simulator's
         # order); no placement changes it, so it is one constant beside the replay, not in its layer times.
+        # incremental replays run compiled (`replay_kernel`) where numba imports and the stand-in actions are
+        # enumerated; False selects the numpy reference (`_propagate_numpy`), the same bits
+        self.compiled = HAVE_NUMBA and self.topk.shape[2] <= self.max_enum_k
         dense = np.zeros(self.N) if problem.dense_s is None else np.asarray(problem.dense_s, dtype=np.float64)
         self.dense_token_s = float(self.weight @ (L * dense[self.home]))
 
@@ -517,7 +522,48 @@ class PathModel:
         return np.bincount(vi, weights=d, minlength=V)
 
     def _propagate(self, state: Replay, hosts, layer, rows, flip, groups=None):
-        """Replay `rows` [R'] (possibly repeated) from `layer` on; ([R'] weighted delta per row, patch)."""
+        """Replay `rows` [R'] (possibly repeated) from `layer` on; ([R'] weighted delta per row, patch).
+
+        Compiled (`replay_kernel.propagate_rows`, the same bits) where numba imports and the stand-in actions
+        are enumerated (K <= max_enum_k); else `_propagate_numpy`, the reference."""
+        if not self.compiled:
+            return self._propagate_numpy(state, hosts, layer, rows, flip)
+        old = state.latency_s[rows, layer:].sum(axis=1)
+        new_lat = state.latency_s[rows].copy()
+        new_loc = state.location[rows].copy()
+        new_left = state.budget_left[rows].copy()
+        self._run_kernel(hosts, layer, rows, new_loc[:, layer], new_left[:, layer], new_lat, new_loc, new_left,
+                         state.location[rows], state.budget_left[rows], flip)
+        diff = self.weight[rows] * (new_lat[:, layer:].sum(axis=1) - old)
+        return diff, (rows, new_lat, new_loc, new_left)
+
+    def holders_all(self, hosts: np.ndarray) -> np.ndarray:
+        """[L, E, H] `holders` of every layer, -1 padded to the most copies of one expert at any layer."""
+        tables = [self.holders(hosts, layer) for layer in range(self.L)]
+        H = max(t.shape[1] for t in tables)
+        out = np.full((self.L, self.E, H), -1, dtype=np.int64)
+        for layer, t in enumerate(tables):
+            out[layer, :, :t.shape[1]] = t
+        return out
+
+    def _run_kernel(self, hosts, layer, rows, loc0, left0, new_lat, new_loc, new_left, old_loc, old_left, flip):
+        """`replay_kernel.propagate_rows` on this model's tables (arrays as there; flip as in `step`)."""
+        if flip is None:
+            f_node, f_changed, f_value = np.zeros(rows.size, np.int64), np.full((rows.size, 1), -1, np.int64), False
+        else:
+            f_node, f_changed, f_value = flip
+        propagate_rows(np.ascontiguousarray(rows, dtype=np.int64), int(layer), np.ascontiguousarray(loc0),
+                       np.ascontiguousarray(left0), new_lat, new_loc, new_left, old_loc, old_left,
+                       flip is not None, np.ascontiguousarray(f_node, dtype=np.int64),
+                       np.ascontiguousarray(f_changed, dtype=np.int64), bool(f_value),
+                       np.ascontiguousarray(hosts, dtype=np.bool_), self.holders_all(hosts), self.topk, self.gates,
+                       self.user, self.home, self.usable, self.rt, self.xfer, self.compute, self.is_cloud,
+                       bool(self.is_cloud.any()), float(self.miss_s), self.mode == "home", self.subs, self.subst_err,
+                       self.row_budget, bool(self.budget > 0 and self.kinds), "sub" in self.kinds and self.subs.shape[2] > 0,
+                       "drop" in self.kinds, "zero" in self.kinds, float(self.power))
+
+    def _propagate_numpy(self, state: Replay, hosts, layer, rows, flip):
+        """`_propagate` in numpy (the reference of `replay_kernel`)."""
         old = state.latency_s[rows, layer:].sum(axis=1)
         lat_l, nxt, left = self.step(hosts, layer, rows, state.location[rows, layer], state.budget_left[rows, layer],
                                      flip)
