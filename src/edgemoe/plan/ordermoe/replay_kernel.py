@@ -208,7 +208,11 @@ def propagate_rows(rows, layer, loc0, left0, new_lat, new_loc, new_left, old_loc
                         for j in range(K):
                             if not (m >> j) & 1:
                                 wsum += gates[r, lay, j]
+                        # only the replaced slots' kinds and costs are read below (as in numpy, where the
+                        # kept slots' values are computed and then masked out)
                         for k in range(K):
+                            if not (m >> k) & 1:
+                                continue
                             q_drop = np.inf
                             if use_drop and K > 1 and wsum > 0:
                                 even = 0.0
@@ -250,8 +254,6 @@ def propagate_rows(rows, layer, loc0, left0, new_lat, new_loc, new_left, old_loc
                             for k in range(K):
                                 if (m >> k) & 1:
                                     cost[k] = p[k] * layer_p ** (power - 1.0) if np.isfinite(layer_p) else np.inf
-                                else:
-                                    cost[k] = p[k] ** power
                         # -- valid: every replaced slot replaceable with a finite cost, within the budget left
                         valid = True
                         q = 0.0
@@ -325,3 +327,37 @@ def propagate_rows(rows, layer, loc0, left0, new_lat, new_loc, new_left, old_loc
             if best_nxt == old_loc[i, lay + 1] and left == old_left[i, lay + 1]:
                 break
             lay += 1
+
+
+@njit(cache=True)
+def flip_affected_rows(rows, layer, loc, nodes, changed, value, device, is_server, topk, held, old_n, old_c, pos,
+                       rt, compute):  # pragma: no cover - compiled (the numpy twin is the reference)
+    """`PathModel.flip_affected`'s per-row test, row i seeing hosts[nodes[i], layer, changed[i]] = value.
+
+    rows, loc, nodes: [R']; changed: [R', W] (-1 padded); held: [N, E] hosts at `layer`; old_n, old_c: [N, X]
+    `holder_table` of held for the changed experts, pos [E] their column (-1: not changed). Returns [R'] bool."""
+    R = rows.shape[0]
+    K = topk.shape[2]
+    W = changed.shape[1]
+    out = np.empty(R, np.bool_)
+    for i in range(R):
+        r, c, n = rows[i], loc[i], nodes[i]
+        hit = c == n or device[r] == n or not is_server[n]
+        k = 0
+        while not hit and k < K:
+            e = topk[r, layer, k]
+            mine = False
+            for w in range(W):
+                if changed[i, w] == e:
+                    mine = True
+            if mine and not held[c, e]:
+                x = pos[e]  # >= 0: e is a changed expert
+                server = old_n[c, x]
+                if value:
+                    moved = server < 0 or rt[c, n] + compute[n, layer, e] <= old_c[c, x]
+                else:
+                    moved = server < 0 or server == n
+                hit = moved
+            k += 1
+        out[i] = hit
+    return out

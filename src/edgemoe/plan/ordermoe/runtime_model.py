@@ -45,7 +45,7 @@ from edgemoe.jit import HAVE_NUMBA
 
 from ..base import PlanProblem
 from ..objective import MISS_PENALTY_FACTOR
-from .replay_kernel import propagate_rows
+from .replay_kernel import flip_affected_rows, propagate_rows
 from .standins import (
     KINDS,
     MAX_ENUM_K,
@@ -455,6 +455,9 @@ class PathModel:
         old_n, old_c = self.holder_table(held, layer, experts)
         pos = np.full(self.E, -1)
         pos[experts] = np.arange(experts.size)
+        if self.compiled:
+            return flip_affected_rows(rows, int(layer), loc, nodes, changed, bool(value), self.device, self.is_server,
+                                      self.topk, np.ascontiguousarray(held), old_n, old_c, pos, self.rt, self.compute)
         ek = self.topk[rows, layer]  # [R', K]
         xs = np.maximum(pos[ek], 0)
         mine = (ek[:, :, None] == changed[:, None, :]).any(axis=2)  # [R', K] the branch's expert flips
