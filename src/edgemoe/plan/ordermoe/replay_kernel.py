@@ -60,6 +60,9 @@ def propagate_rows(rows, layer, loc0, left0, new_lat, new_loc, new_left, old_loc
     p = np.empty(K)
     kind = np.empty(K, np.int64)
     cost = np.empty(K)
+    back = np.empty(K)
+    arrive = np.empty((K, K + 1))
+    to_home = np.empty(K + 1)
     for i in range(R):
         r = rows[i]
         u = user[r]
@@ -131,13 +134,13 @@ def propagate_rows(rows, layer, loc0, left0, new_lat, new_loc, new_left, old_loc
             for k in range(K):
                 e = topk[r, lay, k]
                 ready_x[k] = xfer[c, node[k]] + compute[node[k], lay, e]
+            # each branch's arrival (ready + the trip back, or to each meeting candidate), kept for the actions
             if home_mode:
                 lat = 0.0
                 for k in range(K):
-                    if not miss[k]:
-                        v = ready_x[k] + xfer[node[k], c]
-                        if v > lat:
-                            lat = v
+                    back[k] = -np.inf if miss[k] else ready_x[k] + xfer[node[k], c]
+                    if back[k] > lat:
+                        lat = back[k]
                 best_lat = lat + penalty
                 best_nxt = c
             else:
@@ -148,14 +151,15 @@ def propagate_rows(rows, layer, loc0, left0, new_lat, new_loc, new_left, old_loc
                 for g in range(K + 1):
                     v = -np.inf
                     for k in range(K):
-                        if not miss[k]:
-                            w = ready_x[k] + xfer[cand[k + 1], cand[g]]
-                            if w > v:
-                                v = w
+                        w = -np.inf if miss[k] else ready_x[k] + xfer[cand[k + 1], cand[g]]
+                        arrive[k, g] = w
+                        if w > v:
+                            v = w
                     if v < 0.0:
                         v = 0.0
+                    to_home[g] = xfer[cand[g], home[r]] if last else 0.0
                     if last:
-                        v = v + xfer[cand[g], home[r]]
+                        v = v + to_home[g]
                     done[g] = v
                     if v < done[pick]:
                         pick = g
@@ -194,10 +198,6 @@ def propagate_rows(rows, layer, loc0, left0, new_lat, new_loc, new_left, old_loc
                     here = xfer[c, c]
                     for k in range(K):
                         ready_s[k] = here + compute[c, lay, sub[k] if sub[k] >= 0 else 0]
-                    if not home_mode:
-                        cand[0] = c
-                        for k in range(K):
-                            cand[k + 1] = c if miss[k] else node[k]
                     act_lat = np.inf
                     act_score = np.inf
                     act_nxt = c
@@ -274,10 +274,8 @@ def propagate_rows(rows, layer, loc0, left0, new_lat, new_loc, new_left, old_loc
                         if home_mode:
                             kept = -np.inf
                             for k in range(K):
-                                if not (m >> k) & 1 and not miss[k]:
-                                    v = ready_x[k] + xfer[node[k], c]
-                                    if v > kept:
-                                        kept = v
+                                if not (m >> k) & 1 and back[k] > kept:
+                                    kept = back[k]
                             v = sub_ready + here
                             lat = kept if kept >= v else v
                             if lat < 0.0:
@@ -292,17 +290,15 @@ def propagate_rows(rows, layer, loc0, left0, new_lat, new_loc, new_left, old_loc
                                     continue  # a slot not run exactly is no meeting candidate
                                 v = -np.inf
                                 for k in range(K):
-                                    if not (m >> k) & 1 and not miss[k]:
-                                        w = ready_x[k] + xfer[cand[k + 1], cand[g]]
-                                        if w > v:
-                                            v = w
+                                    if not (m >> k) & 1 and arrive[k, g] > v:
+                                        v = arrive[k, g]
                                 w = sub_ready + xfer[c, cand[g]]
                                 if w > v:
                                     v = w
                                 if v < 0.0:
                                     v = 0.0
                                 if last:
-                                    v = v + xfer[cand[g], home[r]]
+                                    v = v + to_home[g]
                                 if pick < 0 or v < best_g:
                                     best_g = v
                                     pick = g
