@@ -8,14 +8,10 @@ hosts did not change, so its old values stand). Compiled in `replay_kernel` wher
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from .replay_kernel import propagate_rows
-
-if TYPE_CHECKING:
-    from .runtime_model import Replay
+from .replay_state import Replay
 
 
 class IncrementalReplay:

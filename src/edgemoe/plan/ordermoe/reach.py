@@ -7,14 +7,10 @@ layer l contains e; servers [S] and is_server [N], the shared servers; device [R
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from .replay_kernel import flip_affected_rows
-
-if TYPE_CHECKING:
-    from .runtime_model import Replay
+from .replay_state import Replay
 
 
 class ChangeReach:

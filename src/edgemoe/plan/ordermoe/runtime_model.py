@@ -39,8 +39,6 @@ rows whose next location changes need the later layers replayed. `delta()` does 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from edgemoe.cluster.cost import usable_nodes
@@ -52,6 +50,7 @@ from ..objective import MISS_PENALTY_FACTOR
 from .incremental import IncrementalReplay
 from .layer_rule import LayerRule
 from .reach import ChangeReach
+from .replay_state import Replay
 from .standins import KINDS, MAX_ENUM_K, QUALITY_POWER, check_kinds
 
 MODES = ("migrate", "home")
@@ -80,15 +79,6 @@ def one_way_s(problem: PlanProblem) -> np.ndarray:
         x = np.where(known, x, np.minimum(x, x[:, h, None] + x[None, h, :]))
     np.fill_diagonal(x, 0.0)
     return x
-
-
-@dataclass(frozen=True)
-class Replay:
-    """Per-row outcome of a replay. R rows, L layers."""
-
-    latency_s: np.ndarray  # [R, L] seconds of each layer
-    location: np.ndarray  # [R, L+1] node at the start of each layer (column L: after the last layer)
-    budget_left: np.ndarray  # [R, L+1] remaining quality budget at the start of each layer
 
 
 class PathModel(LayerRule, ChangeReach, IncrementalReplay):
