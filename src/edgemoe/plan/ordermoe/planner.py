@@ -26,7 +26,8 @@ the share of its group's traffic the expert can stand in for, weighted by simila
 from __future__ import annotations
 
 import heapq
-from dataclasses import replace
+import inspect
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -241,125 +242,189 @@ EXACT_SHARE = 0.25
 MAX_ROWS = 8192
 
 
+@dataclass(frozen=True)
+class OrderMoESettings:
+    """The knobs of `plan_ordermoe` (every field is also a `--param` of `edgemoe plan --method ordermoe`).
+
+    Parameters:
+        mode: token location the search plans for, "migrate" or "home"; None: problem.params["mode"], else
+            "migrate".
+        algorithm: "search" (default, `ordermoe.search`) or "two-stage" (the earlier reconstruction of
+            §3.4.3, kept as an ablation; module docstring).
+        budget: the ordermoe policy's quality allowance per token-layer planned for (0: exact execution).
+        substitutes: the policy's stand-in kinds, a subset of "sub,drop,zero".
+        quality_power: stand-ins priced (gate x error) ** quality_power, as the policy prices them.
+        exact_share: share of the traffic planned without budget (exact execution), beside the policy's.
+        paths_per_user: calibration paths replayed per user.
+        max_rows: cap on the replayed rows (larger clusters get fewer paths per user).
+        sets_per_layer: most frequent Top-K sets per layer offered as one-move completions.
+        max_evals: objective evaluations the search may spend (each a batched incremental replay).
+        swap_rounds: rounds of the local search (exchanges and swaps).
+        init: start of the search, "successive" (the per-node successive decomposition) or "greedy".
+        relocate_rounds: re-solves of the start for where tokens sit (migrate mode).
+        exchange_neighbours: nearest servers each server exchanges contents with.
+        start_neighbours: nearest cache nodes a user's weight reaches in the start's decomposition.
+        grouping: similarity groups, "layer-aware" (theta_hi -> theta_lo over depth, router cosine: the
+            paper's option), "uniform" (one `theta`, default the middle of theta_hi and theta_lo), "fixed"
+            (`groups_per_layer` dominants per layer, default E // 2) or "error" (measured substitution error
+            <= `max_err` both ways).
+        theta_hi, theta_lo, theta, groups_per_layer, max_group_size, max_err: the grouping's thresholds.
+        redundancy, eta, gamma, rep_weight, cover: the two-stage ablation's knobs (redundant deployment on or
+            off, stage 1's free-memory tie-break weight, the substitute discount in [0, 1], the
+            representativeness weight, and which experts stage 1 covers: "all", "dominants" or "none";
+            None: "dominants" with a cloud, else "all").
+        fill: node kinds to fill, comma-separated (None: "edge,device" for the search in home mode, the
+            device-edge-cloud setting where devices cache for their owner, else "edge"; never the cloud).
+    """
+
+    mode: str | None = None
+    algorithm: str = "search"
+    budget: float = BUDGET
+    substitutes: str = ",".join(KINDS)
+    quality_power: float = QUALITY_POWER
+    exact_share: float = EXACT_SHARE
+    paths_per_user: int = PATHS_PER_USER
+    max_rows: int = MAX_ROWS
+    sets_per_layer: int = SETS_PER_LAYER
+    max_evals: int = MAX_EVALS
+    swap_rounds: int = 4
+    init: str = "successive"
+    relocate_rounds: int = 2
+    exchange_neighbours: int = 7
+    start_neighbours: int = 8
+    grouping: str = "layer-aware"
+    theta_hi: float = THETA_HI
+    theta_lo: float = THETA_LO
+    theta: float | None = None
+    groups_per_layer: int | None = None
+    max_group_size: int | None = None
+    max_err: float = MAX_ERR
+    redundancy: bool = True
+    eta: float = ETA
+    gamma: float = GAMMA
+    rep_weight: float = 1.0
+    fill: str | None = None
+    cover: str | None = None
+
+    def check(self) -> OrderMoESettings:
+        """Raise EdgeMoEError naming the first knob out of range; return self."""
+        for name in ("eta", "gamma", "rep_weight"):
+            value = getattr(self, name)
+            if value < 0 or (name == "gamma" and value > 1):
+                raise EdgeMoEError(f"ordermoe: {name}={value} out of range ({'[0, 1]' if name == 'gamma' else '>= 0'})")
+        if self.algorithm not in ALGORITHMS:
+            raise EdgeMoEError(f"ordermoe: algorithm={self.algorithm!r}; expected one of {list(ALGORITHMS)}")
+        if self.init not in ("successive", "greedy"):
+            raise EdgeMoEError(f"ordermoe: init={self.init!r}; expected 'successive' or 'greedy'")
+        if self.max_evals < 0 or self.swap_rounds < 0 or self.sets_per_layer < 0:
+            raise EdgeMoEError("ordermoe: max_evals, swap_rounds and sets_per_layer must be >= 0")
+        if self.start_neighbours < 1 or self.exchange_neighbours < 1:
+            raise EdgeMoEError("ordermoe: start_neighbours and exchange_neighbours must be >= 1")
+        return self
+
+
+def ordermoe_settings(settings: OrderMoESettings | None = None, **overrides) -> OrderMoESettings:
+    """`settings` (default: the defaults) with `overrides` {field: value} applied, checked.
+
+    Parameters:
+        settings: the base settings; None: `OrderMoESettings()`.
+        overrides: field names of OrderMoESettings and their values (the CLI's `--param key=value`).
+    Returns:
+        the frozen, range-checked OrderMoESettings. An unknown name raises EdgeMoEError listing the valid ones.
+    """
+    names = [f.name for f in fields(OrderMoESettings)]
+    unknown = sorted(set(overrides) - set(names))
+    if unknown:
+        raise EdgeMoEError(f"ordermoe: unknown setting(s) {unknown}; valid: {', '.join(names)}")
+    return replace(settings or OrderMoESettings(), **overrides).check()
+
+
 @register("ordermoe")
-def plan_ordermoe(
-    problem: PlanProblem,
-    mode: str | None = None,
-    algorithm: str = "search",
-    budget: float = BUDGET,
-    substitutes: str = ",".join(KINDS),
-    quality_power: float = QUALITY_POWER,
-    exact_share: float = EXACT_SHARE,
-    paths_per_user: int = PATHS_PER_USER,
-    max_rows: int = MAX_ROWS,
-    sets_per_layer: int = SETS_PER_LAYER,
-    max_evals: int = MAX_EVALS,
-    swap_rounds: int = 4,
-    init: str = "successive",
-    relocate_rounds: int = 2,
-    exchange_neighbours: int = 7,
-    start_neighbours: int = 8,
-    grouping: str = "layer-aware",
-    theta_hi: float = THETA_HI,
-    theta_lo: float = THETA_LO,
-    theta: float | None = None,
-    groups_per_layer: int | None = None,
-    max_group_size: int | None = None,
-    max_err: float = MAX_ERR,
-    redundancy: bool = True,
-    eta: float = ETA,
-    gamma: float = GAMMA,
-    rep_weight: float = 1.0,
-    fill: str | None = None,
-    cover: str | None = None,
-) -> Placement:
+def plan_ordermoe(problem: PlanProblem, settings: OrderMoESettings | None = None, **overrides) -> Placement:
     """OrderMoE placement.
 
-    algorithm "search" (default, `ordermoe.search`): minimise the runtime's expected per-token latency in
-    token-location `mode` ("migrate" or "home"; None: problem.params["mode"], else "migrate"), replaying
-    `paths_per_user` calibration paths per user, with the ordermoe policy's stand-ins (`substitutes`, a subset
-    of "sub,drop,zero", priced (gate x error) ** `quality_power`, as the policy's same-named parameters) within
-    `budget` per token-layer (0: exact execution), `exact_share` of the traffic planned without budget, by a lazy greedy over single copies and completions of the `sets_per_layer` most
-    frequent Top-K sets, a coverage repair (no cloud) and `swap_rounds` rounds of swaps; at most
-    `max_evals` objective evaluations. fill: node kinds to fill (default "edge,device" in home mode, the
-    device-edge-cloud setting where devices cache for their owner, else "edge"; the cloud never).
+    Parameters:
+        problem: the planning problem (profile x cluster).
+        settings: the planner's knobs (`OrderMoESettings`; None: the defaults).
+        overrides: any OrderMoESettings field by name, applied over `settings` (`plan(problem, "ordermoe",
+            budget=0.1)`, `--param budget=0.1`).
+    Returns:
+        the Placement: hosts [N, L, E] within every node's capacity, and in its params the settings used
+        plus, per layer, the traffic share with a substitute (and with one better than zeroing the branch)
+        and the Spearman correlation of router cosine with measured error; the search adds its facts
+        (evaluations, accepted moves, expected latency at each stage).
 
-    algorithm "two-stage": the earlier reconstruction of §3.4.3 (representative coverage, then redundant
-    deployment by a per-user latency gain; module docstring), kept as an ablation. Its knobs: redundancy,
-    eta, gamma, rep_weight, cover.
-
-    grouping: "layer-aware" (theta_hi -> theta_lo over depth, router cosine: the paper's option), "uniform"
-    (one `theta`, default the middle of theta_hi and theta_lo), "fixed" (`groups_per_layer` dominants per
-    layer, default E // 2) or "error" (measured substitution error <= `max_err` both ways); the groups give
-    the substitutes (search with budget > 0) and the two-stage coverage. The placement's params report per
-    layer the traffic share with a substitute (and with one better than zeroing the branch) and the
-    Spearman correlation of router cosine with measured error.
+    algorithm "search": minimise the runtime's expected per-token latency in token-location `mode`, replaying
+    `paths_per_user` calibration paths per user with the ordermoe policy's stand-ins within `budget` per
+    token-layer (`exact_share` of the traffic planned without budget), by a lazy greedy over single copies and
+    completions of the `sets_per_layer` most frequent Top-K sets, a coverage repair (no cloud) and
+    `swap_rounds` rounds of swaps, within `max_evals` objective evaluations. The groups give the substitutes
+    (search with budget > 0) and the two-stage coverage.
     """
-    for name, value in (("eta", eta), ("gamma", gamma), ("rep_weight", rep_weight)):
-        if value < 0 or (name == "gamma" and value > 1):
-            raise EdgeMoEError(f"ordermoe: {name}={value} out of range ({'[0, 1]' if name == 'gamma' else '>= 0'})")
-    if algorithm not in ALGORITHMS:
-        raise EdgeMoEError(f"ordermoe: algorithm={algorithm!r}; expected one of {list(ALGORITHMS)}")
-    groups = _make_groups(problem, grouping, theta_hi, theta_lo, theta, groups_per_layer, max_group_size, max_err)
+    s = ordermoe_settings(settings, **overrides)
+    groups = _make_groups(problem, s)
     rho, _ = cosine_error_spearman(problem.profile.sim, problem.profile.subst_err)
-    common = {"algorithm": algorithm, "grouping": grouping, "theta_hi": theta_hi, "theta_lo": theta_lo,
-              "theta": theta, "groups_per_layer": groups_per_layer, "max_group_size": max_group_size,
-              "max_err": max_err, "num_groups": groups.num_groups.tolist(),
+    common = {"algorithm": s.algorithm, "grouping": s.grouping, "theta_hi": s.theta_hi, "theta_lo": s.theta_lo,
+              "theta": s.theta, "groups_per_layer": s.groups_per_layer, "max_group_size": s.max_group_size,
+              "max_err": s.max_err, "num_groups": groups.num_groups.tolist(),
               # per layer: how much traffic the groups give a stand-in, and whether router cosine predicts
               # the measured substitution error at all (Spearman; well below 0 when it does)
               "traffic_with_substitute": np.round(traffic_coverage(groups, problem.profile.freq), 4).tolist(),
               "traffic_with_substitute_better_than_zero":
                   np.round(traffic_coverage(groups, problem.profile.freq, 1.0), 4).tolist(),
               "spearman_cosine_vs_error": [None if np.isnan(r) else round(float(r), 4) for r in rho]}
-    if algorithm == "search":
-        mode = problem.params.get("mode", "migrate") if mode is None else mode
+    if s.algorithm == "search":
+        mode = problem.params.get("mode", "migrate") if s.mode is None else s.mode
         # home mode is SlimCaching's device-edge-cloud setting, where devices cache for their owner too
-        fill = fill or ("edge,device" if mode == "home" else "edge")
-        kinds = check_kinds(substitutes)
-        hosts, info = _search(problem, groups, mode, budget, paths_per_user, sets_per_layer, max_evals, swap_rounds,
-                              fill, init, relocate_rounds, exchange_neighbours, start_neighbours, max_rows, kinds,
-                              quality_power, exact_share)
+        s = replace(s, mode=mode, fill=s.fill or ("edge,device" if mode == "home" else "edge"))
+        hosts, info = _search(problem, groups, s)
         params = {**common, **info}
     else:
-        hosts, cover = _two_stage(problem, groups, redundancy, eta, gamma, rep_weight, fill or "edge", cover)
-        params = {**common, "redundancy": redundancy, "eta": eta, "gamma": gamma, "rep_weight": rep_weight,
-                  "fill": fill or "edge", "cover": cover}
+        hosts, cover = _two_stage(problem, groups, replace(s, fill=s.fill or "edge"))
+        params = {**common, "redundancy": s.redundancy, "eta": s.eta, "gamma": s.gamma, "rep_weight": s.rep_weight,
+                  "fill": s.fill or "edge", "cover": cover}
     placement = make_placement(problem, "ordermoe", hosts, **params)
     placement.check_capacity()
     return placement
 
 
-def _search(problem: PlanProblem, groups: SimilarityGroups, mode: str | None, budget: float, paths_per_user: int,
-            sets_per_layer: int, max_evals: int, swap_rounds: int, fill: str, init: str, relocate_rounds: int,
-            exchange_neighbours: int, start_neighbours: int = 8, max_rows: int | None = MAX_ROWS,
-            kinds: tuple[str, ...] = KINDS, quality_power: float = QUALITY_POWER,
-            exact_share: float = 0.0) -> tuple[np.ndarray, dict]:
-    """The latency search (`ordermoe.search`); returns (hosts [N, L, E], facts for the placement's params)."""
-    mode = problem.params.get("mode", "migrate") if mode is None else mode
-    if init not in ("successive", "greedy"):
-        raise EdgeMoEError(f"ordermoe: init={init!r}; expected 'successive' or 'greedy'")
-    if max_evals < 0 or swap_rounds < 0 or sets_per_layer < 0:
-        raise EdgeMoEError("ordermoe: max_evals, swap_rounds and sets_per_layer must be >= 0")
-    if start_neighbours < 1 or exchange_neighbours < 1:
-        raise EdgeMoEError("ordermoe: start_neighbours and exchange_neighbours must be >= 1")
-    fill_kinds = {k.strip() for k in fill.split(",")}
+def _with_settings_signature(fn):
+    """Give `fn` (problem, settings, **overrides) the signature (problem, *, <every OrderMoESettings field>), so
+    `edgemoe.params.validate_params` types and range-checks `--param`s against the fields as for any planner."""
+    params = [inspect.Parameter("problem", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="PlanProblem")]
+    params += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+               for f in fields(OrderMoESettings)]
+    fn.__signature__ = inspect.Signature(params, return_annotation="Placement")
+    fn.__annotations__ = {p.name: p.annotation for p in params} | {"return": "Placement"}
+    return fn
+
+
+_with_settings_signature(plan_ordermoe)
+
+
+def _search(problem: PlanProblem, groups: SimilarityGroups, s: OrderMoESettings) -> tuple[np.ndarray, dict]:
+    """The latency search (`ordermoe.search`) with settings `s` (mode and fill resolved); returns (hosts
+    [N, L, E], facts for the placement's params)."""
+    mode, kinds = s.mode, check_kinds(s.substitutes)
+    fill_kinds = {k.strip() for k in s.fill.split(",")}
     present = set(problem.node_kind)
-    fillable = fillable_nodes(problem, ",".join(sorted(fill_kinds & present)) or fill)
-    model = PathModel(problem, mode, paths_per_user, budget, groups.substitute_ids, max_rows, kinds, quality_power,
-                      exact_share=exact_share)
-    search = LatencySearch(problem, model, empty_hosts(problem), fillable, max_evals, exchange_neighbours)
-    sets = frequent_sets(model, sets_per_layer)
+    fillable = fillable_nodes(problem, ",".join(sorted(fill_kinds & present)) or s.fill)
+    model = PathModel(problem, mode, s.paths_per_user, s.budget, groups.substitute_ids, s.max_rows, kinds,
+                      s.quality_power, exact_share=s.exact_share)
+    search = LatencySearch(problem, model, empty_hosts(problem), fillable, s.max_evals, s.exchange_neighbours)
+    sets = frequent_sets(model, s.sets_per_layer)
     L, E = problem.expert_bytes.shape
     singles = [(layer, (e,)) for layer in range(L) for e in range(E)]
-    cands = singles + [(layer, s) for layer in range(L) for s in sets[layer]]
+    cands = singles + [(layer, c) for layer in range(L) for c in sets[layer]]
     start = search.objective_s
     edge = np.array([k == "edge" for k in problem.node_kind])
     cover = not problem.is_cloud.any()
     nodes = np.flatnonzero(fillable)
-    if init == "successive":
-        search.hosts = _successive_start(problem, fillable, start_neighbours)
+    if s.init == "successive":
+        search.hosts = _successive_start(problem, fillable, s.start_neighbours)
         if mode == "migrate":
-            search.hosts = _relocated_start(problem, model, search.hosts, fillable, relocate_rounds, start_neighbours)
+            search.hosts = _relocated_start(problem, model, search.hosts, fillable, s.relocate_rounds,
+                                            s.start_neighbours)
         used = (search.hosts * search.sizes[None]).sum(axis=(1, 2))
         search.free = np.where(fillable, np.asarray(problem.capacity_bytes, dtype=np.int64) - used, 0)
         search.state = model.replay(search.hosts)
@@ -370,20 +435,20 @@ def _search(problem: PlanProblem, groups: SimilarityGroups, mode: str | None, bu
             np.add.at(demand[layer], model.topk[:, layer].ravel(), np.repeat(model.weight, model.topk.shape[2]))
         search.park_unused(edge, demand)
         search.greedy(singles, np.flatnonzero(fillable & edge), refreshes=2, cover=edge)
-    if init == "greedy":
+    if s.init == "greedy":
         search.greedy(cands, nodes)
     greedy_s = search.objective_s
-    search.swaps(edge if cover else None, swap_rounds)
+    search.swaps(edge if cover else None, s.swap_rounds)
     policy_s, exact_s = model.expected_parts(search.state)
-    info = {"mode": mode, "budget": budget, "substitutes": ",".join(kinds), "quality_power": quality_power,
-            "exact_share": model.exact_share,
-            "paths_per_user": paths_per_user, "max_rows": max_rows, "rows": model.num_rows,
-            "sets_per_layer": sets_per_layer, "init": init, "relocate_rounds": relocate_rounds,
-            "exchange_neighbours": exchange_neighbours, "start_neighbours": start_neighbours, "max_evals": max_evals, "swap_rounds": swap_rounds, "fill": fill,
-            "coverage": cover, "evaluations": search.evals, "moves": search.accepted,
+    info = {"mode": mode, "budget": s.budget, "substitutes": ",".join(kinds), "quality_power": s.quality_power,
+            "exact_share": model.exact_share, "paths_per_user": s.paths_per_user, "max_rows": s.max_rows,
+            "rows": model.num_rows, "sets_per_layer": s.sets_per_layer, "init": s.init,
+            "relocate_rounds": s.relocate_rounds, "exchange_neighbours": s.exchange_neighbours,
+            "start_neighbours": s.start_neighbours, "max_evals": s.max_evals, "swap_rounds": s.swap_rounds,
+            "fill": s.fill, "coverage": cover, "evaluations": search.evals, "moves": search.accepted,
             "expected_latency_ms": 1e3 * search.objective_s, "dense_ms": 1e3 * model.dense_token_s,
-            "expected_policy_ms": 1e3 * policy_s, "expected_exact_ms": 1e3 * exact_s, "greedy_latency_ms": 1e3 * greedy_s,
-            "empty_latency_ms": 1e3 * start}
+            "expected_policy_ms": 1e3 * policy_s, "expected_exact_ms": 1e3 * exact_s,
+            "greedy_latency_ms": 1e3 * greedy_s, "empty_latency_ms": 1e3 * start}
     return search.hosts, info
 
 
@@ -435,28 +500,28 @@ def _relocated_start(problem: PlanProblem, model: PathModel, hosts: np.ndarray, 
     return best
 
 
-def _two_stage(problem: PlanProblem, groups: SimilarityGroups, redundancy: bool, eta: float, gamma: float,
-               rep_weight: float, fill: str, cover: str | None) -> tuple[np.ndarray, str]:
-    """The two-stage ablation: representative coverage, then redundant deployment."""
+def _two_stage(problem: PlanProblem, groups: SimilarityGroups, s: OrderMoESettings) -> tuple[np.ndarray, str]:
+    """The two-stage ablation: representative coverage, then redundant deployment (settings `s`, fill resolved)."""
+    cover, eta, gamma, rep_weight = s.cover, s.eta, s.gamma, s.rep_weight
     if cover is None:
         cover = "dominants" if problem.is_cloud.any() else "all"
     if cover not in {"all", "dominants", "none"}:
         raise EdgeMoEError(f"ordermoe: cover={cover!r}; expected 'all', 'dominants' or 'none'")
-    fillable = fillable_nodes(problem, fill)
+    fillable = fillable_nodes(problem, s.fill)
     load = node_load(problem, fillable)
     freq = np.einsum("u,ule->le", problem.user_weight, problem.user_freq())
     rep = representativeness(groups, freq, problem.profile.sim)
     weight = freq * (1.0 + rep)
     hosts = representative_coverage(problem, groups, weight, fillable, load, eta, cover)
-    if redundancy:
+    if s.redundancy:
         redundant_deployment(problem, groups, hosts, fillable, load, weight, 1.0 + rep_weight * rep, gamma)
     return hosts, cover
 
 
-def _make_groups(
-    problem: PlanProblem, grouping: str, theta_hi: float, theta_lo: float, theta: float | None,
-    groups_per_layer: int | None, max_group_size: int | None, max_err: float = MAX_ERR,
-) -> SimilarityGroups:
+def _make_groups(problem: PlanProblem, s: OrderMoESettings) -> SimilarityGroups:
+    """The similarity groups of settings `s` (grouping and its thresholds)."""
+    grouping, theta_hi, theta_lo, theta = s.grouping, s.theta_hi, s.theta_lo, s.theta
+    groups_per_layer, max_group_size, max_err = s.groups_per_layer, s.max_group_size, s.max_err
     if grouping == "layer-aware":
         return groups_for(problem.profile, "layer-aware", theta_hi=theta_hi, theta_lo=theta_lo,
                           max_group_size=max_group_size)

@@ -24,9 +24,13 @@ runtime's layer rule (docs/runtime.md, "Layer cost"), with no queues:
 Rows are decided layer by layer exactly as the runtime decides them, so with budget 0 the replay's layer
 latencies equal the `exact` policy's `Decision.latency_s`, and with a budget its stand-ins, quality and
 latencies equal the ordermoe policy's at horizon 0 and no quality price (both tested against
-`edgemoe.runtime`: tests/plan/ordermoe/test_planner.py). It is one of four copies of the layer rule (the
-others: `edgemoe.runtime.policy`, the reference; `runtime.sim.rules._decide_rows`; `runtime.policies.
-ordermoe_kernel`).
+`edgemoe.runtime`: tests/plan/ordermoe/test_planner.py). Its layer rule (`layer_rule.LayerRule.step`, numpy,
+and its compiled twin `replay_kernel.propagate_rows`) is one of the copies of the runtime's (the others:
+`edgemoe.runtime.policy`, the reference; `runtime.sim.rules._decide_rows`; `runtime.policies.ordermoe_kernel`).
+
+The units: `layer_rule` (one layer's decision for a batch of rows), `reach` (which rows a change can
+reach), `incremental` (exact deltas of changes and the patches that apply them), `replay_kernel` (the
+compiled replay); this module holds the tables (`PathModel.__init__`), the row sampling and whole replays.
 
 Incremental evaluation: a change of one node's experts at one layer only changes rows whose Top-K set at
 that layer meets the changed experts (or, with substitution, their group mates); among those, only the
@@ -35,25 +39,19 @@ rows whose next location changes need the later layers replayed. `delta()` does 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from edgemoe.cluster.cost import usable_nodes
 from edgemoe.errors import EdgeMoEError
+from edgemoe.jit import HAVE_NUMBA
 
 from ..base import PlanProblem
 from ..objective import MISS_PENALTY_FACTOR
-from .standins import (
-    KINDS,
-    MAX_ENUM_K,
-    QUALITY_POWER,
-    check_kinds,
-    choose_stand_ins,
-    max_over_kept,
-    prefix_masks,
-    subset_bits,
-)
+from .incremental import IncrementalReplay
+from .layer_rule import LayerRule
+from .reach import ChangeReach
+from .replay_state import Replay
+from .standins import KINDS, MAX_ENUM_K, QUALITY_POWER, check_kinds
 
 MODES = ("migrate", "home")
 
@@ -83,16 +81,7 @@ def one_way_s(problem: PlanProblem) -> np.ndarray:
     return x
 
 
-@dataclass(frozen=True)
-class Replay:
-    """Per-row outcome of a replay. R rows, L layers."""
-
-    latency_s: np.ndarray  # [R, L] seconds of each layer
-    location: np.ndarray  # [R, L+1] node at the start of each layer (column L: after the last layer)
-    budget_left: np.ndarray  # [R, L+1] remaining quality budget at the start of each layer
-
-
-class PathModel:
+class PathModel(LayerRule, ChangeReach, IncrementalReplay):
     """Replays sampled calibration paths under a placement; see the module docstring.
 
     paths_per_user: calibration tokens sampled per user (evenly spaced over its domain's tokens; the
@@ -159,6 +148,9 @@ class PathModel:
         self.servers = np.flatnonzero(~is_device & ~self.is_cloud)  # [S]
         self.is_server = ~is_device & ~self.is_cloud  # [N]
         self.device = np.where(is_device[self.home], self.home, -1)  # [R] the row's own device, -1 none
+        # Replays run compiled (`replay_kernel`) where numba imports and the stand-in actions are enumerated;
+        # False selects the numpy reference (`LayerRule.step`, `_propagate_numpy`): the same bits.
+        self.compiled = HAVE_NUMBA and self.topk.shape[2] <= self.max_enum_k
         # The dense part: every layer's backbone work on the row's home, before its experts (the simulator's
         # order); no placement changes it, so it is one constant beside the replay, not in its layer times.
         dense = np.zeros(self.N) if problem.dense_s is None else np.asarray(problem.dense_s, dtype=np.float64)
@@ -167,180 +159,6 @@ class PathModel:
     @property
     def num_rows(self) -> int:
         return int(self.user.shape[0])
-
-    # ------------------------------------------------------------------------------------ one layer
-    def step(self, hosts: np.ndarray, layer: int, rows: np.ndarray, loc: np.ndarray, left: np.ndarray, flip=None,
-             record: dict | None = None):
-        """Decide `layer` for `rows` [R'] at nodes `loc` [R'] with budget `left` [R'] under hosts [N, L, E].
-
-        flip: None, or (nodes [R'], changed [R', F] (-1 padded), value): row i sees
-        hosts[nodes[i], layer, changed[i]] = value (a batch of candidate placements, one call).
-        record: a dict that receives the stand-ins taken, "kind" [R', K] (-1: run exactly, else the index into
-        KINDS), and their "quality" [R'].
-        Returns (latency [R'], next location [R'], budget left after [R']).
-        """
-        experts = self.topk[rows, layer]  # [R', K]
-        gates = self.gates[rows, layer]
-        # Only the nodes holding a branch's expert can serve it: [R', K, H] columns of holders (H = most copies
-        # of one expert at this layer, a few on a large cluster), not [R', K, N], so a row costs the same
-        # whatever the number of nodes.
-        cols = self.holders(hosts, layer)[experts]  # [R', K, H], -1 padded
-        held = cols >= 0
-        local = hosts[loc[:, None], layer, experts]  # [R', K]
-        if flip is not None:
-            nodes, changed, value = flip
-            hit = (experts[:, :, None] == changed[:, None, :]).any(axis=2)  # [R', K]
-            # The flipped node leaves the holder columns and comes back as one extra column when it is added.
-            held &= ~(hit[:, :, None] & (cols == nodes[:, None, None]))
-            cols = np.concatenate([cols, np.broadcast_to(nodes[:, None, None], (*hit.shape, 1))], axis=2)
-            held = np.concatenate([held, (hit & value)[:, :, None]], axis=2)
-            local = np.where(hit & (loc == nodes)[:, None], value, local)
-        node, miss = self._replicas(layer, rows, loc, experts, cols, held, local)
-        if self.budget > 0 and self.kinds:
-            return self._step_standins(hosts, layer, rows, loc, left, experts, gates, node, miss, flip, record)
-        lat, nxt = self._finish(layer, rows, loc, experts, node, miss)
-        if record is not None:
-            record["kind"], record["quality"] = np.full(experts.shape, -1, np.int64), np.zeros(rows.size)
-        return lat, nxt, left
-
-    def holders(self, hosts: np.ndarray, layer: int) -> np.ndarray:
-        """[E, H] nodes holding each expert at `layer` under hosts [N, L, E], ascending, -1 padded (H >= 1)."""
-        e_idx, n_idx = np.nonzero(hosts[:, layer].T)  # by expert, then node
-        count = np.bincount(e_idx, minlength=self.E)
-        table = np.full((self.E, max(int(count.max(initial=0)), 1)), -1, dtype=np.int64)
-        table[e_idx, np.arange(e_idx.size) - (np.cumsum(count) - count)[e_idx]] = n_idx
-        return table
-
-    def _replicas(self, layer, rows, loc, experts, cols, held, local):
-        """([R', K] node of each branch, [R', K] bool no usable holder) by the `exact` policy's rule: the token's
-        node if it holds the expert (local [R', K]), else the usable holder (cols/held [R', K, H]) of least
-        round trip + compute, the cloud only when no other holder is usable; ties to the lowest node index."""
-        at = np.maximum(cols, 0)
-        cand = held & self.usable[self.user[rows][:, None, None], at]
-        if self.is_cloud.any():
-            edge = cand & ~self.is_cloud[at]
-            cand = np.where(edge.any(axis=2, keepdims=True), edge, cand)
-        cost = np.where(cand, self.rt[loc[:, None, None], at] + self.compute[at, layer, experts[:, :, None]], np.inf)
-        best = cost.min(axis=2, initial=np.inf)
-        node = np.where(cand & (cost == best[..., None]), at, self.N).min(axis=2, initial=self.N)
-        # Nothing finite (no usable holder): node 0, what an argmin over all-infinite costs gives.
-        node = np.where(np.isfinite(best), node, 0)
-        miss = ~cand.any(axis=2) & ~local
-        node = np.where(local, loc[:, None], node)
-        return node, miss
-
-    def _finish(self, layer, rows, loc, experts, node, miss, skip=None):
-        """([R'] layer seconds, [R'] next location) of branches on `node` [R', K] (miss: [R', K] unreachable;
-        skip: [R', K] not run, dropped or zeroed)."""
-        R = loc.shape[0]
-        comp = self.compute[node, layer, experts]
-        ready = self.xfer[loc[:, None], node] + comp  # [R', K]
-        # An unreachable branch adds the miss penalty on top of the layer (additive, so covering any one
-        # missing expert already pays) and takes no part in the max or the meeting; neither does a skipped one.
-        penalty = self.miss_s * miss.sum(axis=1)
-        if skip is not None:
-            miss = miss | skip
-        ready = np.where(miss, -np.inf, ready)
-        if self.mode == "home":
-            back = np.where(miss, 0.0, self.xfer[node, loc[:, None]])
-            return np.max(ready + back, axis=1, initial=0.0) + penalty, loc.copy()
-        node = np.where(miss, loc[:, None], node)
-        cand = np.concatenate([loc[:, None], node], axis=1)  # [R', K+1]
-        to = self.xfer[node[:, :, None], cand[:, None, :]]  # [R', K, K+1]
-        done = np.maximum(np.max(ready[:, :, None] + to, axis=1), 0.0)  # [R', K+1]
-        if layer == self.L - 1:
-            done = done + self.xfer[cand, self.home[rows][:, None]]
-        pick = done.argmin(axis=1)
-        ar = np.arange(R)
-        return done[ar, pick] + penalty, cand[ar, pick]
-
-    def _finish_actions(self, layer, rows, loc, experts, node, miss, mask, order, is_sub, sub):
-        """([R', M] layer seconds, [R', M] next location) of every action at once: action m runs slot k exactly
-        on node [R', K] unless mask [R', M, K] (every subset, order None, or the prefixes in `order` [R', K]:
-        `standins.max_over_kept`); a masked slot runs sub [R', K] at the token's node where is_sub [R', M, K],
-        else not at all. The same sums and maxima as `_finish` on each action alone: the max over kept exact
-        slots, and the max over substitutes of (compute at the token's node) plus the one transfer from there
-        (rounding is monotone, so that is the max of the sums); a substitute's node is the token's,
-        candidate 0, which wins that tie, so a masked slot is no candidate."""
-        R, K = experts.shape
-        ready_x = self.xfer[loc[:, None], node] + self.compute[node, layer, experts]  # [R', K]
-        here = self.xfer[loc, loc]  # [R'] (0: the token's own node)
-        ready_s = here[:, None] + self.compute[loc[:, None], layer, np.maximum(sub, 0)]  # [R', K]
-        sub_ready = np.where(is_sub, ready_s[:, None, :], -np.inf).max(axis=2)  # [R', M]
-        penalty = self.miss_s * miss.sum(axis=1)
-        if self.mode == "home":
-            back = np.where(miss, -np.inf, ready_x + self.xfer[node, loc[:, None]])
-            lat = np.maximum(max_over_kept(back[:, :, None], mask, order)[:, :, 0], sub_ready + here[:, None])
-            lat = np.maximum(lat, 0.0) + penalty[:, None]
-            return lat, np.broadcast_to(loc[:, None], lat.shape).copy()
-        node = np.where(miss, loc[:, None], node)
-        cand = np.concatenate([loc[:, None], node], axis=1)  # [R', K+1]
-        arrive = np.where(miss[:, :, None], -np.inf, ready_x[:, :, None] + self.xfer[node[:, :, None], cand[:, None, :]])
-        done = max_over_kept(arrive, mask, order)  # [R', M, K+1]
-        np.maximum(done, sub_ready[:, :, None] + self.xfer[loc[:, None], cand][:, None, :], out=done)
-        np.maximum(done, 0.0, out=done)
-        if layer == self.L - 1:
-            done = done + self.xfer[cand, self.home[rows][:, None]][:, None, :]
-        done[:, :, 1:][mask] = np.inf  # a slot not run exactly is no candidate
-        pick = done.argmin(axis=2)  # [R', M]
-        lat = np.take_along_axis(done, pick[..., None], 2)[..., 0] + penalty[:, None]
-        return lat, np.take_along_axis(cand, pick, 1)
-
-    def _step_standins(self, hosts, layer, rows, loc, left, experts, gates, node, miss, flip, record=None):
-        """The ordermoe policy's myopic stand-in choice (H = 0, no pacing weight): among the actions that replace
-        a subset of the replaceable branches (those the token's node lacks and some usable node holds) by their
-        cheapest stand-in (`standins.choose_stand_ins`: the node's best-ranked group mate, drop and renormalise,
-        or zero), the fastest whose quality cost fits what is left; ties to less quality, then to the first
-        action (subset index order, the runtime's argmin). record: a dict that receives "kind" [R', K] (-1 exact,
-        else the index into KINDS) and "quality" [R'] of the actions taken."""
-        R, K = experts.shape
-        sub = np.full((R, K), -1, np.int64)
-        if "sub" in self.kinds and self.subs.shape[2] > 0:
-            # the best-ranked group mate the token's node holds (the runtime's `best_local_substitutes`)
-            mates = self.subs[layer, experts]  # [R', K, S]
-            ok = hosts[loc[:, None, None], layer, np.maximum(mates, 0)]
-            if flip is not None:
-                nodes, changed, value = flip
-                hit = (mates[..., None] == changed[:, None, None, :]).any(axis=3)  # [R', K, S]
-                ok = np.where(hit & (loc == nodes)[:, None, None], value, ok)
-            ok &= mates >= 0
-            sub = np.where(ok.any(axis=2), np.take_along_axis(mates, ok.argmax(axis=2)[..., None], 2)[..., 0], -1)
-        sub_err = np.where(sub >= 0, self.subst_err[layer, experts, np.maximum(sub, 0)], np.inf)
-        best_lat, best_nxt = self._finish(layer, rows, loc, experts, node, miss)
-        best_q = np.zeros(R)
-        kind_taken = np.full((R, K), -1, np.int64)
-        replaceable = (node != loc[:, None]) & ~miss  # a missing expert keeps its penalty: never stood in for
-        # only these rows have a choice (a row without budget has none: the runtime's has_budget rule)
-        some = np.flatnonzero(replaceable.any(axis=1) & (self.row_budget[rows] > 0))
-        if some.size:
-            if K <= self.max_enum_k:  # every subset (action 0: none, never taken here)
-                order, mask = None, np.broadcast_to(subset_bits(K)[None], (some.size, 2 ** K, K))
-            else:  # the runtime's prefixes by remote latency (without its queue load: the replay has none)
-                ready = self.xfer[loc[some, None], node[some]] + self.compute[node[some], layer, experts[some]]
-                order, mask = prefix_masks(ready, replaceable[some])
-            lay = np.full(some.size, layer)
-            kind, cost = choose_stand_ins(lay, experts[some], gates[some], sub[some], sub_err[some], self.subst_err,
-                                          mask, self.kinds, self.power)
-            valid = ~(mask & (~replaceable[some][:, None, :] | ~np.isfinite(cost))).any(axis=2)  # [S', M]
-            q = np.where(mask, np.where(np.isfinite(cost), cost, 0.0), 0.0).sum(axis=2)
-            valid &= q <= left[some][:, None] + 1e-12
-            valid[:, 0] = False  # action 0 is the exact execution, already in best_*
-            if valid.any():
-                is_sub = mask & (kind == 0)
-                lat, nxt = self._finish_actions(layer, rows[some], loc[some], experts[some], node[some], miss[some],
-                                                mask, order, is_sub, sub[some])
-                # the policy's cost with alpha = 1, beta = 0: seconds + EPS x quality; the first least action
-                score = np.where(valid, lat + 1e-9 * q, np.inf)  # [S', M]
-                pick = score.argmin(axis=1)
-                ar = np.arange(some.size)
-                # kept only if strictly better than no stand-in (action 0, first in the runtime's argmin)
-                better = score[ar, pick] < best_lat[some] + 1e-9 * best_q[some]
-                r, ar, pick = some[better], ar[better], pick[better]
-                best_lat[r], best_nxt[r], best_q[r] = lat[ar, pick], nxt[ar, pick], q[ar, pick]
-                kind_taken[r] = np.where(mask[ar, pick], kind[ar, pick], -1)
-        if record is not None:
-            record["kind"], record["quality"] = kind_taken, best_q
-        return best_lat, best_nxt, left - best_q
 
     # --------------------------------------------------------------------------------- whole paths
     def replay(self, hosts: np.ndarray, record: dict | None = None) -> Replay:
@@ -353,6 +171,11 @@ class PathModel:
         loc[:, 0] = self.home
         left[:, 0] = self.row_budget * L
         rows = np.arange(R)
+        if self.compiled and record is None:
+            # no old replay to come back to: every row runs every layer
+            self._run_kernel(hosts, 0, rows, loc[:, 0].copy(), left[:, 0].copy(), lat, loc, left,
+                             np.full((R, L + 1), -1, np.int64), np.full((R, L + 1), np.nan), None)
+            return Replay(latency_s=lat, location=loc, budget_left=left)
         parts = []
         for layer in range(L):
             part = {} if record is not None else None
@@ -378,178 +201,6 @@ class PathModel:
             w = self.weight[rows]
             out.append(float(w @ tok[rows]) / float(w.sum()) + self.dense_token_s if w.sum() > 0 else float("nan"))
         return out[0], out[1]
-
-    def touched_rows(self, layer: int, experts) -> np.ndarray:
-        """[R'] rows whose set at `layer` contains one of `experts` (or, with substitution, a group mate)."""
-        experts = set(int(e) for e in experts)
-        if len(experts) == 1 and self._touched.get((layer, *experts)) is not None:
-            return self._touched[(layer, *experts)]
-        key = (layer, *experts) if len(experts) == 1 else None
-        if self.budget > 0 and "sub" in self.kinds:
-            for e in list(experts):
-                experts |= {int(m) for m in self.subs[layer, e] if m >= 0}
-                experts |= {int(m) for m in np.flatnonzero((self.subs[layer] == e).any(axis=1))}
-        parts = [self.rows_with[layer][e] for e in sorted(experts)]
-        rows = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
-        if key is not None:
-            self._touched[key] = rows
-        return rows
-
-    # ------------------------------------------------------------------------- who a change reaches
-    def holder_table(self, held: np.ndarray, layer: int, experts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """([N, X] node, [N, X] seconds): for a token at each node c, the shared server (not a device, not the
-        cloud) the exact rule would send a branch of experts[x] to among the holders in held [N, E] at `layer`:
-        least round trip + compute, first index on ties (as `_replicas`); node -1 where none is finite."""
-        s = self.servers
-        cost = self.rt[:, s, None] + self.compute[s][:, layer, experts][None]  # [N, S, X]
-        cost = np.where(held[s][:, experts][None], cost, np.inf)
-        if s.size == 0:
-            return np.full((self.N, len(experts)), -1), np.full((self.N, len(experts)), np.inf)
-        pick = cost.argmin(axis=1)  # [N, X]
-        best = np.take_along_axis(cost, pick[:, None], axis=1)[:, 0]
-        return np.where(np.isfinite(best), s[pick], -1), best
-
-    def affected(self, state: Replay, layer: int, rows: np.ndarray, before: np.ndarray,
-                 after: np.ndarray) -> np.ndarray:
-        """[R'] bool: rows whose decision at `layer` may differ between hosts before and after ([N, E] at
-        `layer`). A superset, so deltas stay exact: the others run the same branches on the same nodes and
-        keep their old values bit for bit. A row can only feel a change when it sits on a changed node (local
-        hits, substitutes), owns a changed device, or one of its branches' experts changed and the shared server
-        that branch goes to (`holder_table`) is not the same before and after while the token's node lacks it."""
-        diff = before != after
-        nodes = diff.any(axis=1)  # [N]
-        if (nodes & self.is_cloud).any():
-            return np.ones(rows.size, bool)  # the cloud is everyone's fallback: no cheap test
-        loc = state.location[rows, layer]
-        dev = self.device[rows]
-        keep = nodes[loc] | ((dev >= 0) & nodes[np.maximum(dev, 0)])
-        experts = np.flatnonzero(diff.any(axis=0))
-        if experts.size == 0:
-            return keep
-        old_n, old_c = self.holder_table(before, layer, experts)
-        new_n, new_c = self.holder_table(after, layer, experts)
-        moved = (old_n != new_n) | ~np.isfinite(old_c) | ~np.isfinite(new_c)  # [N, X]
-        pos = np.full(self.E, -1)
-        pos[experts] = np.arange(experts.size)
-        ek = self.topk[rows, layer]  # [R', K]
-        x = pos[ek]
-        hit = (x >= 0) & moved[loc[:, None], np.maximum(x, 0)]  # [R', K] the branch's server changed
-        return keep | (hit & ~before[loc[:, None], ek]).any(axis=1)
-
-    def flip_affected(self, state: Replay, hosts: np.ndarray, layer: int, rows: np.ndarray, nodes: np.ndarray,
-                      changed: np.ndarray, value: bool) -> np.ndarray:
-        """[R'] bool: `affected` for a batch of candidates, row i seeing hosts[nodes[i], layer, changed[i]] = value
-        (changed [R', W], -1 padded). Adding a server copy reaches a branch only if that server is at least as
-        fast as the branch's current server (or there is none); removing one only if it was that server."""
-        loc = state.location[rows, layer]
-        keep = (loc == nodes) | (self.device[rows] == nodes) | ~self.is_server[nodes]
-        experts = np.unique(changed[changed >= 0])
-        if experts.size == 0:
-            return keep
-        held = hosts[:, layer]
-        old_n, old_c = self.holder_table(held, layer, experts)
-        pos = np.full(self.E, -1)
-        pos[experts] = np.arange(experts.size)
-        ek = self.topk[rows, layer]  # [R', K]
-        xs = np.maximum(pos[ek], 0)
-        mine = (ek[:, :, None] == changed[:, None, :]).any(axis=2)  # [R', K] the branch's expert flips
-        server = old_n[loc[:, None], xs]  # [R', K]
-        if value:
-            cost = self.rt[loc, nodes][:, None] + self.compute[nodes[:, None], layer, ek]
-            moved = (server < 0) | (cost <= old_c[loc[:, None], xs])
-        else:
-            moved = (server < 0) | (server == nodes[:, None])
-        return keep | (mine & moved & ~held[loc[:, None], ek]).any(axis=1)
-
-    def delta(self, state: Replay, hosts: np.ndarray, layer: int, experts, rows: np.ndarray | None = None,
-              before: np.ndarray | None = None):
-        """Change of the expected latency when `hosts` (already modified at `layer` for `experts`) replaces
-        the hosts `state` was replayed under. Returns (seconds, patch); `commit(state, patch)` applies it.
-        before: [N, E] hosts at `layer` before the change; when given, only the rows it can reach are replayed
-        (`affected`), which is what keeps a change's cost from growing with the cluster."""
-        rows = self.touched_rows(layer, experts) if rows is None else rows
-        if before is not None and rows.size:
-            rows = rows[self.affected(state, layer, rows, before, hosts[:, layer])]
-        if rows.size == 0:
-            return 0.0, None
-        d, patch = self._propagate(state, hosts, layer, rows, None)
-        return float(d.sum()), patch
-
-    def delta_batch(self, state: Replay, hosts: np.ndarray, layer: int, experts, nodes: np.ndarray,
-                    value: bool) -> np.ndarray:
-        """[V] change of the expected latency if hosts[nodes[v], layer, experts] were set to `value`
-        (one candidate per node, the others untouched), all in one vectorised replay."""
-        nodes = np.asarray(nodes, dtype=np.int64)
-        changed = np.asarray(list(experts), dtype=np.int64)
-        return self._batch(state, hosts, layer, nodes, [changed] * nodes.size, value)
-
-    def delta_singles(self, state: Replay, hosts: np.ndarray, layer: int, node: int, experts: np.ndarray,
-                      value: bool) -> np.ndarray:
-        """[V] change of the expected latency if hosts[node, layer, experts[v]] alone were set to `value`."""
-        experts = np.asarray(experts, dtype=np.int64)
-        return self._batch(state, hosts, layer, np.full(experts.size, node), [experts[v:v + 1] for v in range(experts.size)],
-                           value)
-
-    def _batch(self, state, hosts, layer, nodes, changed: list, value: bool) -> np.ndarray:
-        """[V] deltas of V candidates: candidate v sets hosts[nodes[v], layer, changed[v]] = value."""
-        V = nodes.size
-        parts, owner = [], []
-        for v in range(V):
-            rows = self.touched_rows(layer, changed[v])
-            # Only rows whose user may use the node can feel a change there (a device serves its owner).
-            rows = rows[self.usable[self.user[rows], nodes[v]]]
-            parts.append(rows)
-            owner.append(np.full(rows.size, v))
-        rows = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-        if rows.size == 0:
-            return np.zeros(V)
-        vi = np.concatenate(owner)
-        width = max(c.size for c in changed)
-        table = np.full((V, width), -1, np.int64)
-        for v, c in enumerate(changed):
-            table[v, :c.size] = c
-        near = self.flip_affected(state, hosts, layer, rows, nodes[vi], table[vi], value)
-        rows, vi = rows[near], vi[near]
-        if rows.size == 0:
-            return np.zeros(V)
-        flip = (nodes[vi], table[vi], value)
-        d, _ = self._propagate(state, hosts, layer, rows, flip)
-        return np.bincount(vi, weights=d, minlength=V)
-
-    def _propagate(self, state: Replay, hosts, layer, rows, flip, groups=None):
-        """Replay `rows` [R'] (possibly repeated) from `layer` on; ([R'] weighted delta per row, patch)."""
-        old = state.latency_s[rows, layer:].sum(axis=1)
-        lat_l, nxt, left = self.step(hosts, layer, rows, state.location[rows, layer], state.budget_left[rows, layer],
-                                     flip)
-        new_lat = state.latency_s[rows].copy()
-        new_loc = state.location[rows].copy()
-        new_left = state.budget_left[rows].copy()
-        new_lat[:, layer], new_loc[:, layer + 1], new_left[:, layer + 1] = lat_l, nxt, left
-        moved = (nxt != state.location[rows, layer + 1]) | (left != state.budget_left[rows, layer + 1])
-        sub = np.flatnonzero(moved)
-        for later in range(layer + 1, self.L):
-            if sub.size == 0:
-                break
-            r = rows[sub]
-            lat2, nxt2, left2 = self.step(hosts, later, r, new_loc[sub, later], new_left[sub, later])
-            new_lat[sub, later] = lat2
-            new_loc[sub, later + 1], new_left[sub, later + 1] = nxt2, left2
-            # A row back at its old location with its old budget replays the old way from here on (later
-            # layers' hosts did not change), and its copied old values already say so.
-            back = (nxt2 == state.location[r, later + 1]) & (left2 == state.budget_left[r, later + 1])
-            sub = sub[~back]
-        diff = self.weight[rows] * (new_lat[:, layer:].sum(axis=1) - old)
-        return diff, (rows, new_lat, new_loc, new_left)
-
-    @staticmethod
-    def commit(state: Replay, patch) -> None:
-        """Write a `delta` patch into `state` (in place)."""
-        if patch is None:
-            return
-        rows, lat, loc, left = patch
-        state.latency_s[rows] = lat
-        state.location[rows] = loc
-        state.budget_left[rows] = left
 
 
 MIN_PATHS = 16  # paths per user group that the row cap never goes below

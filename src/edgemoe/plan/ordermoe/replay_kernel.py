@@ -1,0 +1,359 @@
+"""`PathModel`'s incremental replay, compiled: each row walks the layers one decision at a time.
+
+The numpy form (`PathModel._propagate_numpy` over `PathModel.step`) decides a batch of rows with a few dozen
+array operations on [R', K, H], [R', M, K] and [R', M, K+1] temporaries per layer; on a 24-layer, top-4
+model a search evaluation replays tens of thousands of rows, and those temporaries are where the planner
+spends its time. This kernel decides the same rows one at a time without materialising them.
+
+It does the same floating-point operations in the same order as the numpy path (the same sums, exact maxima
+and minima, first index on ties), so it reports the same bits. The one reduction whose order numpy leaves
+to its build is `standins.choose_stand_ins`'s einsum over the run slots (the drop cost's mix); here it is
+summed as numpy's einsum sums K <= 6 terms on x86-64 (two interleaved partial sums, even and odd slots,
+then added), which tests/plan/ordermoe/test_replay_kernel.py checks against the numpy path. Only the
+enumerated stand-in actions (K <= `standins.MAX_ENUM_K`) are compiled; wider layers take the numpy path.
+
+One of the copies of the layer rule (the reference is `edgemoe.runtime.policy`; the others are
+`runtime.sim.waves._decide_rows`, `runtime.policies.ordermoe_kernel` and this module's numpy twin
+`PathModel.step`), pinned by tests/plan/ordermoe/test_replay_kernel.py and test_planner.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgemoe.jit import njit
+
+
+@njit(cache=True)
+def propagate_rows(rows, layer, loc0, left0, new_lat, new_loc, new_left, old_loc, old_left,
+                   has_flip, f_node, f_changed, f_value,
+                   hosts, holders, topk, gates, user, home, usable, rt, xfer, compute, is_cloud, any_cloud,
+                   miss_s, home_mode, subs, subst_err, row_budget, standins, use_sub, use_drop, use_zero,
+                   power):  # pragma: no cover - compiled (the numpy twin is the reference)
+    """Replay rows[i] from `layer` on, writing each layer's (latency, next location, budget left) into
+    new_lat [R', L], new_loc [R', L+1], new_left [R', L+1] (which hold the old values: a row that comes back
+    to its old location and budget keeps them from there on, as in `PathModel._propagate_numpy`).
+
+    loc0, left0: [R'] start of `layer`; old_loc, old_left: [R', L+1] the old replay's values.
+    has_flip: row i sees hosts[f_node[i], layer, f_changed[i]] = f_value at `layer` (f_changed [R', F], -1
+    padded). holders: [L, E, H] nodes holding each expert (ascending, -1 padded) under `hosts` [N, L, E].
+    standins: the budget is > 0 and some stand-in kind is allowed (use_sub / use_drop / use_zero)."""
+    R = rows.shape[0]
+    L = hosts.shape[1]
+    K = topk.shape[2]
+    N = hosts.shape[0]
+    H = holders.shape[2]
+    S = subs.shape[2]
+    F = f_changed.shape[1]
+    M = 1 << K
+    node = np.empty(K, np.int64)
+    miss = np.empty(K, np.bool_)
+    sub = np.empty(K, np.int64)
+    sub_err = np.empty(K)
+    cand = np.empty(K + 1, np.int64)
+    done = np.empty(K + 1)
+    ready_x = np.empty(K)
+    ready_s = np.empty(K)
+    q_sub = np.empty(K)
+    q_zero = np.empty(K)
+    err = np.empty((K, K))
+    p = np.empty(K)
+    kind = np.empty(K, np.int64)
+    cost = np.empty(K)
+    back = np.empty(K)
+    arrive = np.empty((K, K + 1))
+    to_home = np.empty(K + 1)
+    for i in range(R):
+        r = rows[i]
+        u = user[r]
+        c = loc0[i]
+        left = left0[i]
+        lay = layer
+        while lay < L:
+            flip = has_flip and lay == layer
+            # ---- each branch's node by the exact rule (`PathModel._replicas`)
+            n_miss = 0
+            for k in range(K):
+                e = topk[r, lay, k]
+                hit = False
+                if flip:
+                    for f in range(F):
+                        if f_changed[i, f] == e:
+                            hit = True
+                local = hosts[c, lay, e]
+                if flip and hit and c == f_node[i]:
+                    local = f_value
+                best = np.inf
+                best_n = N
+                any_edge = False
+                any_cand = False
+                # two passes when there is a cloud: the cloud only when no other usable holder exists
+                for j in range(H + 1):
+                    if j < H:
+                        n = holders[lay, e, j]
+                        if n < 0:
+                            continue
+                        if flip and hit and n == f_node[i]:
+                            continue
+                    else:
+                        if not (flip and hit and f_value):
+                            continue
+                        n = f_node[i]
+                    if usable[u, n]:
+                        any_cand = True
+                        if not is_cloud[n]:
+                            any_edge = True
+                for j in range(H + 1):
+                    if j < H:
+                        n = holders[lay, e, j]
+                        if n < 0:
+                            continue
+                        if flip and hit and n == f_node[i]:
+                            continue
+                    else:
+                        if not (flip and hit and f_value):
+                            continue
+                        n = f_node[i]
+                    if not usable[u, n]:
+                        continue
+                    if any_cloud and any_edge and is_cloud[n]:
+                        continue
+                    v = rt[c, n] + compute[n, lay, e]
+                    if v < best or (v == best and n < best_n):
+                        best = v
+                        best_n = n
+                if not np.isfinite(best):
+                    best_n = 0
+                miss[k] = (not any_cand) and not local
+                node[k] = c if local else best_n
+                if miss[k]:
+                    n_miss += 1
+            penalty = miss_s * n_miss
+            # ---- no stand-in (`PathModel._finish`)
+            last = lay == L - 1
+            for k in range(K):
+                e = topk[r, lay, k]
+                ready_x[k] = xfer[c, node[k]] + compute[node[k], lay, e]
+            # each branch's arrival (ready + the trip back, or to each meeting candidate), kept for the actions
+            if home_mode:
+                lat = 0.0
+                for k in range(K):
+                    back[k] = -np.inf if miss[k] else ready_x[k] + xfer[node[k], c]
+                    if back[k] > lat:
+                        lat = back[k]
+                best_lat = lat + penalty
+                best_nxt = c
+            else:
+                cand[0] = c
+                for k in range(K):
+                    cand[k + 1] = c if miss[k] else node[k]
+                pick = 0
+                for g in range(K + 1):
+                    v = -np.inf
+                    for k in range(K):
+                        w = -np.inf if miss[k] else ready_x[k] + xfer[cand[k + 1], cand[g]]
+                        arrive[k, g] = w
+                        if w > v:
+                            v = w
+                    if v < 0.0:
+                        v = 0.0
+                    to_home[g] = xfer[cand[g], home[r]] if last else 0.0
+                    if last:
+                        v = v + to_home[g]
+                    done[g] = v
+                    if v < done[pick]:
+                        pick = g
+                best_lat = done[pick] + penalty
+                best_nxt = cand[pick]
+            best_q = 0.0
+            # ---- the ordermoe policy's myopic stand-ins (`PathModel._step_standins`)
+            if standins:
+                some = False
+                for k in range(K):
+                    if node[k] != c and not miss[k]:
+                        some = True
+                if some and row_budget[r] > 0:
+                    for k in range(K):
+                        e = topk[r, lay, k]
+                        sub[k] = -1
+                        if use_sub:
+                            for s in range(S):
+                                mate = subs[lay, e, s]
+                                if mate < 0:
+                                    continue
+                                ok = hosts[c, lay, mate]
+                                if flip and c == f_node[i]:
+                                    for f in range(F):
+                                        if f_changed[i, f] == mate:
+                                            ok = f_value
+                                if ok:
+                                    sub[k] = mate
+                                    break
+                        sub_err[k] = subst_err[lay, e, sub[k]] if sub[k] >= 0 else np.inf
+                        g = gates[r, lay, k]
+                        q_sub[k] = g * sub_err[k] if (use_sub and sub[k] >= 0) else np.inf
+                        q_zero[k] = g if use_zero else np.inf
+                        for j in range(K):
+                            err[k, j] = subst_err[lay, e, topk[r, lay, j]]
+                    here = xfer[c, c]
+                    for k in range(K):
+                        ready_s[k] = here + compute[c, lay, sub[k] if sub[k] >= 0 else 0]
+                    act_lat = np.inf
+                    act_score = np.inf
+                    act_nxt = c
+                    act_q = 0.0
+                    for m in range(1, M):
+                        # -- `choose_stand_ins` for action m
+                        wsum = 0.0
+                        for j in range(K):
+                            if not (m >> j) & 1:
+                                wsum += gates[r, lay, j]
+                        # only the replaced slots' kinds and costs are read below (as in numpy, where the
+                        # kept slots' values are computed and then masked out)
+                        for k in range(K):
+                            if not (m >> k) & 1:
+                                continue
+                            q_drop = np.inf
+                            if use_drop and K > 1 and wsum > 0:
+                                even = 0.0
+                                odd = 0.0
+                                for j in range(0, K, 2):
+                                    if not (m >> j) & 1:
+                                        even += gates[r, lay, j] * err[k, j]
+                                    else:
+                                        even += 0.0 * err[k, j]
+                                for j in range(1, K, 2):
+                                    if not (m >> j) & 1:
+                                        odd += gates[r, lay, j] * err[k, j]
+                                    else:
+                                        odd += 0.0 * err[k, j]
+                                q_drop = gates[r, lay, k] * (even + odd) / wsum
+                            sub_first = q_sub[k] <= q_zero[k]
+                            q_sz = q_sub[k] if sub_first else q_zero[k]
+                            if q_drop < q_sz or (q_drop == q_sz and not sub_first):
+                                kind[k] = 1
+                                p[k] = q_drop
+                            else:
+                                kind[k] = 0 if sub_first else 2
+                                p[k] = q_sz
+                        no_expert = K > 0
+                        for k in range(K):
+                            if not ((m >> k) & 1 and kind[k] != 0):
+                                no_expert = False
+                        if no_expert:
+                            for k in range(K):
+                                p[k] = np.inf
+                        if power == 1.0:
+                            for k in range(K):
+                                cost[k] = p[k]
+                        else:
+                            layer_p = 0.0
+                            for k in range(K):
+                                if (m >> k) & 1:
+                                    layer_p += p[k]
+                            for k in range(K):
+                                if (m >> k) & 1:
+                                    cost[k] = p[k] * layer_p ** (power - 1.0) if np.isfinite(layer_p) else np.inf
+                        # -- valid: every replaced slot replaceable with a finite cost, within the budget left
+                        valid = True
+                        q = 0.0
+                        for k in range(K):
+                            if (m >> k) & 1:
+                                if node[k] == c or miss[k] or not np.isfinite(cost[k]):
+                                    valid = False
+                                q += cost[k] if np.isfinite(cost[k]) else 0.0
+                            else:
+                                q += 0.0
+                        if not valid or not q <= left + 1e-12:
+                            continue
+                        # -- the action's layer seconds (`PathModel._finish_actions`)
+                        sub_ready = -np.inf
+                        for k in range(K):
+                            if (m >> k) & 1 and kind[k] == 0 and ready_s[k] > sub_ready:
+                                sub_ready = ready_s[k]
+                        if home_mode:
+                            kept = -np.inf
+                            for k in range(K):
+                                if not (m >> k) & 1 and back[k] > kept:
+                                    kept = back[k]
+                            v = sub_ready + here
+                            lat = kept if kept >= v else v
+                            if lat < 0.0:
+                                lat = 0.0
+                            lat = lat + penalty
+                            nxt = c
+                        else:
+                            pick = -1
+                            best_g = np.inf
+                            for g in range(K + 1):
+                                if g > 0 and (m >> (g - 1)) & 1:
+                                    continue  # a slot not run exactly is no meeting candidate
+                                v = -np.inf
+                                for k in range(K):
+                                    if not (m >> k) & 1 and arrive[k, g] > v:
+                                        v = arrive[k, g]
+                                w = sub_ready + xfer[c, cand[g]]
+                                if w > v:
+                                    v = w
+                                if v < 0.0:
+                                    v = 0.0
+                                if last:
+                                    v = v + to_home[g]
+                                if pick < 0 or v < best_g:
+                                    best_g = v
+                                    pick = g
+                            lat = best_g + penalty
+                            nxt = cand[pick]
+                        score = lat + 1e-9 * q
+                        if score < act_score:
+                            act_score = score
+                            act_lat = lat
+                            act_nxt = nxt
+                            act_q = q
+                    if act_score < best_lat + 1e-9 * best_q:
+                        best_lat = act_lat
+                        best_nxt = act_nxt
+                        best_q = act_q
+            left = left - best_q
+            new_lat[i, lay] = best_lat
+            new_loc[i, lay + 1] = best_nxt
+            new_left[i, lay + 1] = left
+            c = best_nxt
+            # back at its old location with its old budget: the rest replays the old way (copied already)
+            if best_nxt == old_loc[i, lay + 1] and left == old_left[i, lay + 1]:
+                break
+            lay += 1
+
+
+@njit(cache=True)
+def flip_affected_rows(rows, layer, loc, nodes, changed, value, device, is_server, topk, held, old_n, old_c, pos,
+                       rt, compute):  # pragma: no cover - compiled (the numpy twin is the reference)
+    """`PathModel.flip_affected`'s per-row test, row i seeing hosts[nodes[i], layer, changed[i]] = value.
+
+    rows, loc, nodes: [R']; changed: [R', W] (-1 padded); held: [N, E] hosts at `layer`; old_n, old_c: [N, X]
+    `holder_table` of held for the changed experts, pos [E] their column (-1: not changed). Returns [R'] bool."""
+    R = rows.shape[0]
+    K = topk.shape[2]
+    W = changed.shape[1]
+    out = np.empty(R, np.bool_)
+    for i in range(R):
+        r, c, n = rows[i], loc[i], nodes[i]
+        hit = c == n or device[r] == n or not is_server[n]
+        k = 0
+        while not hit and k < K:
+            e = topk[r, layer, k]
+            mine = False
+            for w in range(W):
+                if changed[i, w] == e:
+                    mine = True
+            if mine and not held[c, e]:
+                x = pos[e]  # >= 0: e is a changed expert
+                server = old_n[c, x]
+                if value:
+                    moved = server < 0 or rt[c, n] + compute[n, layer, e] <= old_c[c, x]
+                else:
+                    moved = server < 0 or server == n
+                hit = moved
+            k += 1
+        out[i] = hit
+    return out
