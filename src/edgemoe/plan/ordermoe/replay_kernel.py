@@ -13,7 +13,7 @@ then added), which tests/plan/ordermoe/test_replay_kernel.py checks against the 
 enumerated stand-in actions (K <= `standins.MAX_ENUM_K`) are compiled; wider layers take the numpy path.
 
 One of the copies of the layer rule (the reference is `edgemoe.runtime.policy`; the others are
-`runtime.sim.waves._decide_rows`, `runtime.policies.ordermoe_kernel` and this module's numpy twin
+`runtime.sim.rules._decide_rows`, `runtime.policies.ordermoe_kernel` and this module's numpy twin
 `PathModel.step`), pinned by tests/plan/ordermoe/test_replay_kernel.py and test_planner.py.
 """
 
