@@ -45,7 +45,7 @@ from edgemoe.io import atomic_write_json
 from edgemoe.results import environment
 
 REPO = Path(__file__).resolve().parents[2]
-MODELS = ("default", "default-upcycled")
+MODELS = ("default", "default-upcycled", "upcycled-diverged", "finegrained-shared")  # the ladder (docs/models.md)
 SWEEP = (0.05, 0.2, 0.5)  # ordermoe's budgets per token-layer (the profile's units, as equal_quality)
 NATS_SWEEP = (0.005, 0.01, 0.02)  # calibrated budgets: nats per token-layer
 KIND_SWEEP = {"ordermoe": (), "calibrated": (0.01,)}  # each kind alone at these budgets
