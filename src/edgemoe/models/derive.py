@@ -15,8 +15,6 @@ Each recipe is a step budget: the same recipe, seed, data and thread count give 
 
 from __future__ import annotations
 
-import json
-import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,6 +30,8 @@ from .train import (
     guard_deadline,
     heldout_perplexity,
     load_training_data,
+    recipe_environment,
+    save_model_folder,
     train_steps,
 )
 from .upcycle import _cosine, expert_spread
@@ -181,7 +181,7 @@ def train_derived_model(data_root: str | Path, out: str | Path, name: str, cfg: 
     `source_model` / `data`: already loaded (tests pass tiny ones); otherwise the packaged source model in
     float32 and the shared corpus at `data_root` with the source's tokenizer. Writes `train_log.txt` beside it.
     """
-    from edgemoe.io import atomic_write_dir, check_replaceable_dir
+    from edgemoe.io import check_replaceable_dir
 
     from .loader import load_moe, load_tokenizer
     from .train import is_trained_model_folder
@@ -249,18 +249,8 @@ def train_derived_model(data_root: str | Path, out: str | Path, name: str, cfg: 
         "expert_spread": {"definition": "per MoE layer, mean over routed experts of ||W_e - mean W|| / ||mean W|| "
                                         "(gate_up and down matrices stacked)",
                           "by_step": {str(s): [round(x, 4) for x in v] for s, v in spread}},
-        "environment": {"python": platform.python_version(), "torch": torch.__version__,
-                        "transformers": __import__("transformers").__version__, "threads": cfg.threads,
-                        "machine": platform.machine()},
+        "environment": recipe_environment(cfg.threads),
     }
-
-    def write(tmp: Path) -> None:
-        model.to(getattr(torch, cfg.model.save_dtype)).save_pretrained(tmp)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        (tmp / "recipe.json").write_text(json.dumps(recipe, indent=2) + "\n")
-        (tmp / "train_log.txt").write_text("\n".join(lines) + "\n")
-
-    atomic_write_dir(out, write, kind="model", recognise=is_trained_model_folder)
+    save_model_folder(out, model, tokenizer, cfg.model.save_dtype, recipe, lines)
     return recipe
 

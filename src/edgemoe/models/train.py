@@ -226,18 +226,35 @@ def train_default_model(data_root: str | Path, out: str | Path, cfg: TrainConfig
         "train_cpu_seconds": round(train_cpu_seconds, 1),
         "final_train_loss": round(float(np.mean(losses[-50:])), 4),
         "heldout_perplexity": {k: round(v, 3) for k, v in ppl.items()},
-        "environment": {"python": platform.python_version(), "torch": torch.__version__,
-                        "transformers": __import__("transformers").__version__, "threads": torch.get_num_threads(),
-                        "machine": platform.machine()},
+        "environment": recipe_environment(torch.get_num_threads()),
     }
+    save_model_folder(out, model, tokenizer, cfg.save_dtype, recipe)
+    return recipe
+
+
+def recipe_environment(threads: int) -> dict:
+    """What a recipe's bytes depend on besides the recipe: the library versions, the thread count (the float
+    reductions' order) and the machine."""
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": __import__("transformers").__version__, "threads": threads,
+            "machine": platform.machine()}
+
+
+def save_model_folder(out: Path, model, tokenizer, save_dtype: str, recipe: dict,
+                      log_lines: list[str] | None = None) -> None:
+    """Write a trained model's folder `out` all or nothing: the weights in `save_dtype` (the model is cast in
+    place), the tokenizer (None: none, for a model that reuses its source's), recipe.json and, given
+    `log_lines`, train_log.txt."""
 
     def write(tmp: Path) -> None:
-        model.to(getattr(torch, cfg.save_dtype)).save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        model.to(getattr(torch, save_dtype)).save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
         (tmp / "recipe.json").write_text(json.dumps(recipe, indent=2) + "\n")
+        if log_lines is not None:
+            (tmp / "train_log.txt").write_text("\n".join(log_lines) + "\n")
 
     atomic_write_dir(out, write, kind="model", recognise=is_trained_model_folder)
-    return recipe
 
 
 TRAINED_MODEL_FILES = frozenset({"config.json", "generation_config.json", "model.safetensors", "recipe.json",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import platform
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -23,7 +22,16 @@ import torch
 
 from edgemoe.errors import EdgeMoEError
 
-from .train import TrainConfig, build_model, evaluate_heldout, guard_deadline, load_training_data, train_steps
+from .train import (
+    TrainConfig,
+    build_model,
+    evaluate_heldout,
+    guard_deadline,
+    load_training_data,
+    recipe_environment,
+    save_model_folder,
+    train_steps,
+)
 
 
 @dataclass(frozen=True)
@@ -174,7 +182,7 @@ def train_upcycled_model(data_root: str | Path, out: str | Path, cfg: UpcycleCon
 
     Also writes `train_log.txt` (every logged line) next to the model.
     """
-    from edgemoe.io import atomic_write_dir, check_replaceable_dir
+    from edgemoe.io import check_replaceable_dir
 
     from .train import is_trained_model_folder
 
@@ -237,16 +245,7 @@ def train_upcycled_model(data_root: str | Path, out: str | Path, cfg: UpcycleCon
         "expert_spread": {"definition": "per MoE layer, mean over experts of ||W_e - mean W|| / ||mean W|| "
                                         "(gate_up and down matrices stacked)",
                           "by_step": {str(s): [round(x, 4) for x in v] for s, v in spread}},
-        "environment": {"python": platform.python_version(), "torch": torch.__version__,
-                        "transformers": __import__("transformers").__version__, "threads": cfg.threads,
-                        "machine": platform.machine()},
+        "environment": recipe_environment(cfg.threads),
     }
-
-    def write(tmp: Path) -> None:
-        moe.to(getattr(torch, cfg.model.save_dtype)).save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "recipe.json").write_text(json.dumps(recipe, indent=2) + "\n")
-        (tmp / "train_log.txt").write_text("\n".join(lines) + "\n")
-
-    atomic_write_dir(out, write, kind="model", recognise=is_trained_model_folder)
+    save_model_folder(out, moe, tokenizer, cfg.model.save_dtype, recipe, lines)
     return recipe
