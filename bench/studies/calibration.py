@@ -32,13 +32,13 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import RESULTS
+from bench.studies.equal_quality import scoring_setting
 from edgemoe.eval.dial import calibrate_dial
 from edgemoe.eval.experiment import (
     ORDERMOE_BUDGET,
     ExperimentConfig,
     cached_profile,
     default_specs,
-    eval_trace,
     load_eval_text,
 )
 from edgemoe.io import atomic_write_json
@@ -105,11 +105,9 @@ def run_model(model: str, cfg: ExperimentConfig, log, save=None, intervention_to
     from edgemoe.models.scoring import quality_metrics
     from edgemoe.plan import plan
     from edgemoe.plan.problem import plan_problem
-    from edgemoe.runtime import make_context, make_policy
-    from edgemoe.runtime.dense import dense_cost_of_model
+    from edgemoe.runtime import make_policy
     from edgemoe.runtime.local import score_local
     from edgemoe.runtime.sim.simulate import simulate
-    from edgemoe.runtime.sim.workload import Workload
 
     t_model = time.perf_counter()
     adapter, tokenizer = load_moe(model), load_tokenizer(model)
@@ -140,12 +138,7 @@ def run_model(model: str, cfg: ExperimentConfig, log, save=None, intervention_to
     # 2. the policies
     cluster = load_cluster("edge8")
     placement = plan(plan_problem(profile, cluster), "ordermoe", budget=ORDERMOE_BUDGET)
-    ctx = make_context(profile, cluster, placement, mode="migrate", dense=dense_cost_of_model(adapter))
-    workload = Workload(num_requests=cfg.num_requests, prompt_tokens=cfg.prompt_tokens, gen_tokens=cfg.gen_tokens,
-                        rate_per_s=cfg.rate_per_s, seed=cfg.seed)
-    trace = eval_trace(text.topk, text.gates, ctx.user_domain, cfg.block_len)
-    eval_users = np.arange(len(text.ids)) % ctx.num_users
-    calib_users = np.arange(len(text.calib_ids)) % ctx.num_users
+    ctx, workload, trace, eval_users, calib_users = scoring_setting(profile, cluster, placement, adapter, text, cfg)
     variants = {"ordermoe": {"horizon": HORIZON},
                 "calibrated": {"horizon": HORIZON, "calibration": calib.to_dict()},
                 "calibrated-empty": {"horizon": HORIZON, "calibration": calib_empty.to_dict()}}

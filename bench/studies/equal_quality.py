@@ -77,17 +77,32 @@ KIND_BUDGET = ORDERMOE_BUDGET  # budget of the per-kind calibration runs (sectio
 CALIB_STEPS = 4  # bisection halvings per operating point (the demo: 6; fewer to fit the run in minutes)
 
 
+def scoring_setting(profile, cluster, placement, adapter, text: EvalText, cfg: ExperimentConfig):
+    """What a study scores its policies on, on edge8 in migrate mode with the model's dense cost: (context,
+    simulated workload, evaluation trace, [T] user of each evaluation row, [T'] user of each calibration row).
+    Shared with bench.studies.calibration."""
+    from edgemoe.runtime import make_context
+    from edgemoe.runtime.dense import dense_cost_of_model
+    from edgemoe.runtime.sim.workload import Workload
+
+    ctx = make_context(profile, cluster, placement, mode="migrate", dense=dense_cost_of_model(adapter))
+    workload = Workload(num_requests=cfg.num_requests, prompt_tokens=cfg.prompt_tokens, gen_tokens=cfg.gen_tokens,
+                        rate_per_s=cfg.rate_per_s, seed=cfg.seed)
+    trace = eval_trace(text.topk, text.gates, ctx.user_domain, cfg.block_len)
+    eval_users = np.arange(len(text.ids)) % ctx.num_users
+    calib_users = np.arange(len(text.calib_ids)) % ctx.num_users
+    return ctx, workload, trace, eval_users, calib_users
+
+
 def run_model(model: str, cfg: ExperimentConfig, log) -> dict:
     from edgemoe.cluster.load import load_cluster
     from edgemoe.models import load_moe, load_tokenizer
     from edgemoe.models.scoring import quality_metrics
     from edgemoe.plan import plan
     from edgemoe.plan.problem import plan_problem
-    from edgemoe.runtime import make_context, make_policy
-    from edgemoe.runtime.dense import dense_cost_of_model
+    from edgemoe.runtime import make_policy
     from edgemoe.runtime.local import score_local
     from edgemoe.runtime.sim.simulate import simulate
-    from edgemoe.runtime.sim.workload import Workload
 
     t_model = time.perf_counter()
     adapter, tokenizer = load_moe(model), load_tokenizer(model)
@@ -99,12 +114,7 @@ def run_model(model: str, cfg: ExperimentConfig, log) -> dict:
     t0 = time.perf_counter()
     placement = plan(problem, "ordermoe", budget=ORDERMOE_BUDGET)
     plan_s = time.perf_counter() - t0
-    ctx = make_context(profile, cluster, placement, mode="migrate", dense=dense_cost_of_model(adapter))
-    workload = Workload(num_requests=cfg.num_requests, prompt_tokens=cfg.prompt_tokens, gen_tokens=cfg.gen_tokens,
-                        rate_per_s=cfg.rate_per_s, seed=cfg.seed)
-    trace = eval_trace(text.topk, text.gates, ctx.user_domain, cfg.block_len)
-    eval_users = np.arange(len(text.ids)) % ctx.num_users
-    calib_users = np.arange(len(text.calib_ids)) % ctx.num_users
+    ctx, workload, trace, eval_users, calib_users = scoring_setting(profile, cluster, placement, adapter, text, cfg)
     log(f"{model}: placement planned in {plan_s:.0f} s; {text.ids.size} evaluation, {text.calib_ids.size} calibration tokens")
 
     def evaluate(policy: str, params: dict, budget: float) -> dict:
@@ -245,18 +255,14 @@ def print_table(models: list[dict]) -> None:
             print(f"{m['model']} | {point} | {row['ordermoe_latency_ms_mean']:.2f} (+{100 * row['ordermoe_ppl_rel_increase']:.2f}%) | "
                   f"{bb}: {at[bb]:.2f} | {row['ratio_to_best']:.2f}x | {bf}: {at[bf]:.2f} | {row['ratio_to_best_field']:.2f}x"
                   if bb and bf else f"{m['model']} | {point} | no baseline reaches that increase")
-    print("\nordermoe-calibrated (kinds on one measured scale) at equal perplexity:")
-    for m in models:
-        for point, row in m["equal_quality_calibrated"].items():
-            if row["best_baseline"] and row["best_field_baseline"]:
-                print(f"{m['model']} | {point} | {row['ordermoe_latency_ms_mean']:.2f} (+{100 * row['ordermoe_ppl_rel_increase']:.2f}%) "
-                      f"| {row['best_baseline']} | {row['ratio_to_best']:.2f}x | {row['best_field_baseline']} | {row['ratio_to_best_field']:.2f}x")
-    print("\nordermoe-token (stand-ins chosen per token among every local expert) at equal perplexity:")
-    for m in models:
-        for point, row in m["equal_quality_token"].items():
-            if row["best_baseline"] and row["best_field_baseline"]:
-                print(f"{m['model']} | {point} | {row['ordermoe_latency_ms_mean']:.2f} (+{100 * row['ordermoe_ppl_rel_increase']:.2f}%) "
-                      f"| {row['best_baseline']} | {row['ratio_to_best']:.2f}x | {row['best_field_baseline']} | {row['ratio_to_best_field']:.2f}x")
+    for key, heading in (("equal_quality_calibrated", "ordermoe-calibrated (kinds on one measured scale)"),
+                         ("equal_quality_token", "ordermoe-token (stand-ins chosen per token among every local expert)")):
+        print(f"\n{heading} at equal perplexity:")
+        for m in models:
+            for point, row in m[key].items():
+                if row["best_baseline"] and row["best_field_baseline"]:
+                    print(f"{m['model']} | {point} | {row['ordermoe_latency_ms_mean']:.2f} (+{100 * row['ordermoe_ppl_rel_increase']:.2f}%) "
+                          f"| {row['best_baseline']} | {row['ratio_to_best']:.2f}x | {row['best_field_baseline']} | {row['ratio_to_best_field']:.2f}x")
     print("\npredicted vs measured increase over the sweep (Spearman of predicted cost and measured increase):")
     for m in models:
         for name, r in m["predicted_vs_measured"].items():
