@@ -102,3 +102,63 @@ def test_eos_length_and_cancel(home):
             batcher.poll("never", 0, 0.1)
     finally:
         batcher.close()
+
+
+def _ordermoe_home(tiny_path, ctx):
+    """Home b running OrderMoE at a budget where it substitutes, drops and zeroes slots; its servers."""
+    cfg = ServerConfig(ctx, str(tiny_path), policy="ordermoe", policy_params=(("budget", 0.5),), wire="fp32",
+                       links_enabled=False, call_timeout_s=5.0)
+    servers = {n: ServerCore(n, cfg.model_path, ctx, cfg.links(32), cfg.make_clock()) for n in range(ctx.num_nodes)}
+    return HomeEngine(cfg, 1, LocalTransport(servers)), servers
+
+
+def _stats(batcher: HomeBatcher, request_id: str) -> dict:
+    return batcher.poll(request_id, 1 << 30, 0.0)["stats"]
+
+
+def test_exact_and_budgeted_streams_in_one_step_give_what_they_give_alone(tiny_path, lab3):
+    """One decode step holding an exact stream, a budget-0 stream and one at the deployment's budget (three
+    policy row groups in one pass): each gives the tokens and slot counts it gives alone; the exact and
+    budget-0 streams run every routed expert, the third does not."""
+    from dataclasses import replace
+
+    home, _ = _ordermoe_home(tiny_path, lab3("home"))
+    greedy = SamplingParams(temperature=0.0)
+    reqs = [StreamRequest("e", 1, PROMPTS[0], 5, greedy, exact=True),
+            StreamRequest("z", 1, PROMPTS[1], 5, greedy, budget=0.0),
+            StreamRequest("o", 1, PROMPTS[2], 5, greedy)]
+    batcher = HomeBatcher(lambda: home)
+    try:
+        alone = [run(batcher, [replace(r, request_id=r.request_id + "-alone")])[0] for r in reqs]
+        steps = batcher.steps
+        assert run(batcher, reqs) == alone
+        assert batcher.batched_rows > batcher.steps - steps  # the streams shared decode steps
+        for r in reqs:
+            together, by_itself = _stats(batcher, r.request_id), _stats(batcher, r.request_id + "-alone")
+            assert together["expert_slots"] == by_itself["expert_slots"]
+            assert together["budget_granted"] == pytest.approx(by_itself["budget_granted"])
+        stood_in = {r.request_id: sum(_stats(batcher, r.request_id)["expert_slots"][k]
+                                      for k in ("substituted", "dropped", "zeroed")) for r in reqs}
+        assert stood_in["e"] == stood_in["z"] == 0 < stood_in["o"]
+        assert _stats(batcher, "e")["budget_granted"] == 0 < _stats(batcher, "o")["budget_granted"]
+    finally:
+        batcher.close()
+
+
+def test_an_exact_stream_on_an_ordermoe_home_fails_rather_than_degrade(tiny_path, lab3):
+    """Servers a and c lost (the experts e % 3 == 1 have no replica left): a stream that asked for exact
+    execution ends with a 503 naming the expert, unless it allows degradation; the deployment's own
+    (budgeted) streams are answered."""
+    home, servers = _ordermoe_home(tiny_path, lab3("home"))
+    del servers[0], servers[2]
+    greedy = SamplingParams(temperature=0.0)
+    batcher = HomeBatcher(lambda: home)
+    try:
+        batcher.start(StreamRequest("strict", 1, PROMPTS[0], 3, greedy, exact=True))
+        end = batcher.poll("strict", 1 << 30, 60.0)
+        assert end["done"] and end["error"][0] == 503 and "no reachable replica" in end["error"][1]
+        lenient = StreamRequest("lenient", 1, PROMPTS[0], 3, greedy, exact=True, allow_degraded=True)
+        assert len(run(batcher, [lenient, StreamRequest("own", 1, PROMPTS[0], 3, greedy)])[0]) == 3
+        assert _stats(batcher, "lenient")["expert_slots"]["degraded"] > 0
+    finally:
+        batcher.close()

@@ -154,8 +154,7 @@ def test_homes_feed_each_pass_back_to_an_adaptive_policy(tiny_path, lab3):
         def observe(self, users, latency_s, estimate_s, spent, granted):
             seen.append((users.tolist(), float(latency_s[0]), float(estimate_s[0]), float(spent[0]), float(granted[0])))
 
-    _, version = engine.membership.snapshot()
-    engine._policies = {version: Recording(make_policy("drop", ctx, budget=0.5))}
+    engine.policies.use(Recording(make_policy("drop", ctx, budget=0.5)))
     res = engine.generate(GenerateRequest("f", 0, PROMPT, 3, submit_s=0.0))
     assert [s[0] for s in seen] == [[0]] * 3
     assert [s[1] for s in seen] == (res.pass_end_s - res.pass_begin_s).tolist()
@@ -181,7 +180,7 @@ def test_exact_home_refuses_to_degrade_unless_the_request_allows_it(tiny_path, l
     Each exclusion is one log line naming the server."""
     import logging
 
-    from edgemoe.distributed.server import Degraded
+    from edgemoe.distributed.dispatch import Degraded
 
     ctx = lab3("home")
     engine, servers = _engine(ctx, tiny_path, home=1)

@@ -1,7 +1,7 @@
 """The Ray deployment behind the HTTP app (edgemoe.serve.ray_engine), driven by the openai client against a
 real uvicorn server on loopback: greedy text equal to the home's own generation, token streaming, seeded
-sampling that does not depend on what a stream is batched with, stop strings, metrics, and the fields the
-Ray homes cannot honour refused with 400."""
+sampling that does not depend on what a stream is batched with, stop strings, metrics, exact requests and
+logprobs (per-request budgets and explain: test_ray_request_policy.py)."""
 
 import threading
 
@@ -112,10 +112,14 @@ def test_seeded_sampling_alone_and_batched_and_stop_strings(served, lab3_deploym
     assert r.choices[0].finish_reason == "stop" and r.choices[0].text == text[:text.index(stop)]
 
 
-def test_fields_the_ray_homes_cannot_honour_are_400(served):
+def test_exact_request_and_logprobs(served):
+    """exact: true on the exact deployment is its own answer; budget with exact is a 400 naming the field."""
     c, *_ = served
+    plain = ask(c, max_tokens=3, temperature=0)
+    exact = ask(c, max_tokens=3, temperature=0, extra_body={"edgemoe": {"user": "u1", "exact": True}})
+    assert exact.choices[0].text == plain.choices[0].text and exact.model_extra["edgemoe"]["policy"] == "exact"
     with pytest.raises(openai.BadRequestError) as err:
-        ask(c, max_tokens=2, extra_body={"edgemoe": {"user": "u1", "exact": True}})
-    assert "edgemoe.exact" in err.value.message
+        ask(c, max_tokens=2, extra_body={"edgemoe": {"user": "u1", "exact": True, "budget": 0.1}})
+    assert "edgemoe.budget" in str(err.value.body)
     r = ask(c, max_tokens=2, temperature=0, logprobs=2)
     assert len(r.choices[0].logprobs.token_logprobs) == r.usage.completion_tokens

@@ -44,6 +44,27 @@ def slot_kinds(topk, experts, node, location, zeroed) -> np.ndarray:
     return np.where(zeroed, 4, kind)
 
 
+def request_allowance(ceiling: np.ndarray, exact: np.ndarray, budget: np.ndarray) -> np.ndarray:
+    """[B] quality allowance per token-layer of B requests: 0 when exact, else the request's budget capped at the
+    deployment's allowance for its user (the operator's ceiling), or that allowance when it names none.
+    ceiling: [B] the deployment policy's allowance of each request's user; exact: [B] bool; budget: [B] float,
+    nan where the request names none. The in-process engine and the Ray homes both grant budgets by this rule."""
+    ceiling = np.asarray(ceiling, float)
+    budget = np.asarray(budget, float)
+    own = np.where(np.isnan(budget), ceiling, np.minimum(budget, ceiling))
+    return np.where(np.asarray(exact, bool), 0.0, own)
+
+
+def explain_slots(names, topk, experts, node, location, zeroed) -> list[dict]:
+    """The K slot records of one token row at one layer (the `explain` of a response): the routed expert, the
+    one that ran (None: not run), the node it ran on, where the token was, and the slot's kind (SLOT_KINDS).
+    names: node names; topk/experts/node/zeroed: [K]; location: the row's node."""
+    kinds = slot_kinds(topk[None], experts[None], node[None], np.array([location]), zeroed[None])[0]
+    return [{"routed": int(topk[k]), "ran": int(experts[k]) if experts[k] >= 0 else None,
+             "node": names[node[k]] if node[k] >= 0 else None, "at": names[location], "kind": SLOT_KINDS[kinds[k]]}
+            for k in range(len(topk))]
+
+
 def batch_caches(kvs: list, lengths: list[int], config):
     """Per-sequence KV caches -> one DynamicCache for a decode step, and its attention mask.
 
@@ -93,6 +114,9 @@ class StreamRequest:
     eos: tuple[int, ...] = ()
     context_length: int = 1 << 30
     allow_degraded: bool = False
+    exact: bool = False  # the exact policy decides this stream's rows, whatever the deployment's policy
+    budget: float | None = None  # quality allowance per token-layer (capped at the deployment's); None: its own
+    explain: bool = False  # record, per token and layer, where each slot ran and what stood in (poll's "explain")
 
 
 class _Stream:
@@ -110,6 +134,8 @@ class _Stream:
         self.node_slots = np.zeros(num_nodes, np.int64)  # slots each node ran for this stream
         self.degraded = 0
         self.spent = 0.0
+        self.granted = 0.0  # budget granted over all passes (allowance x layers per token row)
+        self.explain: list = []  # per generated token (req.explain): per layer, K slot records (explain_slots)
         self.remote_bytes = 0
         self.touched = time.monotonic()  # last poll: a stream nobody polls any more is cancelled
 
@@ -117,9 +143,10 @@ class _Stream:
     def finished(self) -> bool:
         return self.reason is not None or self.error is not None
 
-    @property
-    def strict(self) -> bool:
-        return not self.req.allow_degraded
+    def strict(self, policy: str) -> bool:
+        """Exact execution or nothing: an exact stream (the deployment's policy or the request's flag) that did
+        not allow degradation."""
+        return (policy == "exact" or self.req.exact) and not self.req.allow_degraded
 
 
 class HomeBatcher:
@@ -168,7 +195,8 @@ class HomeBatcher:
         """The stream's tokens after the first `have`, waiting up to timeout_s for one (or its end).
 
         Returns {"tokens": [(token, logprob, top)], "done", "reason", "error": (status, message) or None,
-        "stats" (when done): slot counts, node_slots, degraded, budget_spent, remote_bytes}."""
+        "explain" (an explained stream): per new token, per layer K slot records; "stats" (when done): slot
+        counts, node_slots, degraded, budget_spent, budget_granted, remote_bytes}."""
         end = time.monotonic() + timeout_s
         with self._cv:
             s = self._streams.get(request_id)
@@ -182,6 +210,8 @@ class HomeBatcher:
                 self._cv.wait(left)
             s.touched = time.monotonic()
             out = {"tokens": list(s.tokens[have:]), "done": s.finished, "reason": s.reason, "error": s.error}
+            if s.req.explain:
+                out["explain"] = list(s.explain[have:])
             if self._closed and not s.finished:
                 out.update(done=True, error=(503, "the home is shutting down"))
             if out["done"]:
@@ -192,7 +222,8 @@ class HomeBatcher:
     def _stats(s: _Stream) -> dict:
         """The stream's counts so far: slots by kind (and in all, and degraded), per node, budget, bytes."""
         return {"expert_slots": dict(s.slots, degraded=s.degraded, slots=int(sum(s.slots.values()))),
-                "node_slots": s.node_slots.tolist(), "budget_spent": s.spent, "remote_bytes": int(s.remote_bytes)}
+                "node_slots": s.node_slots.tolist(), "budget_spent": s.spent, "budget_granted": s.granted,
+                "remote_bytes": int(s.remote_bytes)}
 
     def cancel(self, request_id: str) -> dict | None:
         """Stop the stream at its next step; returns its counts so far (None: unknown here)."""
@@ -254,7 +285,7 @@ class HomeBatcher:
     def _guarded(self, home, batch: list[_Stream], prefill: bool) -> None:
         """Run one pass; a Degraded error fails the strict streams it names (the others take the next step),
         any other error fails the pass's streams with a 503 naming it."""
-        from .server import Degraded
+        from .dispatch import Degraded
 
         try:
             self._pass(home, batch, prefill)
@@ -280,16 +311,23 @@ class HomeBatcher:
 
         config = home.adapter.model.config
         users = np.array([s.req.user for s in batch], np.int64)
-        strict = np.array([s.strict and home.cfg.policy == "exact" for s in batch], bool)
+        strict = np.array([s.strict(home.cfg.policy) for s in batch], bool)
+        exact = np.array([s.req.exact for s in batch], bool)
+        overrides = exact.any() or any(s.req.budget is not None for s in batch)
+        allowance = home.policies.allowances(users, exact, [np.nan if s.req.budget is None else s.req.budget for s in batch])
         per = len(batch[0].req.prompt) if prefill else 1
         owner = np.repeat(np.arange(len(batch)), per)  # [B x S] which stream each row is
+        last = np.arange(len(batch)) * per + per - 1  # [B] the row whose logits each stream samples from
+        layers: dict[int, list] = {b: [] for b, s in enumerate(batch) if s.req.explain}  # explained streams' slots
 
         wire_bytes = row_bytes(home.hidden_size, home.cfg.wire)
         here = np.full(len(owner), home.node)
+        names = home.ctx.node_names
 
         def observe(layer, topk, final) -> None:
             kind = slot_kinds(topk, final.experts, final.node, final.location, final.zero_mask)
             nbytes = decision_bytes(final, layer, home.ctx.num_layers, here, wire_bytes)  # [T]
+            zeroed = final.zero_mask
             for b, s in enumerate(batch):
                 mine = owner == b
                 counts = np.bincount(kind[mine].ravel(), minlength=len(SLOT_KINDS))
@@ -299,19 +337,24 @@ class HomeBatcher:
                 s.node_slots += np.bincount(ran[ran >= 0], minlength=len(s.node_slots))
                 s.spent += float(final.quality_cost[mine].sum())
                 s.remote_bytes += int(nbytes[mine].sum())
+                if b in layers:
+                    r = last[b]
+                    layers[b].append(explain_slots(names, topk[r], final.experts[r], final.node[r],
+                                                   int(final.location[r]), zeroed[r]))
 
+        policy_rows = {"allowance": allowance if overrides else None, "exact": exact if exact.any() else None}
         if prefill:
             s = batch[0]
             ids = torch.as_tensor(np.asarray(s.req.prompt, np.int64))[None]
             cache = DynamicCache(config=config)
-            logits, degraded = home.forward_batch(ids, cache, users, strict, observe)
+            logits, degraded = home.forward_batch(ids, cache, users, strict, observe, **policy_rows)
             s.kv = [(layer.keys, layer.values) for layer in cache.layers]
             s.length = ids.shape[1]
         else:
             cache, mask = batch_caches([s.kv for s in batch], [s.length for s in batch], config)
             ids = torch.tensor([[s.tokens[-1][0]] for s in batch], dtype=torch.long)
             pos = torch.tensor([[s.length] for s in batch], dtype=torch.long)
-            logits, degraded = home.forward_batch(ids, cache, users, strict, observe, mask, pos)
+            logits, degraded = home.forward_batch(ids, cache, users, strict, observe, mask, pos, **policy_rows)
             append_step(cache, [s.kv for s in batch])
             for s in batch:
                 s.length += 1
@@ -320,7 +363,10 @@ class HomeBatcher:
         with self._cv:
             for b, s in enumerate(batch):
                 s.degraded += int(degraded[owner == b].sum())
+                s.granted += float(allowance[b]) * home.ctx.num_layers * per
                 self._sample(s, logits[b])
+                if b in layers:
+                    s.explain.append(layers[b])
             self._cv.notify_all()
 
     @staticmethod

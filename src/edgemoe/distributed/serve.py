@@ -340,9 +340,7 @@ class ServerActor:
         self.core.clock = cfg.make_clock()
         self.core.accelerator.reset()
         if self.home is not None:
-            self.home.cfg, self.home.clock = cfg, cfg.make_clock()
-            self.home.free_seen[:] = -np.inf
-            self.home.backbone.reset()
+            self.home.retime(cfg)
         return cfg.version
 
     def cpu(self) -> dict:
@@ -411,7 +409,8 @@ class ServerActor:
             return {}
         alive, version = self.home.membership.snapshot()
         return {"alive": alive.tolist(), "version": version, "events": list(self.home.membership.events),
-                "started": self.home.started, "in_flight": self.home.in_flight, "served": self.home.served,
+                "started": self.home.requests.started, "in_flight": self.home.requests.in_flight,
+                "served": self.home.requests.served,
                 "streams": self.batcher.load() if self.batcher is not None else None}
 
     def _probe_loop(self) -> None:
@@ -598,7 +597,7 @@ class Client:
                  submit_s: float | None = None, allow_degraded: bool = False) -> GenerateResult:
         """Run one request; submit_s: its nominal arrival (default: now on the deployment's clock; the
         virtual clock needs it). Retries keep the id and the arrival, so failover time counts in TTFT.
-        allow_degraded: with the exact policy, accept slots a failure drops (else server.Degraded, a 503)."""
+        allow_degraded: with the exact policy, accept slots a failure drops (else dispatch.Degraded, a 503)."""
         ray = _ray()
         rid = request_id or self.next_id()
         submit = self.clock.now() if submit_s is None else float(submit_s)

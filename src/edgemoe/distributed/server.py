@@ -3,10 +3,13 @@
 `ServerCore` holds only the experts its placement row names, read by key from the checkpoint, and
 answers `ExpertCall`s with the emulated link delays applied on the way in and out.
 `HomeEngine` holds the dense backbone (the HF model with every sparse block's experts module replaced
-by a `RemoteExperts` stub). At each MoE layer it runs the router (the model's own), asks the runtime
-policy where each slot runs, batches the rows per destination server, calls them in parallel, gathers,
-and combines the outputs with the gates (dropped slots renormalised as the local backend does). The KV
-cache of a request never leaves its home. `Transport` is how calls reach other servers: Ray actors in
+by a `RemoteExperts` stub) and runs passes over it. At each MoE layer it runs the router (the model's own),
+asks its policies where each slot runs (`HomePolicies`, edgemoe.distributed.home_policy), hands the slots
+to `SlotDispatch` (edgemoe.distributed.dispatch: one call per destination server, replies gathered,
+failures repaired), and combines the outputs with the gates (dropped slots renormalised as the local
+backend does). Requests run one by one (`generate`) are checked and kept by a `RequestLedger`
+(edgemoe.distributed.ledger); streams are batched by edgemoe.distributed.batching. The KV cache of a
+request never leaves its home. `Transport` is how calls reach other servers: Ray actors in
 `edgemoe.distributed.serve`, plain objects in threads for the in-process tests.
 """
 
@@ -14,9 +17,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +26,12 @@ import torch
 
 from edgemoe.errors import EdgeMoEError
 
+from .dispatch import COUNT_KEYS, Pass, SlotDispatch
 from .health import Backoff, Membership
+from .home_policy import HomePolicies
+from .ledger import RequestLedger
 from .links import Clock, LinkTable, VirtualAccelerator
-from .repair import degraded_context, repair_slots
+from .repair import repair_slots
 from .weights import ExpertWeights
 from .wire import ExpertCall, ExpertReply, GenerateRequest, GenerateResult, decode, encode, row_bytes
 
@@ -99,16 +104,6 @@ def process_rss_bytes() -> int:
     except OSError:
         pass
     return 0
-
-
-class Degraded(EdgeMoEError):
-    """Exact execution is impossible: some routed expert has no reachable replica (HTTP 503). Raised only for
-    requests that did not allow degradation (GenerateRequest.allow_degraded). rows: the pass's token rows
-    whose strict slots a failure changed (a batched pass fails only their sequences)."""
-
-    def __init__(self, message: str, rows=()):
-        super().__init__(message)
-        self.rows = tuple(int(r) for r in rows)
 
 
 class ServerCore:
@@ -206,39 +201,13 @@ class RemoteExperts(torch.nn.Module):
         return self.engine.moe_layer(self.layer, hidden, index, weights)
 
 
-@dataclass
-class _Pass:
-    """Book-keeping of one forward pass in progress on this home (one per thread)."""
-
-    state: object  # TokenState
-    prefill: bool
-    counts: dict
-    topk: list
-    gates: list
-    tally: object
-    t: float  # nominal time the next MoE layer may start (the last layer's end so far)
-    index: int = 0  # pass number within its request (0 = prefill)
-    events: list = field(default_factory=list)  # [J, 10] arrays, see GenerateResult.events
-    dense_events: list = field(default_factory=list)  # (pass, layer, node, arrival, start, end) per layer
-    busy: np.ndarray = None  # [N] emulated accelerator seconds used per node
-    estimate_s: float = 0.0  # the policy's own estimate of the pass (per layer its slowest row's latency_s)
-    spent: float = 0.0  # quality budget the pass's rows spent
-    late_s: float = 0.0  # host lateness: how much later than their deadlines the layers started (and the pass ended)
-    strict: bool | np.ndarray = False  # exact execution or nothing (per pass, or [T] per row): a slot that a failure
-    # would drop or substitute raises Degraded
-    observer: object = None  # batched passes: observer(layer, topk [T, K], final Decision) after each MoE layer
-    row_degraded: np.ndarray = None  # batched passes: [T] slots a failure dropped or substituted, per row
-
-
-COUNT_KEYS = ("slots", "remote", "substituted", "dropped", "repaired", "failed_calls", "calls", "link_bytes",
-              "process_bytes", "emulated_s", "degraded")  # degraded: slots a failure dropped or substituted
-
-
 class HomeEngine:
-    """The dense backbone of node `node` plus the dispatch of its users' expert slots.
+    """The dense backbone of node `node` and the passes over it: one MoE layer's step (`moe_layer`: the
+    dense part's emulated time, the decision, the fan-out, the combination), a request's passes (`generate`),
+    a batch of streams' pass (`forward_batch`).
 
     Passes of different requests run concurrently (one thread each), as the simulator runs them; each pass
-    carries its own nominal clock (`_Pass.t`): a layer's calls are stamped with the layer's start, and the
+    carries its own nominal clock (`Pass.t`): a layer's calls are stamped with the layer's start, and the
     layer ends at the latest time any of its outputs is ready at the meeting node (links.py)."""
 
     def __init__(self, cfg: ServerConfig, node: int, transport: Transport, membership: Membership | None = None,
@@ -270,37 +239,17 @@ class HomeEngine:
         # of one pass at a time (FIFO), each for ctx.dense_s(home, rows) seconds, before the layer's expert calls.
         self.backbone = VirtualAccelerator()
         self.emulate_dense = bool(self.links.enabled and self.ctx.dense_on)
-        self._lock = threading.Lock()  # policies, the finished cache, the load estimate
         self._local = threading.local()  # the pass this thread is running
-        self._policies: dict[int, object] = {}
-        # Latest time each node's accelerator was reported busy until (replies): the home's load estimate.
-        self.free_seen = np.full(self.ctx.num_nodes, -np.inf)
-        self.finished: OrderedDict[str, GenerateResult] = OrderedDict()
-        self.finished_cache = finished_cache
-        self.served = 0
-        self.started = 0  # requests begun (not answered from the cache)
-        self.in_flight = 0
+        self.policies = HomePolicies(cfg, self.membership)
+        self.dispatch = SlotDispatch(self.node, cfg, transport, self.membership, self.links, self.clock, self.policies)
+        self.requests = RequestLedger(finished_cache)
 
-    # ---- policy per membership ----------------------------------------------------------------
-    def policy(self):
-        from edgemoe.runtime import make_policy
-
-        alive, version = self.membership.snapshot()
-        with self._lock:
-            if version not in self._policies:
-                ctx = self.ctx if alive.all() else degraded_context(self.ctx, alive)
-                try:
-                    self._policies = {version: make_policy(self.cfg.policy, ctx, **self.cfg.params)}
-                except EdgeMoEError:  # e.g. look-ahead tables on a context with holes: exact + repair instead
-                    self._policies = {version: make_policy("exact", ctx)}
-            return self._policies[version], alive
-
-    def load_s(self, t: float) -> np.ndarray | None:
-        """[N] backlog each node had at nominal time t, as far as this home's replies told it (None: off)."""
-        if not self.cfg.use_load:
-            return None
-        with self._lock:
-            return np.maximum(self.free_seen - t, 0.0)
+    def retime(self, cfg: ServerConfig) -> None:
+        """Take cfg's clock (mode, dilation) and load setting; the emulated backbone queue starts empty."""
+        self.cfg, self.clock = cfg, cfg.make_clock()
+        self.policies.retime(cfg)
+        self.dispatch.retime(cfg, self.clock)
+        self.backbone.reset()
 
     # ---- one MoE layer ------------------------------------------------------------------------
     def moe_layer(self, layer: int, hidden: torch.Tensor, index, weights) -> torch.Tensor:
@@ -310,20 +259,20 @@ class HomeEngine:
         topk_t, gates_t = self.adapter._to_canonical(index, weights)
         topk = topk_t.cpu().numpy().astype(np.int64)
         gates = gates_t.float().cpu().numpy().astype(np.float64)
-        policy, alive = self.policy()
+        _, alive = self.policies.get()
         st = p.state
         stranded = ~alive[st.location]  # the token's (emulated) node left: its state is at home anyway
         st.location[stranded] = st.home[stranded]
         ready = self._dense(layer, len(topk), p)  # the layer's dense work, then the router's slots may leave
-        dec = policy.decide(layer, topk, gates, st, self.load_s(ready))
+        dec = self.policies.decide(layer, topk, gates, st, p.groups, self.policies.load_s(ready))
         p.estimate_s += float(dec.latency_s.max(initial=0.0))
         p.spent += float(dec.quality_cost.sum())
         experts, node, fixed = repair_slots(self.ctx, layer, dec.experts, dec.node, dec.location, st.user, alive)
-        self._degraded(layer, dec.experts, experts, p)
+        self.dispatch.degraded(layer, dec.experts, experts, p)
         meet = np.where(alive[dec.next_location], dec.next_location, dec.location)
         sent = self.clock.stamp(ready)  # the calls leave now: their deadline, or later if the host ran late
         p.late_s += sent - ready
-        out, experts, node, meet, done = self._dispatch(layer, hidden, experts, node, dec.location, meet, st, p, sent)
+        out, experts, node, meet, done = self.dispatch.run(layer, hidden, experts, node, dec.location, meet, st, p, sent)
         st.location[:] = meet
         # The layer ends when its slowest output has reached the meeting node (and, after the last layer, the
         # token is home again for the LM head, as in the simulator); rows without a job end at their floor.
@@ -347,7 +296,7 @@ class HomeEngine:
         _, new_gates = apply_intervention(self.adapter, call, Intervention.from_numpy(experts, dec.zeroed))
         return (new_gates.to(out.dtype)[..., None] * out).sum(dim=1).to(hidden.dtype)
 
-    def _dense(self, layer: int, rows: int, p: _Pass) -> float:
+    def _dense(self, layer: int, rows: int, p: Pass) -> float:
         """Queue this layer's dense work (attention, norms, router: `ctx.dense_s` of `rows` rows on this home's
         hardware) on the home's backbone FIFO from the layer's start; returns when it ends, the earliest the
         layer's expert calls may leave (the layer's start when the dense part is not emulated). The host's real
@@ -362,99 +311,6 @@ class HomeEngine:
         p.estimate_s += service  # the policy prices experts only; the feedback's estimate includes the dense part
         return float(end[0])
 
-    def _dispatch(self, layer, hidden, experts, node, src, meet, st, p: _Pass, sent: float):
-        """Run every slot where node [T, K] says; failed calls are re-routed (repair) and retried up to
-        max_attempts, then dropped. Returns (outputs [T, K, H] gate 1, experts, node, meet, done [T, K]) as
-        executed; done: nominal time each slot's output is at the meeting node (home after the last layer),
-        nan where nothing ran."""
-        T, K = experts.shape
-        out = torch.zeros(T, K, hidden.shape[1], device=hidden.device)
-        done = np.full((T, K), np.nan)
-        experts, node, meet = experts.copy(), node.copy(), meet.copy()
-        counts, users = p.counts, st.user
-        last = layer == self.ctx.num_layers - 1
-        pending = np.argwhere(node >= 0)  # [S, 2] (row, slot)
-        for _attempt in range(self.cfg.max_attempts):
-            if len(pending) == 0:
-                break
-            calls = []
-            for n in np.unique(node[pending[:, 0], pending[:, 1]]):
-                mine = pending[node[pending[:, 0], pending[:, 1]] == n]
-                t = mine[:, 0]
-                msg = ExpertCall(layer, encode(hidden[torch.from_numpy(t)], self.cfg.wire), experts[t, mine[:, 1]],
-                                 src[t], meet[t], self.cfg.wire, sent)
-                calls.append((int(n), mine, self.transport.submit(int(n), msg), msg.hidden.nbytes))
-            failed = self._collect(calls, layer, out, done, meet, st, p, sent, last)
-            if not failed:
-                pending = pending[:0]
-                break
-            pending = np.concatenate(failed)
-            alive, _ = self.membership.snapshot()
-            before = experts.copy()
-            experts, node, _ = repair_slots(self.ctx, layer, experts, node, src, users, alive)
-            self._degraded(layer, before, experts, p)
-            meet = np.where(alive[meet], meet, src)
-            counts["repaired"] += len(pending)
-            pending = pending[node[pending[:, 0], pending[:, 1]] >= 0]
-            sent = self.clock.stamp(sent)  # the retry leaves now
-        if len(pending):  # still failing after every attempt: drop those slots (gates renormalised)
-            before = experts.copy()
-            experts[pending[:, 0], pending[:, 1]] = -1
-            self._degraded(layer, before, experts, p)
-            node[pending[:, 0], pending[:, 1]] = -1
-        return out, experts, node, meet, done
-
-    def _degraded(self, layer: int, planned: np.ndarray, executed: np.ndarray, p: _Pass) -> None:
-        """Count the slots [T, K] a failure changed (planned an expert, now another or none); on a strict pass,
-        raise Degraded naming the first such expert instead."""
-        changed = (planned >= 0) & (executed != planned)
-        if not changed.any():
-            return
-        strict = changed & np.asarray(p.strict, bool).reshape(-1, 1)  # [T, K] (a pass-wide flag broadcasts)
-        if strict.any():
-            t, k = np.argwhere(strict)[0]
-            alive, _ = self.membership.snapshot()
-            down = [self.ctx.node_names[n] for n in np.flatnonzero(~alive)]
-            raise Degraded(f"exact execution impossible: expert {int(planned[t, k])} of layer {layer} has no reachable "
-                           f"replica (servers down: {', '.join(down) or 'none'}); send edgemoe.allow_degraded: true "
-                           "to accept dropped or substituted slots", np.flatnonzero(strict.any(axis=1)))
-        p.counts["degraded"] += int(changed.sum())
-        if p.row_degraded is not None:
-            p.row_degraded += changed.sum(axis=1)
-
-    def _collect(self, calls, layer, out, done, meet, st, p: _Pass, sent: float, last: bool) -> list:
-        """Wait for the replies of `calls`, fill out/done, record events; returns the failed calls' slots.
-        A call may take its emulated time (dilated) plus `call_timeout_s` of wall time before it counts as failed."""
-        counts = p.counts
-        slack = self.clock.dilation * (2.0 * float(self.links.xfer_s.max(initial=0.0))
-                                       + float(self.ctx.compute_s.max(initial=0.0)) * max(len(c[1]) for c in calls))
-        deadline = time.monotonic() + self.cfg.call_timeout_s + (0.0 if self.clock.virtual else slack)
-        failed = []
-        for n, mine, fut, sent_bytes in calls:
-            counts["calls"] += 1
-            try:
-                reply: ExpertReply = fut.result(timeout=max(deadline - time.monotonic(), 0.0))
-            except Exception:  # noqa: BLE001 - actor died, unavailable, or timed out: all mean "not now"
-                counts["failed_calls"] += 1
-                self.membership.exclude(n, why=f"an expert call of layer {layer} failed")
-                failed.append(mine)
-                continue
-            r, k = mine[:, 0], mine[:, 1]
-            out[r, k] = decode(reply.out, self.cfg.wire).to(out.device)
-            trip = self.links.legs_s(meet[r], st.home[r]) if last else np.zeros(len(r))
-            done[r, k] = reply.end + (reply.back_s + trip)  # the simulator's finish + back, in its order
-            counts["link_bytes"] += reply.bytes_in + reply.bytes_out
-            counts["emulated_s"] += reply.inbound_s + reply.outbound_s
-            if n != self.node:
-                counts["process_bytes"] += sent_bytes + reply.out.nbytes
-            p.busy[n] += float((reply.end - reply.start).sum())
-            p.events.append(np.column_stack([np.full(len(r), p.index), np.full(len(r), layer), np.full(len(r), n), r, k,
-                                             np.full(len(r), sent), reply.arrival, reply.start, reply.end, done[r, k]]))
-            if np.isfinite(reply.free_at):
-                with self._lock:
-                    self.free_seen[n] = max(self.free_seen[n], reply.free_at)
-        return failed
-
     # ---- requests -----------------------------------------------------------------------------
     def _forward(self, ids: torch.Tensor, cache, user: int, index: int, t: float, counts: dict, tally, rec,
                  busy: np.ndarray, events: list, dense_events: list, strict: bool = False) -> tuple[int, float, float, float]:
@@ -462,13 +318,13 @@ class HomeEngine:
 
         Host lateness: the time by which the layers' starts and the pass's end missed their deadlines (the
         host's CPU work ran past them); with none, end is exactly the emulated end."""
-        policy, _ = self.policy()
+        policy, _ = self.policies.get()
         rows = ids.shape[1]
         state = policy.start(np.full(rows, user))
         state.home[:] = self.node  # the row lives here, even when this home stands in for another
         state.location[:] = self.node
         begin = self.clock.stamp(t)
-        p = _Pass(state, index == 0, counts, [], [], tally, begin, index, events, dense_events, busy, strict=strict)
+        p = Pass(state, index == 0, counts, [], [], tally, begin, index, events, dense_events, busy, strict=strict)
         self._local.current = p
         try:
             logits = self.adapter.model(input_ids=ids, cache=cache, use_cache=True).logits
@@ -487,17 +343,20 @@ class HomeEngine:
 
     @torch.no_grad()
     def forward_batch(self, ids: torch.Tensor, cache, users: np.ndarray, strict: np.ndarray, observer,
-                      attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None):
+                      attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                      allowance: np.ndarray | None = None, exact: np.ndarray | None = None):
         """One pass of several sequences at once (edgemoe.distributed.batching): ids [B, S] (a prefill is
         B = 1; a decode step S = 1), users [B] and strict [B] per sequence, observer(layer, topk, final) per MoE
         layer (rows in batch-major order, B x S). Every MoE layer's slots bound for one server leave as one
-        call, whichever sequence they belong to. Returns (logits [B, V] at each sequence's last position,
-        degraded slots per row [B x S]). Real clock only; the policy's adaptive feedback is not fed (one
-        request's latency must not change another's text, as in the in-process engine)."""
+        call, whichever sequence they belong to. allowance: [B] each sequence's quality allowance per
+        token-layer (`HomePolicies.allowances`; None: the policy's own); exact: [B] bool, sequences the exact policy decides
+        (None: none). Returns (logits [B, V] at each sequence's last position, degraded slots per row [B x S]).
+        Real clock only; the policy's adaptive feedback is not fed (one request's latency must not change
+        another's text, as in the in-process engine)."""
         if self.clock.virtual:
             raise EdgeMoEError("batched serving runs on the real clock (the virtual clock needs request-by-request "
                                "arrivals: HomeEngine.generate)")
-        policy, _ = self.policy()
+        policy, _ = self.policies.get()
         B, S = ids.shape
         state = policy.start(np.repeat(np.asarray(users, np.int64), S))
         state.home[:] = self.node
@@ -511,9 +370,9 @@ class HomeEngine:
         ids = ids.to(dev)
         attention_mask = None if attention_mask is None else attention_mask.to(dev)
         position_ids = None if position_ids is None else position_ids.to(dev)
-        p = _Pass(state, S > 1, counts, [], [], tally, begin, 0 if S > 1 else 1, [], [], np.zeros(self.ctx.num_nodes),
+        p = Pass(state, S > 1, counts, [], [], tally, begin, 0 if S > 1 else 1, [], [], np.zeros(self.ctx.num_nodes),
                   strict=np.repeat(np.asarray(strict, bool), S), observer=observer,
-                  row_degraded=np.zeros(B * S, np.int64))
+                  row_degraded=np.zeros(B * S, np.int64), groups=self.policies.row_groups(self.node, state, S, allowance, exact))
         self._local.current = p
         try:
             out = self.adapter.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -525,25 +384,13 @@ class HomeEngine:
     @torch.no_grad()
     def generate(self, req: GenerateRequest) -> GenerateResult:
         """Greedy generation for one request; a request id seen before is answered from the cache."""
-        with self._lock:
-            done = self.finished.get(req.request_id)
+        done = self.requests.replay(req.request_id)
         if done is not None:
-            return replace(done, replayed=True)
-        if not 0 <= req.user < self.ctx.num_users:
-            raise EdgeMoEError(f"request {req.request_id}: user {req.user} outside [0, {self.ctx.num_users})")
-        if req.gen_tokens < 1 or len(req.prompt) < 1:
-            raise EdgeMoEError(f"request {req.request_id}: needs a prompt and gen_tokens >= 1")
-        if self.clock.virtual and not np.isfinite(req.submit_s):
-            raise EdgeMoEError(f"request {req.request_id}: the virtual clock needs submit_s (the nominal arrival)")
-        arrival = self.clock.now() if np.isnan(req.submit_s) else float(req.submit_s)
-        with self._lock:
-            self.started += 1
-            self.in_flight += 1
-        try:
+            return done
+        submit = self.requests.check(req, self.ctx.num_users, self.clock.virtual)
+        arrival = self.clock.now() if np.isnan(submit) else submit
+        with self.requests.running():
             return self._generate(req, arrival)
-        finally:
-            with self._lock:
-                self.in_flight -= 1
 
     def _generate(self, req: GenerateRequest, arrival: float) -> GenerateResult:
         from transformers import DynamicCache
@@ -578,9 +425,4 @@ class HomeEngine:
             arrival_s=arrival, pass_begin_s=begin_a, pass_end_s=end_a, pass_deadline_s=np.asarray(emulated),
             events=np.concatenate(events) if events else np.zeros((0, 10)), node_busy_s=busy,
             dense_events=np.array(dense_events, float).reshape(-1, 6))
-        with self._lock:
-            self.finished[req.request_id] = result
-            while len(self.finished) > self.finished_cache:
-                self.finished.popitem(last=False)
-            self.served += 1
-        return result
+        return self.requests.record(result)

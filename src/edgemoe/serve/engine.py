@@ -26,7 +26,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from edgemoe.distributed.batching import SLOT_KINDS, append_step, batch_caches, slot_kinds
+from edgemoe.distributed.batching import (
+    SLOT_KINDS,
+    append_step,
+    batch_caches,
+    explain_slots,
+    request_allowance,
+    slot_kinds,
+)
 from edgemoe.distributed.sampling import SamplingParams, next_token, top_logprobs
 from edgemoe.errors import EdgeMoEError
 
@@ -236,17 +243,10 @@ class PolicyBridge:
     def explain_rows(self) -> dict[int, list]:
         """Sequence index -> per layer, K slot records of its generated token of this pass."""
         names = self.engine.ctx.node_names
-        out: dict[int, list] = {}
-        for row in np.flatnonzero(self.gen_row):
-            layers = []
-            for topk, experts, node, location, zeroed in self.layer_records:
-                kinds = slot_kinds(topk[row:row + 1], experts[row:row + 1], node[row:row + 1], location[row:row + 1],
-                                   zeroed[row:row + 1])[0]
-                layers.append([{"routed": int(topk[row, k]), "ran": int(experts[row, k]) if experts[row, k] >= 0 else None,
-                                "node": names[node[row, k]] if node[row, k] >= 0 else None, "at": names[location[row]],
-                                "kind": SLOT_KINDS[kinds[k]]} for k in range(topk.shape[1])])
-            out[int(self.owner[row])] = layers
-        return out
+        return {int(self.owner[row]): [explain_slots(names, topk[row], experts[row], node[row], int(location[row]),
+                                                     zeroed[row])
+                                       for topk, experts, node, location, zeroed in self.layer_records]
+                for row in np.flatnonzero(self.gen_row)}
 
 
 def _last_rows(per_seq_rows: list[int]) -> np.ndarray:
@@ -310,12 +310,9 @@ class Engine:
         return f"{prefix}-{self._run_id}{next(self._ids):06d}"
 
     def allowance(self, req: GenerationRequest) -> float:
-        """Quality allowance per token-layer of a request: 0 when exact, else its budget capped at the
-        deployment's allowance for its user (the operator's ceiling), or that allowance when it names none."""
-        if req.exact:
-            return 0.0
-        ceiling = float(self.policy.allowance[req.user])
-        return ceiling if req.budget is None else min(float(req.budget), ceiling)
+        """Quality allowance per token-layer of a request (edgemoe.distributed.batching.request_allowance)."""
+        budget = np.nan if req.budget is None else float(req.budget)
+        return float(request_allowance([self.policy.allowance[req.user]], [req.exact], [budget])[0])
 
     def submit(self, req: GenerationRequest, sink) -> Sequence:
         """Queue `req`; events go to sink(event) from the engine thread. Raises Busy or Closed."""

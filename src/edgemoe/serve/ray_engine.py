@@ -11,7 +11,10 @@ tokens already sent, with the draws the first home would have made; after `max_a
 with a 503 naming the last error. With the exact policy no slot is degraded silently: a stream that would
 lose one fails with 503 unless it sends `edgemoe.allow_degraded: true`.
 
-What the Ray home cannot do is a 400 naming the field: per-request budgets, `exact` and `explain`. The
+The home runs the policy, so a request's own `budget` (capped at the deployment's allowance for its user) and
+`exact: true` travel with the stream to the home's decisions, by the in-process engine's rule
+(edgemoe.distributed.batching.request_allowance); with `explain: true` the home records, per token and layer,
+where each slot ran and what stood in, and the response carries it as the in-process engine's does. The
 response's `edgemoe` object carries the home's counts (`backend: "ray"`), among them `expert_slots.degraded`:
 slots a failed server dropped or substituted.
 """
@@ -39,10 +42,6 @@ POLL_S = 1.0  # how long one poll waits at the home for a new token
 CALL_SLACK_S = 20.0  # beyond POLL_S, how long a start or poll call may take before its home counts as failed
 
 
-class Unsupported(EdgeMoEError):
-    """A request field the Ray backend cannot honour (HTTP 400)."""
-
-
 @dataclass(frozen=True)
 class ModelFacts:
     """What the HTTP app reads of a deployment besides the context: the model's limits."""
@@ -58,6 +57,7 @@ class _Request:
         self.req, self.sink = req, sink
         self.generated: list[int] = []
         self.token_times: list[float] = []
+        self.explain: list = []  # per generated token (req.explain): {"token", "text", "layers"}
         self.submitted = time.perf_counter()
         self.done = False
         self.cancelled = False
@@ -121,11 +121,6 @@ class RayEngine:
             return {"running": running, "queued": self._in_flight - running}
 
     def submit(self, req: GenerationRequest, sink) -> _Request:
-        for field, bad in (("edgemoe.budget", req.budget is not None), ("edgemoe.exact", req.exact),
-                           ("edgemoe.explain", req.explain)):
-            if bad:
-                raise Unsupported(f"{field}: the ray backend runs the deployment's policy with its own budget "
-                                  "(no per-request budget, exact or explain)")
         with self._lock:
             if self._closed:
                 raise Closed(self.failure or "the server is shutting down")
@@ -177,7 +172,8 @@ class RayEngine:
             actor = client.dep.handles[home]
             sreq = StreamRequest(key, int(req.user), np.asarray(req.prompt_ids + tuple(h.generated), np.int64),
                                  req.max_tokens - len(h.generated), req.sampling, len(h.generated), req.logprobs,
-                                 tuple(sorted(self.eos)), self.dep.context_length, req.allow_degraded)
+                                 tuple(sorted(self.eos)), self.dep.context_length, req.allow_degraded, req.exact,
+                                 req.budget, req.explain)
             try:
                 ray.get(actor.stream_start.remote(sreq), timeout=CALL_SLACK_S)
                 have = 0
@@ -189,7 +185,7 @@ class RayEngine:
                     r = ray.get(actor.stream_poll.remote(key, have, POLL_S), timeout=POLL_S + CALL_SLACK_S)
                     have += len(r["tokens"])
                     self._count_home_events(home, r.get("membership"))
-                    reason = self._take(h, r["tokens"], stream, pending)
+                    reason = self._take(h, r["tokens"], stream, pending, r.get("explain"))
                     if reason is None and r["done"] and r["error"] is None:
                         reason = r["reason"] or "length"
                     if r.get("stats"):
@@ -221,13 +217,16 @@ class RayEngine:
                     pass
         h.end(Failed(503, f"request {req.request_id} failed on {client.max_attempts} homes; last: {_message(last)}"))
 
-    def _take(self, h: _Request, tokens: list, stream: TextStream, pending: list) -> str | None:
+    def _take(self, h: _Request, tokens: list, stream: TextStream, pending: list, explain: list | None = None) -> str | None:
         """Add new tokens [(token, logprob, top)] to h, sending text as it forms; returns a finish reason
-        ("stop" at EOS or a stop string, "length" at max_tokens) or None."""
+        ("stop" at EOS or a stop string, "length" at max_tokens) or None. explain: per token, the home's slot
+        records per layer (explained requests)."""
         now = time.perf_counter()
         piece = ""
-        for tok, logprob, top in tokens:
+        for i, (tok, logprob, top) in enumerate(tokens):
             tok = int(tok)
+            if explain is not None:
+                h.explain.append({"token": tok, "text": self.tokenizer.decode([tok]), "layers": explain[i]})
             h.generated.append(tok)
             h.token_times.append(now)
             if self.telemetry is not None:
@@ -279,16 +278,20 @@ class RayEngine:
         gaps = np.diff(t) if len(t) > 1 else np.zeros(0)
         slots = dict.fromkeys((*SLOT_KINDS, "slots", "degraded"), 0)
         slots.update(totals.get("expert_slots", {}))
-        return {
+        out = {
             "request_id": req.request_id, "backend": "ray", "user": self.ctx.user_names[req.user],
-            "home": self.ctx.node_names[home], "policy": self.policy_name, "seed": req.sampling.seed,
-            "failovers": attempt, "expert_slots": slots, "allow_degraded": req.allow_degraded,
-            "budget_spent": float(totals.get("budget_spent", 0.0)), "remote_bytes": int(totals.get("remote_bytes", 0)),
+            "home": self.ctx.node_names[home], "policy": "exact" if req.exact else self.policy_name,
+            "seed": req.sampling.seed, "failovers": attempt, "expert_slots": slots, "allow_degraded": req.allow_degraded,
+            "budget_spent": float(totals.get("budget_spent", 0.0)),
+            "budget_granted": float(totals.get("budget_granted", 0.0)), "remote_bytes": int(totals.get("remote_bytes", 0)),
             "node_slots": dict(zip(self.ctx.node_names, (int(x) for x in totals.get("node_slots", [])), strict=False)),
             "modelled_ms_per_token": None,
             "measured": {"queue_ms": None, "ttft_ms": 1e3 * (t[0] - h.submitted) if len(t) else None,
                          "ms_per_token": 1e3 * float(gaps.mean()) if len(gaps) else None},
         }
+        if req.explain:
+            out["explain"] = list(h.explain)
+        return out
 
     # ---- membership metrics -----------------------------------------------------------------------
     def _count_home_events(self, home: int, info: dict | None) -> None:
@@ -327,6 +330,7 @@ def _add(totals: dict, stats: dict) -> None:
     node = np.asarray(stats["node_slots"], np.int64)
     totals["node_slots"] = (np.asarray(totals["node_slots"]) + node).tolist() if "node_slots" in totals else node.tolist()
     totals["budget_spent"] = totals.get("budget_spent", 0.0) + float(stats["budget_spent"])
+    totals["budget_granted"] = totals.get("budget_granted", 0.0) + float(stats.get("budget_granted", 0.0))
     totals["remote_bytes"] = totals.get("remote_bytes", 0) + int(stats["remote_bytes"])
 
 
