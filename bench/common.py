@@ -1,10 +1,11 @@
-"""What the benchmark scripts share: the results folder, the fastest-of-N timing helper and the edge8 setup of
-the Ray benchmarks. Scripts run as modules from the repository root (`python -m bench.speed.simulator`), so
+"""What the benchmark scripts share: the results folder, the fastest-of-N timing helper, the edge8 setup of
+the Ray benchmarks, and the serving benchmarks' Ray service (started and torn down in one place) and table. Scripts run as modules from the repository root (`python -m bench.speed.simulator`), so
 they import this as `bench.common` (no `sys.path` edits)."""
 
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -57,3 +58,49 @@ def environment(**extra) -> dict:
     from edgemoe.results import environment as base
 
     return {**base(), **extra}
+
+
+@contextmanager
+def ray_serving(policy: str, log=print, max_running: int = 64, max_queue: int = 64):
+    """(Deployment, RayEngine, FastAPI app) as `edgemoe serve --backend ray --policy POLICY` makes them (the
+    default model on edge8, the placement and profile `serve` plans itself, cached; links emulated). On exit
+    the ingress closes, the deployment's actors go and the private Ray instance stops, also after an error."""
+    from edgemoe.distributed.cli import launch
+    from edgemoe.distributed.serve import stop_ray
+    from edgemoe.models import load_tokenizer
+    from edgemoe.serve.api import create_app
+    from edgemoe.serve.ray_engine import RayEngine
+    from edgemoe.serve.setup import DeploymentSpec, load_deployment
+    from edgemoe.serve.telemetry import Telemetry
+
+    base = load_deployment(DeploymentSpec(), log=log)
+    try:
+        dep = launch("edge8", Path(base.sources["placement"]["path"]), Path(base.sources["profile"]["path"]), "default",
+                     policy, [], "home", "bf16", base.domain_fallback, True, None, 1.0, log)
+        try:
+            engine = RayEngine(dep, load_tokenizer("default"), max_running=max_running, max_queue=max_queue,
+                               telemetry=Telemetry(dep.cfg.ctx.node_names, policies=(policy,)))
+            try:
+                yield dep, engine, create_app(engine, "default")
+            finally:
+                engine.close()
+        finally:
+            dep.shutdown()
+    finally:
+        stop_ray()
+
+
+SERVING_COLUMNS = (("tok/s", "tokens_per_s", 8), ("TTFT p50", "ttft_ms_p50", 9), ("TTFT p99", "ttft_ms_p99", 9),
+                   ("ITL p50", "itl_ms_p50", 8), ("ITL p99", "itl_ms_p99", 8))
+
+
+def print_serving_table(results: dict, extra: tuple = ()) -> None:
+    """Print the serving benchmarks' table: one line per policy and row of results {policy: {row name: row}}, a
+    row being `bench.speed.serving.summarise`'s dict (entries that are not dicts are skipped); extra: more
+    (header, key, width) columns after SERVING_COLUMNS."""
+    columns = SERVING_COLUMNS + tuple(extra)
+    print("\n" + f"{'policy':>9} {'streams':>8} " + " ".join(f"{h:>{w}}" for h, _, w in columns))
+    for policy, rows in results.items():
+        for name, r in rows.items():
+            if isinstance(r, dict):
+                print(f"{policy:>9} {name:>8} " + " ".join(f"{r.get(k)!s:>{w}}" for _, k, w in columns))

@@ -19,11 +19,10 @@ import argparse
 import json
 import os
 import time
-from pathlib import Path
 
 import torch
 
-from bench.common import RESULTS
+from bench.common import RESULTS, print_serving_table, ray_serving
 from bench.speed.serving import client_level, prompts, summarise
 from edgemoe.io import atomic_write_json
 from edgemoe.results import environment
@@ -31,27 +30,9 @@ from edgemoe.results import environment
 OUT = RESULTS / "serving_ray.json"
 
 
-def ray_service(policy: str, log=print):
-    """(Deployment, RayEngine, FastAPI app) as `edgemoe serve --backend ray --policy POLICY` makes them."""
-    from edgemoe.distributed.cli import launch
-    from edgemoe.models import load_tokenizer
-    from edgemoe.serve.api import create_app
-    from edgemoe.serve.ray_engine import RayEngine
-    from edgemoe.serve.setup import DeploymentSpec, load_deployment
-    from edgemoe.serve.telemetry import Telemetry
-
-    base = load_deployment(DeploymentSpec(), log=log)  # the placement and profile `serve` plans itself (cached)
-    dep = launch("edge8", Path(base.sources["placement"]["path"]), Path(base.sources["profile"]["path"]), "default",
-                 policy, [], "home", "bf16", base.domain_fallback, True, None, 1.0, log)
-    engine = RayEngine(dep, load_tokenizer("default"), max_running=64, max_queue=64,
-                       telemetry=Telemetry(dep.cfg.ctx.node_names, policies=(policy,)))
-    return dep, engine, create_app(engine, "default")
-
-
 def main() -> None:
     import multiprocessing
 
-    from edgemoe.distributed.serve import stop_ray
     from edgemoe.models import load_tokenizer
     from edgemoe.serve.service import ServerThread
 
@@ -68,28 +49,22 @@ def main() -> None:
     results: dict = {}
     batching: dict = {}
     for policy in args.policies.split(","):
-        dep, engine, app = ray_service(policy)
-        users = dep.cfg.ctx.num_users
-        try:
-            with ServerThread(app) as server:
-                pool.apply(client_level, (server.url, 1, 1, ps, 4, users))  # warm-up
-                rows = {}
-                for c in levels:
-                    before = [dep.health(n).get("streams") or {} for n in range(len(dep.handles))]
-                    records, wall = pool.apply(client_level, (server.url, c, max(1, args.requests // c), ps,
-                                                              args.tokens, users))
-                    rows[str(c)] = summarise(records, wall)
-                    after = [dep.health(n).get("streams") or {} for n in range(len(dep.handles))]
-                    steps = sum(a.get("steps", 0) - b.get("steps", 0) for a, b in zip(after, before, strict=True))
-                    seqs = sum(a.get("batched_rows", 0) - b.get("batched_rows", 0) for a, b in zip(after, before, strict=True))
-                    rows[str(c)]["mean_decode_batch"] = round(seqs / steps, 2) if steps else None
-                    print(f"{policy:>9} {c:>3} streams: {rows[str(c)]}", flush=True)
+        with ray_serving(policy) as (dep, engine, app), ServerThread(app) as server:
+            users = dep.cfg.ctx.num_users
+            pool.apply(client_level, (server.url, 1, 1, ps, 4, users))  # warm-up
+            rows = {}
+            for c in levels:
+                before = [dep.health(n).get("streams") or {} for n in range(len(dep.handles))]
+                records, wall = pool.apply(client_level, (server.url, c, max(1, args.requests // c), ps,
+                                                          args.tokens, users))
+                rows[str(c)] = summarise(records, wall)
+                after = [dep.health(n).get("streams") or {} for n in range(len(dep.handles))]
+                steps = sum(a.get("steps", 0) - b.get("steps", 0) for a, b in zip(after, before, strict=True))
+                seqs = sum(a.get("batched_rows", 0) - b.get("batched_rows", 0) for a, b in zip(after, before, strict=True))
+                rows[str(c)]["mean_decode_batch"] = round(seqs / steps, 2) if steps else None
+                print(f"{policy:>9} {c:>3} streams: {rows[str(c)]}", flush=True)
             results[policy] = rows
             batching[policy] = {"homes": int(dep.cfg.home_nodes().sum()), "users": users}
-        finally:
-            engine.close()
-            dep.shutdown()
-            stop_ray()
     pool.close()
     pool.join()
     targets = {}
@@ -110,12 +85,7 @@ def main() -> None:
         "environment": {**environment(), "torch": torch.__version__, "cpu_count": os.cpu_count()},
     }
     atomic_write_json(OUT, doc)
-    print(f"\n{'policy':>9} {'streams':>8} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} "
-          f"{'batch':>6}")
-    for policy, rows in results.items():
-        for c, r in rows.items():
-            print(f"{policy:>9} {c:>8} {r['tokens_per_s']:>8} {r['ttft_ms_p50']:>9} {r['ttft_ms_p99']:>9} "
-                  f"{r['itl_ms_p50']:>8} {r['itl_ms_p99']:>8} {r['mean_decode_batch']!s:>6}")
+    print_serving_table(results, extra=(("batch", "mean_decode_batch", 6),))
     print(json.dumps(targets))
     print(f"{doc['timing']['wall_s']} s wall, load average at start {load0}; wrote {OUT}")
 

@@ -35,8 +35,7 @@ import time
 import numpy as np
 import torch
 
-from bench.common import RESULTS
-from bench.ray.serving_ray import ray_service
+from bench.common import RESULTS, ray_serving
 from bench.speed.serving import prompts
 from edgemoe.io import atomic_write_json
 from edgemoe.results import environment
@@ -189,7 +188,6 @@ def servers_rss(dep, ctx, tries: int = 30) -> dict:
 def main() -> None:
     import multiprocessing
 
-    from edgemoe.distributed.serve import stop_ray
     from edgemoe.models import load_tokenizer
     from edgemoe.serve.service import ServerThread
 
@@ -207,21 +205,20 @@ def main() -> None:
     args = ap.parse_args()
     start, cpu0, load0 = time.perf_counter(), time.process_time(), list(os.getloadavg())
     ps = prompts(load_tokenizer("default"), args.prompts)
-    dep, engine, app = ray_service(args.policy)
-    ctx = dep.cfg.ctx
-    users, n_servers = ctx.num_users, len(dep.handles)
-    rng = np.random.default_rng(args.seed)
     seconds = 60.0 * args.minutes
-    victims = sorted(int(v) for v in rng.choice(n_servers, min(args.kills, n_servers), replace=False))
-    # kills early enough that a server restarted under load (its constructor reloads the model: a minute or more
-    # on a busy host) is back before the end
-    kill_at = np.sort(rng.uniform(args.warmup_s, max(seconds - 60.0, args.warmup_s + 1.0), len(victims)))
-    order = rng.permutation(victims).tolist()
     kills: list[dict] = []
     memory: dict = {}
     pool = multiprocessing.get_context("spawn").Pool(1)
     try:
-        with ServerThread(app) as server:
+        with ray_serving(args.policy) as (dep, engine, app), ServerThread(app) as server:
+            ctx = dep.cfg.ctx
+            users, n_servers = ctx.num_users, len(dep.handles)
+            rng = np.random.default_rng(args.seed)
+            victims = sorted(int(v) for v in rng.choice(n_servers, min(args.kills, n_servers), replace=False))
+            # kills early enough that a server restarted under load (its constructor reloads the model: a minute or
+            # more on a busy host) is back before the end
+            kill_at = np.sort(rng.uniform(args.warmup_s, max(seconds - 60.0, args.warmup_s + 1.0), len(victims)))
+            order = rng.permutation(victims).tolist()
             known = pool.apply(reference, (server.url, ps, args.tokens, users))
             job = pool.apply_async(load_process, (server.url, args.streams, seconds, ps, args.tokens, users,
                                                   args.request_timeout, args.warmup_s))
@@ -237,10 +234,8 @@ def main() -> None:
             for t in threads:
                 t.join()
             memory["end"] = {"driver": rss_bytes(os.getpid()), "servers": servers_rss(dep, ctx)}
+            failovers = engine.client.failovers
     finally:
-        engine.close()
-        dep.shutdown()
-        stop_ray()
         pool.close()
         pool.join()
     records = load["records"]
@@ -282,7 +277,7 @@ def main() -> None:
         "completed_texts_equal_to_their_known_answer": matches, "completed": len(completed),
         "request_ids_distinct": len(ids) == len(set(ids)), "responses_with_a_request_id": len(ids),
         "rss_bytes_after_warmup_and_end": rss, "rss_end_over_after_warmup": ratios, "checks": checks,
-        "failovers": engine.client.failovers,
+        "failovers": failovers,
         "timing": {"wall_s": round(time.perf_counter() - start, 1), "cpu_s_driver": round(time.process_time() - cpu0, 1),
                    "load_average_start": load0, "load_average_end": list(os.getloadavg())},
         "environment": {**environment(), "torch": torch.__version__, "cpu_count": os.cpu_count()},

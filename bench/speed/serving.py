@@ -27,7 +27,7 @@ import httpx
 import numpy as np
 import torch
 
-from bench.common import RESULTS
+from bench.common import RESULTS, print_serving_table
 from edgemoe.distributed.sampling import SamplingParams
 from edgemoe.io import atomic_write_json
 from edgemoe.results import environment
@@ -207,13 +207,7 @@ def main() -> None:
                         "cpu_count": os.cpu_count()},
     }
     atomic_write_json(OUT, doc)
-    print(f"\n{'policy':>9} {'streams':>8} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8}")
-    for policy, rows in results.items():
-        for c, r in rows.items():
-            if not isinstance(r, dict):
-                continue
-            print(f"{policy:>9} {c:>8} {r['tokens_per_s']:>8} {r['ttft_ms_p50']:>9} {r['ttft_ms_p99']:>9} "
-                  f"{r['itl_ms_p50']:>8} {r['itl_ms_p99']:>8}")
+    print_serving_table(results)
     print(json.dumps(targets))
     print(f"{doc['timing']['cpu_s']} s CPU, {doc['timing']['wall_s']} s wall, load average at start {load0}; wrote {OUT}")
 
