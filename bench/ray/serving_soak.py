@@ -16,11 +16,13 @@ experts) and the homes' probes readmit it. What is checked, per request:
   failed over resumes on another home, where float rounding of a differently batched step may flip a
   sampled token);
 - memory: RSS of the driver (the HTTP server and the ingress), the load process and every server at the end,
-  against the same after warm-up (a restarted server's new process against the one it replaced).
+  against the same after warm-up (a restarted server's new process against the one it replaced); and the
+  trajectory (driver and servers every --sample-s seconds), with each never-restarted process's growth over
+  the second half of the run (a leak keeps growing there, a process settling does not).
 
 Issue 22 item 7 asks 64 streams for 10 minutes with 3 of 8 servers killed: N, D and K are parameters
 because the machine is shared; the results file records exactly what ran.
-    python -m bench.ray.serving_soak [--streams 16] [--minutes 3] [--kills 3] [--seed 0] [--warmup-s 30]
+    python -m bench.ray.serving_soak [--streams 16] [--minutes 3] [--kills 3] [--seed 0] [--warmup-s 30] [--sample-s 30]
 Writes bench/results/serving_soak.json (or --out).
 """
 
@@ -185,6 +187,23 @@ def servers_rss(dep, ctx, tries: int = 30) -> dict:
     return {}
 
 
+def sample_rss(dep, ctx, t0: float, every_s: float, stop: threading.Event, samples: dict) -> None:
+    """Every `every_s` seconds until `stop`: seconds since t0, the driver's RSS, each server's (None while one
+    restarts: one bounded call each). The trajectory tells a leak (growth to the end) from a process settling."""
+    import ray
+
+    names = ctx.node_names
+    while not stop.wait(every_s):
+        samples["t_s"].append(round(time.monotonic() - t0, 1))
+        samples["driver"].append(rss_bytes(os.getpid()))
+        for n, h in enumerate(dep.handles):
+            try:
+                rss = int(ray.get(h.memory.remote(), timeout=10.0)["rss_bytes"])
+            except Exception:  # noqa: BLE001 - dead or restarting
+                rss = None
+            samples["servers"].setdefault(names[n], []).append(rss)
+
+
 def main() -> None:
     import multiprocessing
 
@@ -201,6 +220,7 @@ def main() -> None:
     ap.add_argument("--policy", default="exact")
     ap.add_argument("--warmup-s", type=float, default=30.0, help="load before the memory baseline and the first kill")
     ap.add_argument("--request-timeout", type=float, default=120.0, help="seconds after which a request counts as hung")
+    ap.add_argument("--sample-s", type=float, default=30.0, help="seconds between RSS samples (the trajectory)")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
     start, cpu0, load0 = time.perf_counter(), time.process_time(), list(os.getloadavg())
@@ -208,6 +228,8 @@ def main() -> None:
     seconds = 60.0 * args.minutes
     kills: list[dict] = []
     memory: dict = {}
+    samples: dict = {"t_s": [], "driver": [], "servers": {}}
+    stop = threading.Event()
     pool = multiprocessing.get_context("spawn").Pool(1)
     try:
         with ray_serving(args.policy) as (dep, engine, app), ServerThread(app) as server:
@@ -223,6 +245,8 @@ def main() -> None:
             job = pool.apply_async(load_process, (server.url, args.streams, seconds, ps, args.tokens, users,
                                                   args.request_timeout, args.warmup_s))
             t0 = time.monotonic()
+            sampler = threading.Thread(target=sample_rss, args=(dep, ctx, t0, args.sample_s, stop, samples), daemon=True)
+            sampler.start()
             time.sleep(args.warmup_s)
             memory["after_warmup"] = {"driver": rss_bytes(os.getpid()), "servers": servers_rss(dep, ctx)}
             pids = {n: int(p) for n, p in enumerate(dep.pids())}
@@ -234,6 +258,8 @@ def main() -> None:
             for t in threads:
                 t.join()
             memory["end"] = {"driver": rss_bytes(os.getpid()), "servers": servers_rss(dep, ctx)}
+            stop.set()
+            sampler.join()
             failovers = engine.client.failovers
     finally:
         pool.close()
@@ -256,6 +282,14 @@ def main() -> None:
         rss[f"server {name}"] = (b, memory["end"]["servers"].get(name, 0))
     ratios = {k: round(e / b, 3) if b else None for k, (b, e) in rss.items()}
     killed = {k["server"] for k in kills}
+    # Growth over the second half of the load, per process that was never restarted: last sample over the
+    # sample at mid-run (a leak keeps growing there; a process settling after its warm-up does not)
+    mid = next((i for i, t in enumerate(samples["t_s"]) if t >= seconds / 2), None)
+    second_half = {}
+    for name, xs in [("driver", samples["driver"])] + [(f"server {k}", v) for k, v in samples["servers"].items()
+                                                       if k not in killed]:
+        ok = [x for x in xs[mid:] if x] if mid is not None else []
+        second_half[name] = round(ok[-1] / ok[0], 3) if len(ok) > 1 else None
     checks = {
         "every_request_completed_or_clear_503": outcomes.get("other", 0) == 0 and outcomes.get("hung", 0) == 0,
         "none_hung": outcomes.get("hung", 0) == 0,
@@ -276,7 +310,8 @@ def main() -> None:
         "kills": kills, "requests": len(records), "outcomes": outcomes, "non_completed_messages": messages,
         "completed_texts_equal_to_their_known_answer": matches, "completed": len(completed),
         "request_ids_distinct": len(ids) == len(set(ids)), "responses_with_a_request_id": len(ids),
-        "rss_bytes_after_warmup_and_end": rss, "rss_end_over_after_warmup": ratios, "checks": checks,
+        "rss_bytes_after_warmup_and_end": rss, "rss_end_over_after_warmup": ratios,
+        "rss_samples": samples, "rss_second_half_growth_not_restarted": second_half, "checks": checks,
         "failovers": failovers,
         "timing": {"wall_s": round(time.perf_counter() - start, 1), "cpu_s_driver": round(time.process_time() - cpu0, 1),
                    "load_average_start": load0, "load_average_end": list(os.getloadavg())},
@@ -284,7 +319,8 @@ def main() -> None:
     }
     atomic_write_json(args.out, doc)
     print(json.dumps({k: doc[k] for k in ("ran", "kills", "outcomes", "non_completed_messages", "checks",
-                                          "rss_end_over_after_warmup", "failovers")}, indent=1))
+                                          "rss_end_over_after_warmup", "rss_second_half_growth_not_restarted",
+                                          "failovers")}, indent=1))
     print(f"wrote {args.out}")
 
 
