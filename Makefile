@@ -41,7 +41,7 @@ results: $(STAMP)
 		--report bench/results/default_upcycled_model
 	for m in $(BENCH); do $(BIN)/python -m bench.$$m || exit 1; done
 	$(BIN)/python -m bench.ray.runtime --quick
-	$(BIN)/python -m bench.ray.serving_soak --streams 16 --minutes 4 --warmup-s 60
+	$(BIN)/python -m bench.ray.serving_soak --streams 64 --minutes 10 --warmup-s 60
 	$(BIN)/python -m bench.ray.serving_soak --streams 16 --minutes 3 --warmup-s 30 --out bench/results/serving_soak_warmup30.json
 	$(BIN)/python -m bench.studies.equal_quality --models default-upcycled --out bench/results/equal_quality_token.json \
 		--note "issue 19 section 2: ordermoe-token on default-upcycled alone (equal_quality.json holds it for both models once rerun)"

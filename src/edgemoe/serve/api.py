@@ -262,7 +262,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
             raise ApiError(429, str(exc), headers={"Retry-After": str(exc.retry_after_s)}) from None
         except Closed as exc:
             raise ApiError(503, str(exc)) from None
-        except EdgeMoEError as exc:  # a field this engine cannot honour (the ray backend's limits)
+        except EdgeMoEError as exc:  # a request the engine refuses: a 400 naming the field
             raise ApiError(400, str(exc), param=str(exc).split(":")[0]) from None
         return seq, queue
 
