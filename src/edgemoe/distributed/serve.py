@@ -437,12 +437,6 @@ class ServerActor:
                     home.membership.exclude(n)
 
 
-# The servers' processes: glibc's malloc gives each thread that allocates its own arena (up to 8 per core), and
-# a server's threads (max_concurrency of them: expert calls, polls, the batching loop) allocate tensors of
-# varying shapes, so each arena keeps its high-water mark; two arenas bound what that costs.
-SERVER_ENV = {"MALLOC_ARENA_MAX": "2"}
-
-
 @dataclass
 class Deployment:
     """The actors of one cluster, by node index."""
@@ -471,7 +465,6 @@ class Deployment:
             handles.append(remote_cls.options(
                 name=actor_name(name), namespace=cfg.namespace, num_cpus=0, resources={node_resource(name): NODE_SHARE},
                 max_concurrency=max_concurrency, max_restarts=-1, max_task_retries=0, lifetime=None,
-                runtime_env={"env_vars": SERVER_ENV},
             ).remote(n, cfg_ref))
         dep = cls(cfg, handles, cfg_ref)
         try:
