@@ -50,6 +50,9 @@ results: $(STAMP)
 		--note "issue 19 section 5: the ladder's upcycled-diverged model at the default token counts (4096 evaluation, 2048 calibration)"
 	$(BIN)/python -m bench.studies.equal_quality --models finegrained-shared --out bench/results/equal_quality_ladder_finegrained.json \
 		--note "issue 19 section 5: the ladder's finegrained-shared model at the default token counts (4096 evaluation, 2048 calibration)"
+	$(BIN)/python -m bench.studies.equal_quality --models default-upcycled,default,upcycled-diverged,finegrained-shared \
+		--methods ordermoe-full --dial-method ordermoe-full --out bench/results/equal_quality_full.json --reuse bench/results/equal_quality.json \
+		bench/results/equal_quality_ladder_diverged.json bench/results/equal_quality_ladder_finegrained.json
 	$(BIN)/python -m bench.studies.ladder --curve
 	$(BIN)/python -m bench.studies.calibration
 	$(BIN)/python -m bench.studies.lookahead --quick --budgets 0.05,0.2 --clusters testbed8,edge8

@@ -60,6 +60,8 @@ MODELS = ("default-upcycled", "default")
 # (name, policy, fixed params, sweep budgets on evaluation text besides 0 and the calibrated points)
 ORDERMOE_SWEEP = (0.05, 0.2, 0.5)  # per token-layer, OrderMoE's unit (gate-weighted measured error, squared)
 GATE_SWEEP = (0.5, 1.0, 2.0)  # per token-layer, the baselines' unit (gate share of the replaced slots)
+NATS_SWEEP = (0.005, 0.02, 0.05, 0.2)  # per token-layer, a calibrated OrderMoE's unit (measured extra nats)
+NATS_LO = 1e-4  # the operating points' bisection starts here in nats (1e-3 nats per token-layer is already ~+1%)
 METHODS = (
     ("ordermoe", "ordermoe", {"horizon": 2}, ORDERMOE_SWEEP),
     ("ordermoe-error-groups", "ordermoe-error-groups", {"horizon": 2}, ORDERMOE_SWEEP),
@@ -68,11 +70,20 @@ METHODS = (
     ("random-local", "random-local", {"seed": 0}, GATE_SWEEP),
     # section 2: OrderMoE with its stand-in chosen per token among every local expert (`token_substitutes`)
     ("ordermoe-token", "ordermoe", {"horizon": 2, "stand_in_choice": "token"}, ORDERMOE_SWEEP),
+    # issue 19 item 1: per-token stand-ins (every local expert, scored by measured error and the token's router
+    # logits; drop; zero) priced in measured nats per kind and layer (the model's KindCalibration, fitted on
+    # calibration text by bench.studies.calibration; layers never left without expert output); budget in nats
+    ("ordermoe-full", "ordermoe", {"horizon": 2, "stand_in_choice": "token", "calibration": "from-file"},
+     NATS_SWEEP),
 )
+CALIBRATION_FILE = RESULTS / "calibration.json"  # where "from-file" takes each model's KindCalibration
+VARIANTS = {"ordermoe": "equal_quality", "ordermoe-calibrated": "equal_quality_calibrated",
+            "ordermoe-token": "equal_quality_token", "ordermoe-full": "equal_quality_full"}  # OrderMoE variants compared
 BASELINES = ("ordermoe-error-groups", "skip", "reroute", "random-local")  # what "the best baseline" is chosen from
 FIELD = ("skip", "reroute", "random-local")  # the field's own answers (not OrderMoE's machinery)
 DIAL_ASKED = (0.01, 0.03, 0.078, 0.15)
 DIAL_GRID = (0.01, 0.02, 0.05, 0.08, 0.12, 0.16, 0.2, 0.3, 0.5, 1.0)  # joined by the bisection's trial budgets
+NATS_DIAL_GRID = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)  # the same for a calibrated method (nats per token-layer)
 KIND_BUDGET = ORDERMOE_BUDGET  # budget of the per-kind calibration runs (section 2)
 CALIB_STEPS = 4  # bisection halvings per operating point (the demo: 6; fewer to fit the run in minutes)
 
@@ -94,7 +105,39 @@ def scoring_setting(profile, cluster, placement, adapter, text: EvalText, cfg: E
     return ctx, workload, trace, eval_users, calib_users
 
 
-def run_model(model: str, cfg: ExperimentConfig, log) -> dict:
+def model_calibration(model: str, path: Path = CALIBRATION_FILE) -> dict:
+    """The model's KindCalibration (`to_dict` form) from bench.studies.calibration's results file, fitted there on
+    calibration text only, with `empty` removed (the policy never leaves a layer without expert output)."""
+    from edgemoe.errors import EdgeMoEError
+    from edgemoe.io import read_json
+
+    doc = read_json(path, what="calibration results file")
+    entry = next((m for m in doc.get("models", []) if m.get("model") == model), None)
+    if entry is None or "calibration" not in entry:
+        raise EdgeMoEError(f"{path}: no models[].calibration for model {model!r} (run python -m bench.studies.calibration "
+                           f"--models {model})")
+    return {**entry["calibration"], "empty": None}
+
+
+def check_reusable(entry: dict, out: dict, path: str) -> None:
+    """Raise unless `entry` (a model of another equal-quality file) was measured on what `out` measures: the same
+    evaluation and calibration tokens, exact perplexity and placement, so its sweeps compare with this run's."""
+    from edgemoe.errors import EdgeMoEError
+
+    same = (entry.get("eval_tokens") == out["eval_tokens"] and entry.get("calib_tokens") == out["calib_tokens"]
+            and abs(entry.get("ppl_exact", -1.0) - out["ppl_exact"]) <= 1e-6 * out["ppl_exact"]
+            and entry.get("placement", {}).get("copies") == out["placement"]["copies"])
+    if not same:
+        raise EdgeMoEError(f"--reuse {path}: model {out['model']!r} there was measured on other text, tokens or placement "
+                           f"(eval/calib tokens {entry.get('eval_tokens')}/{entry.get('calib_tokens')}, here "
+                           f"{out['eval_tokens']}/{out['calib_tokens']}); its sweeps cannot be compared with this run's")
+
+
+def run_model(model: str, cfg: ExperimentConfig, log, methods: set | None = None, reuse: dict | None = None,
+              dial_method: str = "ordermoe") -> dict:
+    """One model's comparison. methods: the method names to run (None: all of METHODS and ordermoe-calibrated);
+    reuse: (path, model entry) of an earlier results file whose other methods, measured on the same text and
+    placement (`check_reusable`), are copied in; dial_method: the method whose dial is measured."""
     from edgemoe.cluster.load import load_cluster
     from edgemoe.models import load_moe, load_tokenizer
     from edgemoe.models.scoring import quality_metrics
@@ -140,40 +183,55 @@ def run_model(model: str, cfg: ExperimentConfig, log) -> dict:
 
     exact = evaluate("exact", {}, 0.0)
     dial_trials: dict = {}
+    dial_policy = None
     out: dict = {"model": model, "placement": {"planner": "ordermoe", "budget": ORDERMOE_BUDGET, "plan_s": round(plan_s, 1),
                                                 "copies": placement.replicas().tolist()},
                  "eval_tokens": int(text.ids.size), "calib_tokens": int(text.calib_ids.size),
                  "ppl_exact": float(np.exp(text.nll.mean())), "exact": exact, "methods": {}}
-    # section 2: price every stand-in kind on one measured scale. One calibration run per kind alone (and the
-    # full policy) at the demo's default budget: measured extra nats per token over predicted cost spent
-    kinds: dict = {"budget": KIND_BUDGET, "nats": {}, "spent": {}}
-    for kind in ("sub", "drop", "zero", "sub,drop,zero"):
-        pol = make_policy("ordermoe", ctx, horizon=2, substitutes=kind, budget=KIND_BUDGET)
-        nll, _, dec = score_local(adapter, pol, text.calib_ids, calib_users)
-        kinds["nats"][kind] = float(nll.mean() - text.calib_nll.mean())
-        kinds["spent"][kind] = float(dec.quality_cost.sum(axis=1).mean())
-    kinds["scales"] = kind_scales(kinds["nats"], kinds["spent"])
-    full = kinds["nats"]["sub,drop,zero"] / max(kinds["spent"]["sub,drop,zero"], 1e-12)
-    kinds["nats_per_unit_full_policy"] = full
-    log(f"  stand-in kinds on one scale: {kinds['scales']} (nats/unit: "
-        + ", ".join(f"{k} {kinds['nats'][k] / max(kinds['spent'][k], 1e-12):.3g}" for k in kinds["nats"]) + ")")
+    run = (lambda name: True) if methods is None else (lambda name: name in methods)
+    if reuse is not None:
+        check_reusable(reuse[1], out, reuse[0])
+        out["reused_from"] = {"file": reuse[0], "methods": sorted(k for k in reuse[1]["methods"] if not run(k))}
+    if run("ordermoe-calibrated") or reuse is None or "kind_calibration" not in reuse[1]:
+        # section 2: price every stand-in kind on one measured scale. One calibration run per kind alone (and the
+        # full policy) at the demo's default budget: measured extra nats per token over predicted cost spent
+        kinds: dict = {"budget": KIND_BUDGET, "nats": {}, "spent": {}}
+        for kind in ("sub", "drop", "zero", "sub,drop,zero"):
+            pol = make_policy("ordermoe", ctx, horizon=2, substitutes=kind, budget=KIND_BUDGET)
+            nll, _, dec = score_local(adapter, pol, text.calib_ids, calib_users)
+            kinds["nats"][kind] = float(nll.mean() - text.calib_nll.mean())
+            kinds["spent"][kind] = float(dec.quality_cost.sum(axis=1).mean())
+        kinds["scales"] = kind_scales(kinds["nats"], kinds["spent"])
+        kinds["nats_per_unit_full_policy"] = kinds["nats"]["sub,drop,zero"] / max(kinds["spent"]["sub,drop,zero"], 1e-12)
+        log(f"  stand-in kinds on one scale: {kinds['scales']} (nats/unit: "
+            + ", ".join(f"{k} {kinds['nats'][k] / max(kinds['spent'][k], 1e-12):.3g}" for k in kinds["nats"]) + ")")
+    else:
+        kinds = reuse[1]["kind_calibration"]
+    full = kinds["nats_per_unit_full_policy"]
     out["kind_calibration"] = kinds
-    methods = [*METHODS, ("ordermoe-calibrated", "ordermoe-calibrated", {"horizon": 2, **kinds["scales"]}, ORDERMOE_SWEEP)]
-    for name, policy, params, sweep in methods:
+    all_methods = [*METHODS, ("ordermoe-calibrated", "ordermoe-calibrated", {"horizon": 2, **kinds["scales"]}, ORDERMOE_SWEEP)]
+    for name, policy, params, sweep in all_methods:
+        if not run(name):
+            if reuse is not None and name in reuse[1]["methods"]:
+                out["methods"][name] = reuse[1]["methods"][name]
+            continue
+        if params.get("calibration") == "from-file":
+            params = {**params, "calibration": model_calibration(model)}
         t0 = time.perf_counter()
         trials: dict = {}
         at = calib_rise(policy, params, trials)
         points = {}
         for point, target in OPERATING_POINTS:
-            b = calibrate_budget(adapter, ctx, policy, params, text, target, trials, steps=CALIB_STEPS)
+            b = calibrate_budget(adapter, ctx, policy, params, text, target, trials, steps=CALIB_STEPS,
+                                 **({"lo": NATS_LO} if "calibration" in params else {}))
             points[point] = {"budget": b, "target": target, "calib_ppl_rel_increase": at(b)[0],
                              "calib_upper95": at(b)[1]}
         budgets = sorted({*sweep, *(p["budget"] for p in points.values())})
         rows = [dict(exact, budget=0.0)] + [evaluate(policy, params, b) for b in budgets]
         for pt in points.values():
             pt["eval"] = next(r for r in rows if r["budget"] == pt["budget"])
-        if name == "ordermoe":
-            dial_trials = trials
+        if name == dial_method:
+            dial_trials, dial_policy = trials, (policy, params)
         out["methods"][name] = {"policy": policy, "params": params, "points": points, "sweep": rows,
                                 "calib_trials": [{"budget": b, "ppl_rel_increase": r, "upper95": u}
                                                  for b, (r, u) in sorted(trials.items())],
@@ -182,25 +240,29 @@ def run_model(model: str, cfg: ExperimentConfig, log) -> dict:
             f"+{100 * points['paper']['eval']['ppl_rel_increase']:.2f}%; strict b={points['strict']['budget']:.4g} "
             f"{points['strict']['eval']['latency_ms_mean']:.2f} ms +{100 * points['strict']['eval']['ppl_rel_increase']:.2f}% "
             f"({time.perf_counter() - t0:.0f} s)")
-    out["equal_quality"] = equal_quality(out)
-    out["equal_quality_calibrated"] = equal_quality(out, "ordermoe-calibrated")
-    out["equal_quality_token"] = equal_quality(out, "ordermoe-token")
+    for name, key in VARIANTS.items():
+        if name in out["methods"]:
+            out[key] = equal_quality(out, name)
     out["predicted_vs_measured"] = predicted_vs_measured(out, full)
-    # the dial: OrderMoE's calibration curve (point estimates) on calibration text, then asked vs measured
+    # the dial: the method's calibration curve (point estimates) on calibration text, then asked vs measured
     t0 = time.perf_counter()
-    trials = dial_trials  # OrderMoE's own calibration trials (same policy, parameters and text) join the grid
-    at = calib_rise("ordermoe", {"horizon": 2}, trials)
-    grid = sorted({*DIAL_GRID, *trials})
-    dial = calibrate_dial(lambda b: at(b)[0], grid, policy="ordermoe", calib_tokens=int(text.calib_ids.size))
+    if dial_policy is None:
+        log(f"  no dial: {dial_method} did not run here")
+        out["seconds"] = round(time.perf_counter() - t_model, 1)
+        return out
+    trials = dial_trials  # the method's own calibration trials (same policy, parameters and text) join the grid
+    at = calib_rise(*dial_policy, trials)
+    grid = sorted({*(NATS_DIAL_GRID if "calibration" in dial_policy[1] else DIAL_GRID), *trials})
+    dial = calibrate_dial(lambda b: at(b)[0], grid, policy=dial_method, calib_tokens=int(text.calib_ids.size))
     rows = []
     for asked in DIAL_ASKED:
         b = float(dial.budget(asked))
-        r = evaluate("ordermoe", {"horizon": 2}, b)
+        r = evaluate(*dial_policy, b)
         rows.append({"asked": asked, "budget": b, "measured": r["ppl_rel_increase"],
                      "ratio": r["ppl_rel_increase"] / asked, "latency_ms_mean": r["latency_ms_mean"],
                      "in_target": bool(0.5 <= r["ppl_rel_increase"] / asked <= 1.2)})
         log(f"  dial asked {100 * asked:.1f}% -> budget {b:.4g} -> measured {100 * r['ppl_rel_increase']:+.2f}%")
-    out["dial"] = {**dial.to_dict(), "asked_vs_measured": rows,
+    out["dial"] = {**dial.to_dict(), "method": dial_method, "asked_vs_measured": rows,
                    "measured_monotone": bool(all(b["measured"] >= a["measured"] - 1e-4 for a, b in pairwise(rows))),
                    "target": "measured in [0.5x, 1.2x] of asked, on evaluation text", "seconds": round(time.perf_counter() - t0, 1)}
     out["seconds"] = round(time.perf_counter() - t_model, 1)
@@ -209,14 +271,16 @@ def run_model(model: str, cfg: ExperimentConfig, log) -> dict:
 
 def predicted_vs_measured(doc: dict, nats_per_unit: float) -> dict:
     """Per OrderMoE variant, over its sweep: the predicted increase expm1(nats_per_unit x predicted cost spent
-    per token) (nats_per_unit from the full policy's calibration run) beside the measured one, and the
-    Spearman rank correlation of predicted cost and measured increase."""
+    per token) (nats_per_unit from the full policy's calibration run; 1 for a variant priced in measured nats,
+    `calibration=`) beside the measured one, and the Spearman rank correlation of predicted cost and measured
+    increase."""
     from scipy.stats import spearmanr
 
     out = {}
-    for name in ("ordermoe", "ordermoe-calibrated", "ordermoe-token"):
+    for name in (n for n in VARIANTS if n in doc["methods"]):
+        unit = 1.0 if "calibration" in doc["methods"][name]["params"] else nats_per_unit
         rows = [r for r in doc["methods"][name]["sweep"] if r["budget"] > 0]
-        pred = [float(np.expm1(nats_per_unit * r.get("spent_per_token", 0.0))) for r in rows]
+        pred = [float(np.expm1(unit * r.get("spent_per_token", 0.0))) for r in rows]
         meas = [r["ppl_rel_increase"] for r in rows]
         rho = spearmanr([r.get("spent_per_token", 0.0) for r in rows], meas).statistic if len(rows) > 2 else None
         out[name] = {"budgets": [r["budget"] for r in rows], "predicted": pred, "measured": meas,
@@ -232,7 +296,8 @@ def equal_quality(doc: dict, method: str = "ordermoe") -> dict:
     for point in ("paper", "strict"):
         ev = om["points"][point]["eval"]
         rise = ev["ppl_rel_increase"]
-        at = {name: latency_at_quality(doc["methods"][name]["sweep"], rise) for name in BASELINES}
+        at = {name: latency_at_quality(doc["methods"][name]["sweep"], rise)
+              for name in BASELINES if name in doc["methods"]}
         reach = {k: v for k, v in at.items() if v is not None}
         best = min(reach, key=reach.get) if reach else None
         field_reach = {k: v for k, v in reach.items() if k in FIELD}
@@ -249,17 +314,18 @@ def equal_quality(doc: dict, method: str = "ordermoe") -> dict:
 def print_table(models: list[dict]) -> None:
     print("\nmodel | point | ordermoe ms (ppl +%) | best baseline at same ppl (ms) | ratio | best field (skip/reroute/random) | ratio")
     for m in models:
-        for point, row in m["equal_quality"].items():
+        for point, row in m.get("equal_quality", {}).items():
             bb, bf = row["best_baseline"], row["best_field_baseline"]
             at = row["baselines_latency_ms_at_same_ppl"]
             print(f"{m['model']} | {point} | {row['ordermoe_latency_ms_mean']:.2f} (+{100 * row['ordermoe_ppl_rel_increase']:.2f}%) | "
                   f"{bb}: {at[bb]:.2f} | {row['ratio_to_best']:.2f}x | {bf}: {at[bf]:.2f} | {row['ratio_to_best_field']:.2f}x"
                   if bb and bf else f"{m['model']} | {point} | no baseline reaches that increase")
     for key, heading in (("equal_quality_calibrated", "ordermoe-calibrated (kinds on one measured scale)"),
-                         ("equal_quality_token", "ordermoe-token (stand-ins chosen per token among every local expert)")):
+                         ("equal_quality_token", "ordermoe-token (stand-ins chosen per token among every local expert)"),
+                         ("equal_quality_full", "ordermoe-full (per-token stand-ins priced in measured nats)")):
         print(f"\n{heading} at equal perplexity:")
         for m in models:
-            for point, row in m[key].items():
+            for point, row in m.get(key, {}).items():
                 if row["best_baseline"] and row["best_field_baseline"]:
                     print(f"{m['model']} | {point} | {row['ordermoe_latency_ms_mean']:.2f} (+{100 * row['ordermoe_ppl_rel_increase']:.2f}%) "
                           f"| {row['best_baseline']} | {row['ratio_to_best']:.2f}x | {row['best_field_baseline']} | {row['ratio_to_best_field']:.2f}x")
@@ -268,10 +334,10 @@ def print_table(models: list[dict]) -> None:
         for name, r in m["predicted_vs_measured"].items():
             pairs = ", ".join(f"{100 * p:.1f}/{100 * q:.1f}%" for p, q in zip(r["predicted"], r["measured"], strict=True))
             print(f"{m['model']} | {name} | rho {r['spearman']} | {pairs}")
-    print("\nmodel | asked | budget | measured | ratio")
+    print("\nmodel | dial | asked | budget | measured | ratio")
     for m in models:
-        for r in m["dial"]["asked_vs_measured"]:
-            print(f"{m['model']} | {100 * r['asked']:.1f}% | {r['budget']:.4g} | {100 * r['measured']:+.2f}% | {r['ratio']:.2f}")
+        for r in m.get("dial", {}).get("asked_vs_measured", []):
+            print(f"{m['model']} | {m['dial']['method']} | {100 * r['asked']:.1f}% | {r['budget']:.4g} | {100 * r['measured']:+.2f}% | {r['ratio']:.2f}")
 
 
 def main() -> None:
@@ -282,14 +348,40 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a smoke run: 1024 evaluation and calibration tokens")
     ap.add_argument("--out", default=str(RESULTS / "equal_quality.json"))
     ap.add_argument("--note", default="", help="a sentence stored in the results file (why this run, what it covers)")
+    ap.add_argument("--methods", help="comma-separated method names to run (default: all)")
+    ap.add_argument("--reuse", nargs="+", default=[], help="earlier results files (same tokens, text and placement) whose "
+                                                        "other methods are copied in instead of run again")
+    ap.add_argument("--merge", nargs="+", help="only join these results files' models into --out (runs made apart)")
+    ap.add_argument("--dial-method", default="ordermoe", help="the method whose quality dial is measured")
     args = ap.parse_args()
+    methods = None if not args.methods else set(args.methods.split(","))
+    known = {m[0] for m in METHODS} | {"ordermoe-calibrated"}
+    if methods is not None and not methods <= known:
+        ap.error(f"--methods: unknown {sorted(methods - known)}; expected some of {sorted(known)}")
+    from edgemoe.io import read_json
+
+    if args.merge:
+        docs = [read_json(f, what="results file") for f in args.merge]
+        doc = {**docs[0], "models": [m for d in docs for m in d["models"]], "parts": [
+            {k: d[k] for k in ("environment", "load_average_start", "load_average_end", "cpu_s", "wall_s", "config")}
+            for d in docs], "cpu_s": round(sum(d["cpu_s"] for d in docs), 1), "wall_s": max(d["wall_s"] for d in docs),
+            "load_average_end": max((d["load_average_end"] for d in docs), key=lambda v: v[0]),
+            # the parts' CPU s added up (they ran apart); the rest of the record is the first part's
+            "environment": {**docs[0]["environment"], "cpu_s": round(sum(d["cpu_s"] for d in docs), 1)}}
+        atomic_write_json(Path(args.out), doc)
+        print_table(doc["models"])
+        return
+    reused = {}  # model -> (file, its entry there): the first file naming the model
+    for path in args.reuse:
+        for m in read_json(path, what="--reuse results file")["models"]:
+            reused.setdefault(m["model"], (path, m))
     ev, ca = (1024, 1024) if args.quick else (args.eval_tokens, args.calib_tokens)
     cfg = ExperimentConfig(shared_data=str(REPO.parent / "shared" / "data"), cache_dir=str(REPO / "runs" / "cache"),
                            eval_tokens=ev, calib_quality_tokens=ca)
     load0, c0, w0 = os.getloadavg(), time.process_time(), time.perf_counter()
     models = []
     for model in args.models.split(","):
-        models.append(run_model(model, replace(cfg, model=model), print))
+        models.append(run_model(model, replace(cfg, model=model), print, methods, reused.get(model), args.dial_method))
     doc = {"schema": "edgemoe.bench.equal_quality/1", "environment": environment(),
            "load_average_start": list(load0), "load_average_end": list(os.getloadavg()),
            "cpu_s": round(time.process_time() - c0, 1), "wall_s": round(time.perf_counter() - w0, 1),
@@ -297,7 +389,8 @@ def main() -> None:
                       "num_requests": cfg.num_requests, "prompt_tokens": cfg.prompt_tokens, "gen_tokens": cfg.gen_tokens,
                       "rate_per_s": cfg.rate_per_s, "operating_points": dict(OPERATING_POINTS),
                       "calibration_steps": CALIB_STEPS, "dial_grid": DIAL_GRID, "dial_asked": DIAL_ASKED,
-                      "baselines": BASELINES, "field_baselines": FIELD},
+                      "baselines": BASELINES, "field_baselines": FIELD, "methods_run": args.methods or "all",
+                      "reuse": args.reuse, "dial_method": args.dial_method},
            "models": models, **({"note": args.note} if args.note else {})}
     atomic_write_json(Path(args.out), doc)
     print_table(models)

@@ -139,6 +139,9 @@ def measure(name: str, tokens: int, calib_tokens: int, subst_tokens: int) -> dic
 EQUAL_QUALITY = {"default-upcycled": "equal_quality.json", "upcycled-diverged": "equal_quality_ladder_diverged.json",
                  "finegrained-shared": "equal_quality_ladder_finegrained.json", "default": "equal_quality.json"}
 CURVE = OUT.parent / "ladder_curve.json"
+# issue 19 item 1: the full policy (`ordermoe-full`: per-token stand-ins priced in measured nats) on every ladder
+# model, one file (bench.studies.equal_quality --methods ordermoe-full --reuse <the model's file>)
+FULL_POLICY = "equal_quality_full.json"
 
 
 def similarity_verdict(ratio: dict, best: dict) -> str:
@@ -160,6 +163,24 @@ def similarity_verdict(ratio: dict, best: dict) -> str:
     else:
         verdict = "similarity buys nothing measurable here: level with the best baseline at both points"
     return f"OrderMoE runs at {nums} of the best baseline's mean latency at equal perplexity: {verdict}."
+
+
+def full_policy_row(name: str) -> dict | None:
+    """The full policy's ratios on model `name` from FULL_POLICY (None where that file has no such model)."""
+    path = OUT.parent / FULL_POLICY
+    doc = json.loads(path.read_text()) if path.is_file() else {}
+    entry = next((m for m in doc.get("models", []) if m["model"] == name and "equal_quality_full" in m), None)
+    if entry is None:
+        return None
+    eq = entry["equal_quality_full"]
+    ratio = {pt: eq[pt]["ratio_to_best"] for pt in ("paper", "strict")}
+    best = {pt: eq[pt]["best_baseline"] for pt in ratio}
+    return {"method": "ordermoe-full", "results_file": f"bench/results/{FULL_POLICY}", "eval_tokens": entry["eval_tokens"],
+            "calib_tokens": entry["calib_tokens"], "ratio_to_best": ratio, "best_baseline": best,
+            "ratio_to_best_field": {pt: eq[pt]["ratio_to_best_field"] for pt in ratio},
+            "ordermoe_ppl_rel_increase": {pt: eq[pt]["ordermoe_ppl_rel_increase"] for pt in ratio},
+            "verdict": similarity_verdict(ratio, best).replace("OrderMoE runs", "The full policy runs", 1)
+                                                      .replace("similarity buys", "its per-token choice buys", 1)}
 
 
 def curve() -> dict:
@@ -187,12 +208,17 @@ def curve() -> dict:
                      # against the field's own answers only (skip, reroute, random-local: no OrderMoE machinery)
                      "ratio_to_best_field": {pt: eq[pt]["ratio_to_best_field"] for pt in ratio},
                      "ordermoe_ppl_rel_increase": {pt: eq[pt]["ordermoe_ppl_rel_increase"] for pt in ratio},
-                     "verdict": similarity_verdict(ratio, {pt: eq[pt]["best_baseline"] for pt in ratio})})
+                     "verdict": similarity_verdict(ratio, {pt: eq[pt]["best_baseline"] for pt in ratio}),
+                     "full_policy": full_policy_row(name)})
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for pt, mark in (("paper", "o-"), ("strict", "s--")):
         pts = [(r["output_cka_mean"], r["ratio_to_best"][pt]) for r in rows if r["ratio_to_best"][pt] is not None]
         if pts:
             ax.plot(*zip(*sorted(pts), strict=True), mark, label=f"{pt} point")
+        full = [(r["output_cka_mean"], r["full_policy"]["ratio_to_best"][pt]) for r in rows
+                if r.get("full_policy") and r["full_policy"]["ratio_to_best"][pt] is not None]
+        if full:
+            ax.plot(*zip(*sorted(full), strict=True), mark, alpha=0.5, label=f"{pt} point, ordermoe-full")
     for r in rows:
         ax.annotate(r["model"], (r["output_cka_mean"], r["ratio_to_best"]["paper"] or 1.0), fontsize=7,
                     textcoords="offset points", xytext=(3, 3))

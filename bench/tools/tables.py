@@ -478,6 +478,19 @@ def ladder() -> list[str]:
         out.append("")
         out += [f"- `{m['model']}`: {m['verdict']}" for m in c["models"]]
         out.append("")
+        full = [m for m in c["models"] if m.get("full_policy")]
+        if full:
+            out.append("The full policy (`ordermoe-full`: stand-ins chosen per token among drop, zero and every local "
+                       "expert, priced in measured nats per kind and layer fitted on calibration text; "
+                       f"`{full[0]['full_policy']['results_file'].removeprefix('bench/results/')}`, the baselines' sweeps "
+                       "copied from each model's file above), over the best baseline at equal perplexity:\n")
+            out.append(_table(["model", "paper", "strict", "paper, field only", "strict, field only", "best baseline (paper / strict)"], [
+                [f"`{m['model']}`"] + [x(m["full_policy"]["ratio_to_best"][pt]) for pt in ("paper", "strict")]
+                + [x(m["full_policy"]["ratio_to_best_field"][pt]) for pt in ("paper", "strict")]
+                + [" / ".join(str(m["full_policy"]["best_baseline"][pt]) for pt in ("paper", "strict"))] for m in full]))
+            out.append("")
+            out += [f"- `{m['model']}`: {m['full_policy']['verdict']}" for m in full]
+            out.append("")
     return out
 
 

@@ -108,16 +108,17 @@ def test_the_policy_reads_a_calibration_file_and_checks_its_layers(tmp_path):
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 5), mode=st.sampled_from(["home", "migrate"]), budget=st.sampled_from([0.05, 0.3, 2.0]),
-       horizon=st.sampled_from([0, 2]))
-def test_a_uniform_calibration_of_4_is_the_policy_at_4x_the_budget(seed, mode, budget, horizon):
+       horizon=st.sampled_from([0, 2]), choice=st.sampled_from(["group", "token"]))
+def test_a_uniform_calibration_of_4_is_the_policy_at_4x_the_budget(seed, mode, budget, horizon, choice):
     """Every kind at 4 nats per unit of P^2 scales every perturbation by exactly 2 and every cost by exactly
-    4 (powers of two: no rounding), so with 4x the budget every decision is the uncalibrated one's."""
+    4 (powers of two: no rounding), so with 4x the budget every decision is the uncalibrated one's; with the
+    stand-ins chosen per token too (the combination bench.studies.equal_quality calls ordermoe-full)."""
     profile, ctx = deployment(seed, "internet", mode)
     rng = np.random.default_rng(seed)
     rows, users = rng.integers(0, profile.num_tokens, 24), rng.integers(0, ctx.num_users, 24)
     load = rng.uniform(0, 0.01, ctx.num_nodes)
-    plain = make_policy("ordermoe", ctx, budget=budget, horizon=horizon)
-    cal = make_policy("ordermoe", ctx, budget=4 * budget, horizon=horizon,
+    plain = make_policy("ordermoe", ctx, budget=budget, horizon=horizon, stand_in_choice=choice)
+    cal = make_policy("ordermoe", ctx, budget=4 * budget, horizon=horizon, stand_in_choice=choice,
                       calibration=calibration(np.full((3, ctx.num_layers), 4.0)))
     (s0, out0), (s1, out1) = run(plain, profile, ctx, rows, users, load), run(cal, profile, ctx, rows, users, load)
     for (_, d0, _), (_, d1, _) in zip(out0, out1, strict=True):

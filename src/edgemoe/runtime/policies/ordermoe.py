@@ -496,7 +496,7 @@ def compiled_loop_supported(policy) -> bool:
     loop's module, so that the policy's `compiled_rule` needs nothing from the simulator (no import circle)."""
     K = policy.ctx.top_k
     return (K <= policy.max_enum_k and K <= 4 and not policy.lookahead.keys.enabled
-            and policy.power in (1.0, 2.0) and getattr(policy, "calib", None) is None)
+            and policy.power in (1.0, 2.0) and getattr(policy, "calib", None) is None and not getattr(policy, "accrue", False))
 
 
 class OrderMoEPolicy(Policy):
@@ -518,7 +518,8 @@ class OrderMoEPolicy(Policy):
     its `to_dict` form, or the path of a JSON file holding that form at its top level or under "calibration";
     `bench.studies.calibration` writes one per model under models[i].calibration): predicted costs and the budget are then in nats per token-layer, the
     kinds are compared on what they were measured to cost, quality_power is the calibration's, and a layer
-    left with no expert output is allowed at its measured cost where the calibration has one.
+    left with no expert output is allowed at its measured cost where the calibration has one; accrue: a row
+    may spend by layer l at most its allowance x (l + 1) (default False: all it has left, at any layer).
     """
 
     name = "ordermoe"
@@ -530,7 +531,7 @@ class OrderMoEPolicy(Policy):
                  steer_replicas: int = STEER_REPLICAS, ewma: float = 0.1, adapt_gain: float = 0.5,
                  spend_target: float = 0.5, quality_power: float = QUALITY_POWER, min_set_count: int = MIN_SET_COUNT,
                  pace: bool = True, stand_in_choice: str = "group", router_weight: float = ROUTER_WEIGHT,
-                 calibration: str | dict | None = None):
+                 calibration: str | dict | None = None, accrue: bool = False):
         kinds = check_kinds(substitutes)
         calib = load_calibration(calibration, ctx.num_layers)
         if calib is not None:
@@ -545,8 +546,10 @@ class OrderMoEPolicy(Policy):
                          spend_target=spend_target, quality_power=quality_power, min_set_count=min_set_count,
                          pace=bool(pace), **({} if stand_in_choice == "group" else
                                              {"stand_in_choice": stand_in_choice, "router_weight": float(router_weight)}),
-                         **({} if calib is None else {"calibration": calib.to_dict()}))
+                         **({} if calib is None else {"calibration": calib.to_dict()}),
+                         **({"accrue": True} if accrue else {}))
         self.calib = calib
+        self.accrue = bool(accrue)
         self.stand_in_choice, self.router_weight = stand_in_choice, float(router_weight)
         self.per_token = stand_in_choice == "token"
         if self.per_token:
@@ -673,7 +676,12 @@ class OrderMoEPolicy(Policy):
         # per subset [T, M]: quality, what is left, feasibility, budget level; per action [T, M, G]: the rest
         quality = opt.quality_m
         left = state.budget_left[:, None] - quality  # [T, M]
-        feasible = opt.valid_m & (left >= -1e-12) & (~opt.mask.any(axis=2) | has_budget[:, None])
+        # accrue: what a row may spend by this layer is its allowance x (layer + 1), as the field's baselines
+        # pace theirs, so that one dear layer (layer 0 costs the most nats on every shipped model) cannot take
+        # the budget that cheaper later layers would buy more seconds with
+        spendable = left if not self.accrue else (
+            np.minimum(self.allowance[state.user] * (layer + 1), state.budget_total) - state.budget_used)[:, None] - quality
+        feasible = opt.valid_m & (spendable >= -1e-12) & (~opt.mask.any(axis=2) | has_budget[:, None])
         _, N, C, m = self.lookahead.stacked.shape
         part = None
         if self.horizon > 0:  # (with H = 0 the tables are zeros: adding them changes no bit)
