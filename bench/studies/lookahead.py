@@ -39,10 +39,10 @@ FREE_HORIZONS = (0, 2)
 
 
 def run(cluster_name: str, budgets, plan_prof, eval_prof, workload: Workload, log=print,
-        backlog_horizons=()) -> list[dict]:
+        backlog_horizons=(), backlogs=("now", "mean")) -> list[dict]:
     """Rows of ordermoe H = 0..3 and the oracle at each budget on one cluster (ordermoe placement, migrate);
-    backlog_horizons: H of extra rows "ordermoe-H{h}-backlog" (and "-backlog-free" where the free rows run)
-    with the queue-aware look-ahead (`backlog=True`), the others with the policy's default."""
+    backlog_horizons: H of extra rows "ordermoe-H{h}-{kind}" (and "-{kind}-free" where the free rows run) with
+    the queue-aware look-ahead (`backlog=kind` for each kind in `backlogs`), the others with the policy's default."""
     cluster = load_cluster(cluster_name)
     fallback = any(u.domain not in plan_prof.meta.domains for u in cluster.users)
     t0 = time.process_time()
@@ -55,9 +55,9 @@ def run(cluster_name: str, budgets, plan_prof, eval_prof, workload: Workload, lo
     for budget in budgets:
         # "free": no quality price, so the budget is the only limit on spending, as for the oracle
         free = [(f"ordermoe-H{h}-free", {"horizon": h, "quality_price": 0.0}) for h in FREE_HORIZONS] if budget > 0 else []
-        extra = [(f"ordermoe-H{h}-backlog", {"horizon": h, "backlog": True}) for h in backlog_horizons]
-        extra += [(f"ordermoe-H{h}-backlog-free", {"horizon": h, "backlog": True, "quality_price": 0.0})
-                  for h in backlog_horizons if budget > 0 and h in FREE_HORIZONS]
+        extra = [(f"ordermoe-H{h}-{kind}", {"horizon": h, "backlog": kind}) for h in backlog_horizons for kind in backlogs]
+        extra += [(f"ordermoe-H{h}-{kind}-free", {"horizon": h, "backlog": kind, "quality_price": 0.0})
+                  for h in backlog_horizons for kind in backlogs if budget > 0 and h in FREE_HORIZONS]
         for name, params in [(f"ordermoe-H{h}", {"horizon": h}) for h in HORIZONS] + free + extra + \
                             [("oracle", {"routing": (eval_prof.topk, eval_prof.gates)})]:
             c0 = time.process_time()
@@ -86,7 +86,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer tokens and requests (a smoke run)")
     ap.add_argument("--budgets", default="0,0.05,0.2")
     ap.add_argument("--clusters", default="testbed8,edge8")
-    ap.add_argument("--backlog-horizons", default="", help="H values of extra rows with backlog=True, e.g. 1,2,3")
+    ap.add_argument("--backlog-horizons", default="", help="H values of extra rows with a queue-aware look-ahead, e.g. 2")
+    ap.add_argument("--backlogs", default="now,mean", help="the `backlog` kinds of those rows")
     ap.add_argument("--out", default=None, help="results file (default bench/results/lookahead[_quick].json)")
     ap.add_argument("--shared-data", default=str(Path(__file__).resolve().parents[2] / ".." / "shared" / "data"))
     args = ap.parse_args()
@@ -99,7 +100,8 @@ def main() -> None:
     rows = []
     for cluster in args.clusters.split(","):
         rows += run(cluster, budgets, plan_prof, eval_prof, workload,
-                    backlog_horizons=[int(h) for h in args.backlog_horizons.split(",") if h])
+                    backlog_horizons=[int(h) for h in args.backlog_horizons.split(",") if h],
+                    backlogs=tuple(args.backlogs.split(",")))
     print(f"\n{'cluster':9s} {'budget':>6s} {'method':17s} {'mean ms':>8s} {'p99 ms':>8s} {'xH0':>6s} {'p99 xH0':>7s} "
           f"{'xoracle':>7s} {'stand-ins':>9s}")
     for r in rows:

@@ -1,5 +1,6 @@
 """The queue-aware look-ahead (`backlog`): the exposure tables' invariants, a known answer (a busy node that the
-static tables herd tokens to is avoided), and no change at all without queues."""
+static tables herd tokens to is avoided), no change at all without queues, the "mean" waits' EWMA, and a
+clear error for an unknown kind."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def test_a_busy_node_is_no_longer_a_meeting_point():
     busy = np.array([0.0, 0.0, 0.5, 0.0])  # c's queue: half a second, far above a link (11 ms) or a call
     picks = {}
     for backlog in (False, True):
-        pol = make_policy("ordermoe", ctx, budget=0.0, horizon=1, backlog=backlog)
+        pol = make_policy("ordermoe", ctx, budget=0.0, horizon=1, backlog="now" if backlog else "off")
         for load in (None, busy):
             state = pol.start(users)
             picks[backlog, load is None] = int(pol.decide(0, topk, gates, state, load).next_location[0])
@@ -43,7 +44,7 @@ def test_exposure_counts_the_layers_ahead(horizon, seed):
     """Without drops or zeros every layer runs some output: each exposure row sums to the number of layers
     the table looks ahead over, min(H, L - l), and is >= 0; with H = 0 or without backlog there is none."""
     _, ctx = context(seed, "migrate")
-    pol = make_policy("ordermoe", ctx, budget=0.05, horizon=horizon, backlog=True, substitutes="sub")
+    pol = make_policy("ordermoe", ctx, budget=0.05, horizon=horizon, backlog="now", substitutes="sub")
     la = pol.lookahead
     L = ctx.num_layers
     assert la.exposure.shape == (L + 1, ctx.num_nodes, la.keys.size, ctx.num_nodes)
@@ -51,8 +52,8 @@ def test_exposure_counts_the_layers_ahead(horizon, seed):
     for layer in range(1, L):
         np.testing.assert_allclose(la.exposure[layer].sum(axis=2), min(horizon, L - layer), rtol=1e-12)
     assert not la.exposure[0].any() and not la.exposure[L].any()
-    assert make_policy("ordermoe", ctx, horizon=0, backlog=True).backlog is False
-    assert make_policy("ordermoe", ctx, horizon=horizon).backlog is False
+    assert make_policy("ordermoe", ctx, horizon=0, backlog="mean").backlog == "off"
+    assert make_policy("ordermoe", ctx, horizon=horizon).backlog == "off"
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -65,21 +66,36 @@ def test_without_queues_the_backlog_changes_nothing(seed, mode):
     users = rng.integers(0, ctx.num_users, 20)
     for steer in (None, False):
         runs = [decisions(make_policy("ordermoe", ctx, budget=0.1, horizon=2, steer=steer, backlog=b), profile, ctx,
-                          rows, users, None) for b in (True, False)]
-        assert_same(*runs)
+                          rows, users, None) for b in ("now", "mean", "off")]
+        assert_same(runs[0], runs[2])
+        assert_same(runs[1], runs[2])
     assert FIELDS  # (the compared fields)
 
 
 def test_the_backlog_moves_decisions_under_load():
-    """Guards the equivalence tests (they compare paths with the term on): under load it changes picks."""
-    changed = 0
+    """Guards the equivalence tests (they compare paths with the term on): under load both kinds change picks."""
+    changed = [0, 0]
     for seed in range(6):
         profile, ctx = context(seed, "migrate")
         rng = np.random.default_rng(seed)
         rows = rng.integers(0, profile.num_tokens, 30)
         users = rng.integers(0, ctx.num_users, 30)
         load = rng.exponential(0.05, ctx.num_nodes)
-        a, b = (decisions(make_policy("ordermoe", ctx, budget=0.1, horizon=2, backlog=x), profile, ctx, rows, users,
-                          load) for x in (True, False))
-        changed += sum(int((da["next_location"] != db["next_location"]).sum()) for da, db in zip(a, b, strict=True))
-    assert changed > 0
+        a, b, c = (decisions(make_policy("ordermoe", ctx, budget=0.1, horizon=2, backlog=x), profile, ctx, rows, users,
+                             load) for x in ("now", "mean", "off"))
+        for x in (a, b):
+            changed[x is b] += sum(int((dx["next_location"] != dc["next_location"]).sum()) for dx, dc in zip(x, c, strict=True))
+    assert min(changed) > 0
+
+
+def test_mean_waits_are_the_ewma_of_the_loads_seen_and_unknown_kinds_are_errors():
+    from edgemoe.errors import EdgeMoEError
+
+    profile, ctx = herding_setup()
+    pol = make_policy("ordermoe", ctx, budget=0.0, horizon=1, backlog="mean", ewma=0.5)
+    users, topk, gates = np.array([0]), profile.topk[:1, 0].astype(np.int64), profile.gates[:1, 0]
+    for load in ([0.0, 0.0, 0.4, 0.0], [0.0, 0.0, 0.0, 0.2]):
+        pol.decide(0, topk, gates, pol.start(users), np.array(load))
+    np.testing.assert_allclose(pol.node_wait, [0.0, 0.0, 0.1, 0.1])  # 0.4 halved twice; 0.2 halved once
+    with pytest.raises(EdgeMoEError, match="backlog must be one of"):
+        make_policy("ordermoe", ctx, backlog="later")

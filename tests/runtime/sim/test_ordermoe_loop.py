@@ -69,7 +69,7 @@ def deployments():
        horizon=st.sampled_from([0, 1, 2]), steer=st.sampled_from([None, True, False]),
        substitutes=st.sampled_from(["sub,drop,zero", "sub", "drop,zero", "zero"]), power=st.sampled_from([1.0, 2.0]),
        pace=st.booleans(), window=st.sampled_from([0.0, 1e-3]), arrival=st.sampled_from(["poisson", "closed"]),
-       backlog=st.booleans(), seed=st.integers(0, 10**6))
+       backlog=st.sampled_from(["off", "now", "mean"]), seed=st.integers(0, 10**6))
 def test_compiled_loop_decides_as_the_policy_call(monkeypatch, deployments, top_k, cluster, mode, budget, horizon, steer,
                                                  substitutes, power, pace, window, arrival, backlog, seed):
     profile, ctx = deployments[top_k, cluster, mode]

@@ -49,7 +49,8 @@ TABLE_CHUNK_CELLS = 1 << 22  # rows x actions x levels per block when the look-a
 STEER_ALL_NODES = 16  # up to this many nodes, a steered decision may meet at any node; beyond, at a replica
 COMPILED_STEER = HAVE_NUMBA  # steered decisions by `ordermoe_kernel` (same picks and bits; False: the numpy path)
 COMPILED_DECODE = HAVE_NUMBA  # `decide` in one compiled call (`ordermoe_kernel.DecodePath`; same bits; False: numpy)
-BACKLOG = False  # the look-ahead adds the meeting node's expected queue wait (`LookAhead.backlog_s`); off: static tables
+BACKLOG = "off"  # the look-ahead's queue term (`LookAhead.backlog_s`): "off" (static tables), "now" or "mean" (`BACKLOGS`)
+BACKLOGS = ("off", "now", "mean")  # queue waits priced: none, the current ones (load), their per-node EWMA (node_wait)
 COMPILED_LOOP = HAVE_NUMBA  # the simulator's fast engine decides inside its compiled loop (`edgemoe.runtime.sim.ordermoe_loop`;
 # same picks and bits; False: the per-wave `decide` call, the reference)
 
@@ -587,7 +588,7 @@ class OrderMoEPolicy(Policy):
     name = "ordermoe"
     wants_feedback = True
 
-    def __init__(self, ctx: RuntimeContext, budget=0.05, horizon: int = 2, backlog: bool = BACKLOG,
+    def __init__(self, ctx: RuntimeContext, budget=0.05, horizon: int = 2, backlog: str = BACKLOG,
                  steer: bool | None = None,
                  substitutes="sub,drop,zero", levels: int = 24, quality_price: float | None = None,
                  pressure_gain: float = 1.0, sets_per_prev: int = 16, max_enum_k: int = MAX_ENUM_K,
@@ -603,7 +604,9 @@ class OrderMoEPolicy(Policy):
             raise EdgeMoEError(f"ordermoe: stand_in_choice must be one of {list(STAND_IN_CHOICES)}, got {stand_in_choice!r}")
         if not 0.0 <= router_weight <= 1.0:
             raise EdgeMoEError(f"ordermoe: router_weight must be in [0, 1], got {router_weight}")
-        super().__init__(ctx, budget=budget, horizon=horizon, **({"backlog": bool(backlog)} if backlog != BACKLOG else {}),
+        if backlog not in BACKLOGS:
+            raise EdgeMoEError(f"ordermoe: backlog must be one of {list(BACKLOGS)}, got {backlog!r}")
+        super().__init__(ctx, budget=budget, horizon=horizon, **({"backlog": backlog} if backlog != BACKLOG else {}),
                          steer=steer, substitutes=",".join(kinds), levels=levels,
                          quality_price=quality_price, pressure_gain=pressure_gain, sets_per_prev=sets_per_prev,
                          max_enum_k=max_enum_k, steer_replicas=steer_replicas, ewma=ewma, adapt_gain=adapt_gain,
@@ -638,8 +641,10 @@ class OrderMoEPolicy(Policy):
         self.lookahead = LookAhead(ctx, self.grid, self.horizon, sets_per_prev, max_enum_k, kinds,
                                    self.steer and ctx.num_nodes <= STEER_ALL_NODES, self.steer_replicas, self.power,
                                    min_set_count, self.token_subs if self.per_token else None, calib,
-                                   bool(backlog), int(self.grid.index(self.horizon * mean_allowance)))
-        self.backlog = self.lookahead.backlog  # the cost-to-go adds the queue waits the tables are exposed to
+                                   backlog != "off", int(self.grid.index(self.horizon * mean_allowance)))
+        # the cost-to-go adds the queue waits the tables are exposed to: "now" the current ones, "mean" node_wait
+        self.backlog = backlog if self.lookahead.backlog else "off"
+        self.node_wait = np.zeros(ctx.num_nodes)  # [N] EWMA (weight ewma per call) of each node's queue wait
         U = ctx.num_users
         self.queue_pressure = 0.0  # EWMA of mean queueing delay / (it + median round trip)
         self.latency_excess = np.zeros(U)  # [U] EWMA of max(observed / estimated latency - 1, 0)
@@ -725,6 +730,8 @@ class OrderMoEPolicy(Policy):
 
     def choose(self, layer, topk, gates, state, load):
         ctx = self.ctx
+        if self.backlog == "mean":  # this call's waits join the per-node EWMA before it is read
+            self.node_wait += self.ewma * (load - self.node_wait)
         if self.per_token:
             self.logit_layers += self.router_logits is not None
         has_budget = state.budget_total > 0
@@ -754,9 +761,9 @@ class OrderMoEPolicy(Policy):
         alpha = self.alpha[state.user]
         qterm = (beta + EPS_S_PER_Q)[:, None] * quality  # [T, M]
         wait = None  # [T, G] steered / [T, M] unsteered: the next layers' expected queue wait (`backlog`)
-        if part is not None and self.backlog:
+        if part is not None and self.backlog != "off":
             meets = opt.meet if opt.meet is not None else opt.next_mg[:, :, 0]
-            wait = self.lookahead.backlog_s(layer, key, meets, load)
+            wait = self.lookahead.backlog_s(layer, key, meets, load if self.backlog == "now" else self.node_wait)
         if opt.latency_mg is None:  # steered, compiled: the same sums and argmin, row by row
             pick, lat, node = steered_pick(opt, part, C * m, self.lookahead.stacked.reshape(-1), loc, state.home,
                                            layer == ctx.num_layers - 1, feasible, qterm, alpha, wait)

@@ -30,7 +30,7 @@ from ..sim.rules import RULE_EXACT, _decide_rows
 _I = np.int64
 
 # entries of `OrderMoETables.flags` (bool), `.ints` and `.params` (float)
-F_SUB, F_DROP, F_ZERO, F_POWER2, F_STEER, F_ALL_NODES, F_BACKLOG = range(7)
+F_SUB, F_DROP, F_ZERO, F_POWER2, F_STEER, F_ALL_NODES, F_BACKLOG, F_BACKLOG_MEAN = range(8)
 I_SHORT, I_CELLS, I_LEVELS, I_HORIZON, I_PACE = range(5)
 P_QUALITY_PRICE, P_PRESSURE_GAIN, P_EWMA, P_RT_MED, P_STEP, P_EPS = range(6)
 
@@ -53,6 +53,7 @@ class OrderMoETables(NamedTuple):
     latency_excess: np.ndarray  # [U] the policy's weights (its observe updates them in place)
     quality_weight: np.ndarray  # [U]
     exposure: np.ndarray  # the look-ahead's exposure table [L+1, N, C, N] flat (`LookAhead.exposure`; F_BACKLOG)
+    node_wait: np.ndarray  # [N] the policy's EWMA of each node's wait (F_BACKLOG_MEAN; updated in place)
 
 
 @njit(cache=True)
@@ -349,10 +350,14 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
      srt_node) = ex
     s_loc = ex_scratch.loc
     (best_sub, best_sub_err, subst_err, flags, short_node, short_static, table, ints, params, budget_total, budget_used,
-     qpress, latency_excess, quality_weight, exposure) = om
+     qpress, latency_excess, quality_weight, exposure, node_wait) = om
     has_sub, has_drop, has_zero = flags[F_SUB], flags[F_DROP], flags[F_ZERO]
     power2, steer, all_nodes = flags[F_POWER2], flags[F_STEER], flags[F_ALL_NODES]
     backlog = flags[F_BACKLOG] and ints[I_HORIZON] > 0
+    if backlog and flags[F_BACKLOG_MEAN]:  # `choose`: this call's waits join the EWMA first, which is then priced
+        for n in range(load.shape[0]):
+            node_wait[n] = node_wait[n] + params[P_EWMA] * (load[n] - node_wait[n])
+    waits = node_wait if flags[F_BACKLOG_MEAN] else load
     n_short, C, levels, horizon, pace = ints[I_SHORT], ints[I_CELLS], ints[I_LEVELS], ints[I_HORIZON], ints[I_PACE]
     quality_price, pressure_gain, ewma = params[P_QUALITY_PRICE], params[P_PRESSURE_GAIN], params[P_EWMA]
     rt_med, step, eps = params[P_RT_MED], params[P_STEP], params[P_EPS]
@@ -508,7 +513,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
             # -- unsteered (`unsteered_meeting`), then argmin J over the M subsets
             if backlog:  # each candidate meeting node's expected queue wait (`LookAhead.backlog_s`)
                 for gi in range(K + 1 if migrate else 1):
-                    wait[gi] = _backlog_s(exposure, lv, loc if gi == 0 else x_node[t, gi - 1], key, N, C, load)
+                    wait[gi] = _backlog_s(exposure, lv, loc if gi == 0 else x_node[t, gi - 1], key, N, C, waits)
             best_cost, best_m, best_nxt, best_lat = np.inf, 0, loc, np.nan
             for m in range(M):
                 if not migrate or K == 0:
@@ -587,7 +592,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                 if last:
                     home_leg[gi] = xfer[meet[gi], home]
                 if backlog and not dup[gi]:
-                    wait[gi] = _backlog_s(exposure, lv, meet[gi], key, N, C, load)
+                    wait[gi] = _backlog_s(exposure, lv, meet[gi], key, N, C, waits)
             for k in range(K):
                 for gi in range(G):
                     if dup[gi]:
@@ -698,9 +703,9 @@ def ordermoe_tables(policy, budget_total, budget_used, eps_s_per_q: float, steer
         n_short = 0
         short_node, short_static = np.zeros((1, 1), _I), np.zeros((1, 1))
     _, _, C, levels = policy.lookahead.stacked.shape
-    backlog = bool(getattr(policy, "backlog", False))
+    backlog = getattr(policy, "backlog", "off")
     flags = np.array(["sub" in kinds, "drop" in kinds, "zero" in kinds, policy.power == 2.0, steer,
-                      N <= steer_all_nodes, backlog])  # in F_* order
+                      N <= steer_all_nodes, backlog != "off", backlog == "mean"])  # in F_* order
     ints = np.array([n_short, C, levels, policy.horizon, policy.pace], _I)  # I_* order
     params = np.array([policy.quality_price, policy.pressure_gain, policy.ewma, policy.rt_med, policy.grid.step,
                        eps_s_per_q], float)  # P_* order
@@ -708,7 +713,7 @@ def ordermoe_tables(policy, budget_total, budget_used, eps_s_per_q: float, steer
                           np.ascontiguousarray(ctx.subst_err, float), flags, short_node, short_static,
                           np.ascontiguousarray(policy.lookahead.stacked.reshape(-1)), ints, params, budget_total,
                           budget_used, np.array([policy.queue_pressure]), policy.latency_excess, policy.quality_weight,
-                          np.ascontiguousarray(policy.lookahead.exposure.reshape(-1), float))
+                          np.ascontiguousarray(policy.lookahead.exposure.reshape(-1), float), policy.node_wait)
 
 
 # ---------------------------------------------------------------- decode: one `decide` call, one compiled call
