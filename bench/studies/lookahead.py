@@ -38,8 +38,11 @@ HORIZONS = (0, 1, 2, 3)
 FREE_HORIZONS = (0, 2)
 
 
-def run(cluster_name: str, budgets, plan_prof, eval_prof, workload: Workload, log=print) -> list[dict]:
-    """Rows of ordermoe H = 0..3 and the oracle at each budget on one cluster (ordermoe placement, migrate)."""
+def run(cluster_name: str, budgets, plan_prof, eval_prof, workload: Workload, log=print,
+        backlog_horizons=(), backlogs=("now", "mean")) -> list[dict]:
+    """Rows of ordermoe H = 0..3 and the oracle at each budget on one cluster (ordermoe placement, migrate);
+    backlog_horizons: H of extra rows "ordermoe-H{h}-{kind}" (and "-{kind}-free" where the free rows run) with
+    the queue-aware look-ahead (`backlog=kind` for each kind in `backlogs`), the others with the policy's default."""
     cluster = load_cluster(cluster_name)
     fallback = any(u.domain not in plan_prof.meta.domains for u in cluster.users)
     t0 = time.process_time()
@@ -52,7 +55,10 @@ def run(cluster_name: str, budgets, plan_prof, eval_prof, workload: Workload, lo
     for budget in budgets:
         # "free": no quality price, so the budget is the only limit on spending, as for the oracle
         free = [(f"ordermoe-H{h}-free", {"horizon": h, "quality_price": 0.0}) for h in FREE_HORIZONS] if budget > 0 else []
-        for name, params in [(f"ordermoe-H{h}", {"horizon": h}) for h in HORIZONS] + free + \
+        extra = [(f"ordermoe-H{h}-{kind}", {"horizon": h, "backlog": kind}) for h in backlog_horizons for kind in backlogs]
+        extra += [(f"ordermoe-H{h}-{kind}-free", {"horizon": h, "backlog": kind, "quality_price": 0.0})
+                  for h in backlog_horizons for kind in backlogs if budget > 0 and h in FREE_HORIZONS]
+        for name, params in [(f"ordermoe-H{h}", {"horizon": h}) for h in HORIZONS] + free + extra + \
                             [("oracle", {"routing": (eval_prof.topk, eval_prof.gates)})]:
             c0 = time.process_time()
             pol = make_policy(name.split("-")[0], ctx, budget=budget, **params)
@@ -80,6 +86,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer tokens and requests (a smoke run)")
     ap.add_argument("--budgets", default="0,0.05,0.2")
     ap.add_argument("--clusters", default="testbed8,edge8")
+    ap.add_argument("--backlog-horizons", default="", help="H values of extra rows with a queue-aware look-ahead, e.g. 2")
+    ap.add_argument("--backlogs", default="now,mean", help="the `backlog` kinds of those rows")
+    ap.add_argument("--out", default=None, help="results file (default bench/results/lookahead[_quick].json)")
     ap.add_argument("--shared-data", default=str(Path(__file__).resolve().parents[2] / ".." / "shared" / "data"))
     args = ap.parse_args()
     start, cpu0, load0 = time.perf_counter(), time.process_time(), list(os.getloadavg())
@@ -90,7 +99,9 @@ def main() -> None:
     budgets = [float(b) for b in args.budgets.split(",")]
     rows = []
     for cluster in args.clusters.split(","):
-        rows += run(cluster, budgets, plan_prof, eval_prof, workload)
+        rows += run(cluster, budgets, plan_prof, eval_prof, workload,
+                    backlog_horizons=[int(h) for h in args.backlog_horizons.split(",") if h],
+                    backlogs=tuple(args.backlogs.split(",")))
     print(f"\n{'cluster':9s} {'budget':>6s} {'method':17s} {'mean ms':>8s} {'p99 ms':>8s} {'xH0':>6s} {'p99 xH0':>7s} "
           f"{'xoracle':>7s} {'stand-ins':>9s}")
     for r in rows:
@@ -100,7 +111,8 @@ def main() -> None:
     timing = {"wall_s": round(time.perf_counter() - start, 1), "cpu_s": round(time.process_time() - cpu0, 1),
               "load_average_start": load0, "load_average_end": list(os.getloadavg())}
     print(f"{timing['cpu_s']} s CPU, {timing['wall_s']} s wall, load average at start {load0}")
-    atomic_write_json(RESULTS / ("lookahead_quick.json" if args.quick else "lookahead.json"), {
+    out = Path(args.out) if args.out else RESULTS / ("lookahead_quick.json" if args.quick else "lookahead.json")
+    atomic_write_json(out, {
         "benchmark": "lookahead", "model": "mixtral-8x7b (calibrated routing, 32 MoE layers)", "quick": args.quick,
         "placement": "ordermoe", "mode": "migrate", "workload": asdict(workload),
         "calibration": info, "rows": rows, "timing": timing, "environment": environment(),

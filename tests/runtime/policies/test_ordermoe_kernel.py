@@ -40,7 +40,7 @@ def test_compiled_steered_decision_equals_numpy(monkeypatch, seed, mode, horizon
         load = rng.exponential(0.01, ctx.num_nodes) if rng.integers(2) else None
         # max_enum_k below K: prefix actions (K + 1 of them) instead of all 2^K subsets
         params = dict(budget=budget, horizon=horizon, steer=True, max_enum_k=int(rng.choice([1, 2, 4])),
-                      substitutes=str(rng.choice(["sub,drop,zero", "sub", "drop,zero"])))
+                      substitutes=str(rng.choice(["sub,drop,zero", "sub", "drop,zero"])), backlog=str(rng.choice(["off", "now", "mean"])))
         compiled, reference = both_paths(monkeypatch, ctx, profile, rows, users, load, params)
         assert_same(compiled, reference)
 
@@ -85,7 +85,7 @@ def test_the_decode_path_decides_as_the_numpy_path(monkeypatch, seed, mode):
         users = rng.integers(0, ctx.num_users, T)
         params = dict(budget=float(rng.choice([0.0, 0.02, 0.3])), horizon=int(rng.integers(0, 3)),
                       steer=[None, True, False][int(rng.integers(3))], pace=bool(rng.integers(2)),
-                      substitutes=str(rng.choice(["sub,drop,zero", "sub", "drop,zero"])))
+                      substitutes=str(rng.choice(["sub,drop,zero", "sub", "drop,zero"])), backlog=str(rng.choice(["off", "now", "mean"])))
         loads = [rng.exponential(0.01, ctx.num_nodes) if rng.integers(2) else None for _ in range(2)]
         runs = []
         for decode in (True, False):

@@ -69,9 +69,9 @@ def deployments():
        horizon=st.sampled_from([0, 1, 2]), steer=st.sampled_from([None, True, False]),
        substitutes=st.sampled_from(["sub,drop,zero", "sub", "drop,zero", "zero"]), power=st.sampled_from([1.0, 2.0]),
        pace=st.booleans(), window=st.sampled_from([0.0, 1e-3]), arrival=st.sampled_from(["poisson", "closed"]),
-       seed=st.integers(0, 10**6))
+       backlog=st.sampled_from(["off", "now", "mean"]), seed=st.integers(0, 10**6))
 def test_compiled_loop_decides_as_the_policy_call(monkeypatch, deployments, top_k, cluster, mode, budget, horizon, steer,
-                                                 substitutes, power, pace, window, arrival, seed):
+                                                 substitutes, power, pace, window, arrival, backlog, seed):
     profile, ctx = deployments[top_k, cluster, mode]
     trace = Trace.from_profile(profile)
     wl = Workload(num_requests=12, prompt_tokens=3, gen_tokens=4, arrival=arrival, rate_per_s=80.0, seed=seed)
@@ -79,7 +79,7 @@ def test_compiled_loop_decides_as_the_policy_call(monkeypatch, deployments, top_
     # a per-user budget: some users with none (their rows may only run exactly)
     users = np.random.default_rng(seed).random(ctx.num_users)
     params = dict(budget=np.where(users < 0.3, 0.0, budget), horizon=horizon, steer=steer, substitutes=substitutes,
-                  quality_power=power, pace=pace, levels=6)
+                  quality_power=power, pace=pace, levels=6, backlog=backlog)
     policies = [make_policy("ordermoe", ctx, **params) for _ in range(2)]
     assert policies[0].compiled_rule() == "ordermoe"
     fast, fast_dec, fast_chunks = recorded_run(monkeypatch, ctx, policies[0], trace, sc, window, True)

@@ -49,6 +49,8 @@ TABLE_CHUNK_CELLS = 1 << 22  # rows x actions x levels per block when the look-a
 STEER_ALL_NODES = 16  # up to this many nodes, a steered decision may meet at any node; beyond, at a replica
 COMPILED_STEER = HAVE_NUMBA  # steered decisions by `ordermoe_kernel` (same picks and bits; False: the numpy path)
 COMPILED_DECODE = HAVE_NUMBA  # `decide` in one compiled call (`ordermoe_kernel.DecodePath`; same bits; False: numpy)
+BACKLOG = "off"  # the look-ahead's queue term (`LookAhead.backlog_s`): "off" (static tables), "now" or "mean" (`BACKLOGS`)
+BACKLOGS = ("off", "now", "mean")  # queue waits priced: none, the current ones (load), their per-node EWMA (node_wait)
 COMPILED_LOOP = HAVE_NUMBA  # the simulator's fast engine decides inside its compiled loop (`edgemoe.runtime.sim.ordermoe_loop`;
 # same picks and bits; False: the per-wave `decide` call, the reference)
 
@@ -415,13 +417,23 @@ class LookAhead:
 
     Built once per (context, budget grid, H) by the truncated recursion of ALGORITHMS.md §3.4.4 with static
     costs (no queues); `phi(l)` is zero for l >= L and for H = 0.
+
+    backlog: also build exposure[l] [N, C, N], the expected number of layers l .. l+H-1 whose slowest output
+    (the one that sets the layer's time) is computed on node n, for the same token, along the actions the
+    tables choose at budget level `backlog_level` (one level for every row: a per-level exposure would be m
+    times larger). It is the first-order sensitivity of phi to a queue wait at each node (`backlog`): a wait
+    w_n at n delays every such layer by w_n until another action becomes cheaper, so phi + exposure . w is an
+    upper bound on the cost-to-go under those waits that is exact for small ones (docs/runtime.md).
     """
 
     def __init__(self, ctx: RuntimeContext, grid: BudgetGrid, horizon: int, sets_per_prev: int = 4,
                  max_enum_k: int = MAX_ENUM_K, kinds: tuple[str, ...] = KINDS, steer: bool = False,
                  steer_replicas: int = STEER_REPLICAS, power: float = QUALITY_POWER, min_set_count: int = MIN_SET_COUNT,
-                 subs_fn=None, calib: KindCalibration | None = None):
+                 subs_fn=None, calib: KindCalibration | None = None, backlog: bool = False,
+                 backlog_level: int = 0):
         self.ctx, self.grid, self.horizon = ctx, grid, int(horizon)
+        self.backlog = bool(backlog) and self.horizon > 0
+        self.backlog_level = int(np.clip(backlog_level, 0, grid.levels - 1))
         self.subs_fn = subs_fn  # (layer [R], location [R], topk [R, K]) -> per-token substitutes; None: the groups
         self.calib = calib  # measured nats per kind and layer (`KindCalibration`), None: predicted errors alone
         self.kinds, self.steer, self.steer_replicas, self.power = kinds, steer, steer_replicas, power
@@ -431,21 +443,28 @@ class LookAhead:
         self.zero = np.zeros((N, C, grid.levels))
         self.tables: dict[int, np.ndarray] = {}
         self.stacked = np.zeros((L + 1, N, C, grid.levels))  # [L+1, N, C, m]: phi(l) for every l
+        # [L+1, N, C, N] exposure(l) for every l (`backlog`; a [1, 1, 1, 1] zero placeholder without it)
+        self.exposure = np.zeros((L + 1, N, C, N) if self.backlog else (1, 1, 1, 1))
         if self.horizon <= 0 or L < 2:
             return
         stats = {layer: set_stats(ctx.profile_topk, ctx.profile_gates, layer, E, sets_per_prev, self.keys)
                  for layer in range(1, L)}
         # values[l] for each depth: one layer's expected optimal cost over its sets, recursively.
         prev_depth: dict[int, np.ndarray] = {}
+        prev_expo: dict[int, np.ndarray] = {}
+        zero_expo = np.zeros((N, C, N))
         for _depth in range(1, self.horizon + 1):
-            cur = {}
+            cur, cur_expo = {}, {}
             for layer in range(1, L):
                 nxt = prev_depth.get(layer + 1, self.zero)
-                cur[layer] = self._layer_table(layer, stats[layer], nxt, max_enum_k)
-            prev_depth = cur
+                cur[layer], cur_expo[layer] = self._layer_table(layer, stats[layer], nxt, max_enum_k,
+                                                                prev_expo.get(layer + 1, zero_expo))
+            prev_depth, prev_expo = cur, cur_expo
         self.tables = prev_depth
         for layer, table in self.tables.items():
             self.stacked[layer] = table
+            if self.backlog:
+                self.exposure[layer] = prev_expo[layer]
 
     def phi(self, layer: int) -> np.ndarray:
         """[N, C, m] table for decisions that start at `layer` (zeros past the end or with H = 0)."""
@@ -459,7 +478,19 @@ class LookAhead:
             return subsets
         return subsets * (1 + (ctx.num_nodes if ctx.num_nodes <= STEER_ALL_NODES else K * (self.steer_replicas + 1)))
 
-    def _layer_table(self, layer: int, stats: SetStats, phi_next: np.ndarray, max_enum_k: int) -> np.ndarray:
+    def backlog_s(self, layer: np.ndarray, key: np.ndarray, nodes: np.ndarray, load: np.ndarray) -> np.ndarray:
+        """[T, G] expected queue wait over the next H layers of rows that decide at `layer` [T] with look-ahead
+        key `key` [T] and continue from `nodes` [T, G], under the current waits `load` [N]: exposure[l + 1]
+        (g, key) . load, summed left to right (as the compiled loop sums it, so both give the same bits)."""
+        N = self.ctx.num_nodes
+        C = self.exposure.shape[2]
+        rows = ((layer + 1)[:, None] * N + nodes) * C + key[:, None]  # [T, G] rows of the flat [.., N] exposure
+        terms = self.exposure.reshape(-1, N)[rows] * load  # [T, G, N]
+        return np.cumsum(terms, axis=2)[:, :, -1] if N else np.zeros(nodes.shape)
+
+    def _layer_table(self, layer: int, stats: SetStats, phi_next: np.ndarray, max_enum_k: int,
+                     expo_next: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """(phi[layer] [N, C, m], exposure[layer] [N, C, N] or None without `backlog`)."""
         ctx, grid = self.ctx, self.grid
         N, M = ctx.num_nodes, stats.experts.shape[0]
         loc = np.repeat(np.arange(N), M)  # rows = (node, set)
@@ -471,6 +502,7 @@ class LookAhead:
         t1_all = self.keys.keys(layer, experts, gates)  # [R] context key for the next layer
         b = grid.values  # [m]
         best = np.empty((len(loc), grid.levels))
+        expo = np.zeros((len(loc), N)) if self.backlog else None
         per = max(1, TABLE_CHUNK_CELLS // (self._actions(ctx) * grid.levels))  # rows per block: bounded memory
         for lo in range(0, len(loc), per):
             r = slice(lo, lo + per)
@@ -484,9 +516,41 @@ class LookAhead:
             feasible = opt.valid[:, :, None] & (left >= -1e-12)
             future = phi_next[opt.next_location[:, :, None], t1_all[r][:, None, None], grid.index(np.maximum(left, 0.0))]
             value = opt.latency_s[:, :, None] + EPS_S_PER_Q * quality[:, :, None] + future
-            best[r] = np.where(feasible, value, np.inf).min(axis=1)  # [R, m]
+            value = np.where(feasible, value, np.inf)
+            best[r] = value.min(axis=1)  # [R, m]
+            if self.backlog:
+                expo[r] = self._exposure(opt, value[:, :, self.backlog_level].argmin(axis=1), loc[r], lr,
+                                         t1_all[r], expo_next)
         best = best.reshape(N, M, grid.levels)
-        return np.einsum("cs,nsm->ncm", stats.prob, best)
+        table = np.einsum("cs,nsm->ncm", stats.prob, best)
+        if not self.backlog:
+            return table, None
+        return table, np.einsum("cs,nsk->nck", stats.prob, expo.reshape(N, M, N))
+
+    def _exposure(self, opt: Options, pick: np.ndarray, loc: np.ndarray, layer: np.ndarray, key: np.ndarray,
+                  expo_next: np.ndarray) -> np.ndarray:
+        """[R, N] exposure of rows (node loc [R], a set at `layer` [R]) that take action `pick` [R] of `opt`:
+        a one at the node computing the output that arrives last at the meeting node (queue-free times, as the
+        tables price them; none when every slot is dropped or zeroed), plus the next layers' exposure from the
+        meeting node with the set's key `key` [R] (expo_next [N, C, N])."""
+        ctx = self.ctx
+        R = len(pick)
+        rows = np.arange(R)
+        m, g = np.divmod(pick, opt.G)
+        nxt = opt.next_mg[rows, m, g]
+        node = opt.node_m[rows, m]
+        if opt.meet is not None:  # steered: each exact slot on the candidate that reaches the meeting node first
+            node = np.where(opt.mask[rows, m], node, opt.exact_node(rows, g))
+        expert = opt.experts[rows, m]  # [R, K]
+        run = node >= 0
+        n0, e0 = np.where(run, node, 0), np.where(expert >= 0, expert, 0)
+        arrive = ctx.xfer_s[loc[:, None], n0] + ctx.compute_s[n0, layer[:, None], e0] + ctx.xfer_s[n0, nxt[:, None]]
+        arrive = np.where(run, arrive, -np.inf)
+        slow = arrive.argmax(axis=1)  # [R] first slowest slot
+        out = expo_next[nxt, key].copy()  # [R, N]
+        hit = run[rows, slow]
+        out[rows[hit], node[rows, slow][hit]] += 1.0
+        return out
 
 
 def compiled_loop_supported(policy) -> bool:
@@ -525,7 +589,8 @@ class OrderMoEPolicy(Policy):
     name = "ordermoe"
     wants_feedback = True
 
-    def __init__(self, ctx: RuntimeContext, budget=0.05, horizon: int = 2, steer: bool | None = None,
+    def __init__(self, ctx: RuntimeContext, budget=0.05, horizon: int = 2, backlog: str = BACKLOG,
+                 steer: bool | None = None,
                  substitutes="sub,drop,zero", levels: int = 24, quality_price: float | None = None,
                  pressure_gain: float = 1.0, sets_per_prev: int = 16, max_enum_k: int = MAX_ENUM_K,
                  steer_replicas: int = STEER_REPLICAS, ewma: float = 0.1, adapt_gain: float = 0.5,
@@ -540,7 +605,10 @@ class OrderMoEPolicy(Policy):
             raise EdgeMoEError(f"ordermoe: stand_in_choice must be one of {list(STAND_IN_CHOICES)}, got {stand_in_choice!r}")
         if not 0.0 <= router_weight <= 1.0:
             raise EdgeMoEError(f"ordermoe: router_weight must be in [0, 1], got {router_weight}")
-        super().__init__(ctx, budget=budget, horizon=horizon, steer=steer, substitutes=",".join(kinds), levels=levels,
+        if backlog not in BACKLOGS:
+            raise EdgeMoEError(f"ordermoe: backlog must be one of {list(BACKLOGS)}, got {backlog!r}")
+        super().__init__(ctx, budget=budget, horizon=horizon, **({"backlog": backlog} if backlog != BACKLOG else {}),
+                         steer=steer, substitutes=",".join(kinds), levels=levels,
                          quality_price=quality_price, pressure_gain=pressure_gain, sets_per_prev=sets_per_prev,
                          max_enum_k=max_enum_k, steer_replicas=steer_replicas, ewma=ewma, adapt_gain=adapt_gain,
                          spend_target=spend_target, quality_power=quality_power, min_set_count=min_set_count,
@@ -575,7 +643,11 @@ class OrderMoEPolicy(Policy):
         # future with the myopic rule (64 servers, L=16, E=32, K=4: 57 s steered vs ~1 s), the decision stays steered.
         self.lookahead = LookAhead(ctx, self.grid, self.horizon, sets_per_prev, max_enum_k, kinds,
                                    self.steer and ctx.num_nodes <= STEER_ALL_NODES, self.steer_replicas, self.power,
-                                   min_set_count, self.token_subs if self.per_token else None, calib)
+                                   min_set_count, self.token_subs if self.per_token else None, calib,
+                                   backlog != "off", int(self.grid.index(self.horizon * mean_allowance)))
+        # the cost-to-go adds the queue waits the tables are exposed to: "now" the current ones, "mean" node_wait
+        self.backlog = backlog if self.lookahead.backlog else "off"
+        self.node_wait = np.zeros(ctx.num_nodes)  # [N] EWMA (weight ewma per call) of each node's queue wait
         U = ctx.num_users
         self.queue_pressure = 0.0  # EWMA of mean queueing delay / (it + median round trip)
         self.latency_excess = np.zeros(U)  # [U] EWMA of max(observed / estimated latency - 1, 0)
@@ -661,6 +733,8 @@ class OrderMoEPolicy(Policy):
 
     def choose(self, layer, topk, gates, state, load):
         ctx = self.ctx
+        if self.backlog == "mean":  # this call's waits join the per-node EWMA before it is read
+            self.node_wait += self.ewma * (load - self.node_wait)
         if self.per_token:
             self.logit_layers += self.router_logits is not None
         has_budget = state.budget_total > 0
@@ -694,15 +768,21 @@ class OrderMoEPolicy(Policy):
         beta = self.beta(layer, state)
         alpha = self.alpha[state.user]
         qterm = (beta + EPS_S_PER_Q)[:, None] * quality  # [T, M]
+        wait = None  # [T, G] steered / [T, M] unsteered: the next layers' expected queue wait (`backlog`)
+        if part is not None and self.backlog != "off":
+            meets = opt.meet if opt.meet is not None else opt.next_mg[:, :, 0]
+            wait = self.lookahead.backlog_s(layer, key, meets, load if self.backlog == "now" else self.node_wait)
         if opt.latency_mg is None:  # steered, compiled: the same sums and argmin, row by row
             pick, lat, node = steered_pick(opt, part, C * m, self.lookahead.stacked.reshape(-1), loc, state.home,
-                                           layer == ctx.num_layers - 1, feasible, qterm, alpha)
+                                           layer == ctx.num_layers - 1, feasible, qterm, alpha, wait)
             self._track(load)
             return pick_decision(opt, pick, loc, lat, node)
         T, M, G = opt.latency_mg.shape
         seconds = opt.latency_mg
         if part is not None:
             seconds = seconds + self.lookahead.stacked.reshape(-1).take(part[:, :, None] + opt.next_mg * (C * m))
+            if wait is not None:
+                seconds = seconds + (wait[:, None, :] if opt.meet is not None else wait[:, :, None])
         cost = alpha[:, None, None] * seconds + qterm[:, :, None]
         cost[~feasible] = np.inf
         pick = cost.reshape(T, M * G).argmin(axis=1)  # action 0 (no substitution) is always feasible

@@ -30,7 +30,7 @@ from ..sim.rules import RULE_EXACT, _decide_rows
 _I = np.int64
 
 # entries of `OrderMoETables.flags` (bool), `.ints` and `.params` (float)
-F_SUB, F_DROP, F_ZERO, F_POWER2, F_STEER, F_ALL_NODES = range(6)
+F_SUB, F_DROP, F_ZERO, F_POWER2, F_STEER, F_ALL_NODES, F_BACKLOG, F_BACKLOG_MEAN = range(8)
 I_SHORT, I_CELLS, I_LEVELS, I_HORIZON, I_PACE = range(5)
 P_QUALITY_PRICE, P_PRESSURE_GAIN, P_EWMA, P_RT_MED, P_STEP, P_EPS = range(6)
 
@@ -52,7 +52,8 @@ class OrderMoETables(NamedTuple):
     qpress: np.ndarray  # [1] the policy's queue_pressure (written in place)
     latency_excess: np.ndarray  # [U] the policy's weights (its observe updates them in place)
     quality_weight: np.ndarray  # [U]
-
+    exposure: np.ndarray  # the look-ahead's exposure table [L+1, N, C, N] flat (`LookAhead.exposure`; F_BACKLOG)
+    node_wait: np.ndarray  # [N] the policy's EWMA of each node's wait (F_BACKLOG_MEAN; updated in place)
 
 
 @njit(cache=True)
@@ -111,14 +112,15 @@ def steered_inputs(layer, location, topk, node_x, short, real, usable, xfer, loa
 
 @njit(cache=True)
 def _steered_pick(base, cand, meet, xfer, mask, stand_node, sub_ready, location, home, last, feasible, qterm, alpha,
-                  part, stride, table, use_table):  # pragma: no cover - compiled (the numpy twin is tested)
+                  part, stride, table, use_table, wait, use_wait):  # pragma: no cover - compiled (the numpy twin is tested)
     """Per row r: the action a = m * G + g of least cost, its layer seconds and the node of each slot.
 
     base, cand [R, K, J]: when each candidate replica's output exists, and the replica; meet [R, G]; xfer [N, N];
     mask [R, M, K] slot replaced; stand_node [R, M, K] where a replaced slot runs (-1: not run); sub_ready
     [R, M] latest substitute ready time (-inf: none); location, home [R]; last [R] bool: last layer (add the
     trip home); feasible [R, M]; qterm [R, M] (beta + eps) x quality; alpha [R]; part [R, M] and stride:
-    look-ahead flat index part + meet * stride into table (use_table False: no look-ahead).
+    look-ahead flat index part + meet * stride into table (use_table False: no look-ahead); wait [R, G]: the
+    meeting node's expected queue wait (`LookAhead.backlog_s`), added after the table (use_wait False: none).
     Returns (pick [R], latency [R], node [R, K])."""
     R, K, J = base.shape
     M = mask.shape[1]
@@ -187,11 +189,14 @@ def _steered_pick(base, cand, meet, xfer, mask, stand_node, sub_ready, location,
                 lat = max(lat, 0.0)
                 if last[r]:
                     lat = lat + home_leg[g]
-                # the look-ahead is >= 0 and rounding is monotone: an action whose cost without it is no
-                # better than the best so far cannot win (skips the table read, changes no pick)
+                # the look-ahead (and the wait) is >= 0 and rounding is monotone: an action whose cost without
+                # it is no better than the best so far cannot win (skips the table read, changes no pick)
                 cost = alpha[r] * lat + qterm[r, m]
                 if use_table and (alpha[r] < 0 or cost < best_cost):
-                    cost = alpha[r] * (lat + table[part[r, m] + meet[r, g] * stride]) + qterm[r, m]
+                    ahead = lat + table[part[r, m] + meet[r, g] * stride]
+                    if use_wait:
+                        ahead = ahead + wait[r, g]
+                    cost = alpha[r] * ahead + qterm[r, m]
                 if cost < best_cost:
                     best_cost, best_a, best_lat = cost, m * G + g, lat
         m, g = best_a // G, best_a % G
@@ -221,18 +226,23 @@ def _steered_pick(base, cand, meet, xfer, mask, stand_node, sub_ready, location,
 
 
 def steered_pick(opt, part: np.ndarray | None, stride: int, table: np.ndarray, location: np.ndarray, home: np.ndarray,
-                 last: np.ndarray, feasible: np.ndarray, qterm: np.ndarray, alpha: np.ndarray):
+                 last: np.ndarray, feasible: np.ndarray, qterm: np.ndarray, alpha: np.ndarray,
+                 wait: np.ndarray | None = None):
     """(pick [T], latency [T], node [T, K]) for a steered `Options` built without its [T, M, G] latency
-    (`layer_options(..., steered_latency=False)`): see `_steered_pick`. part: [T, M] look-ahead index or None (H = 0)."""
+    (`layer_options(..., steered_latency=False)`): see `_steered_pick`. part: [T, M] look-ahead index or None (H = 0);
+    wait: [T, G] the meeting nodes' expected queue waits or None."""
     use_table = part is not None
     if part is None:
         part = np.zeros(feasible.shape, np.int64)
+    use_wait = wait is not None
+    if wait is None:
+        wait = np.zeros((1, 1))
     return _steered_pick(np.ascontiguousarray(opt.cand_ready), np.ascontiguousarray(opt.cand), np.ascontiguousarray(opt.meet),
                          np.ascontiguousarray(opt.xfer_s), np.ascontiguousarray(opt.mask), np.ascontiguousarray(opt.node_m),
                          np.ascontiguousarray(opt.sub_ready, dtype=float), location.astype(np.int64), home.astype(np.int64),
                          np.ascontiguousarray(last), np.ascontiguousarray(feasible), np.ascontiguousarray(qterm, dtype=float),
                          np.ascontiguousarray(alpha, dtype=float), np.ascontiguousarray(part, dtype=np.int64), int(stride),
-                         table, use_table)
+                         table, use_table, np.ascontiguousarray(wait, dtype=float), use_wait)
 
 
 # ----------------------------------------------------------- the whole decision, row by row (`_decide_ordermoe`)
@@ -313,7 +323,17 @@ def _work_arrays(K, N, J, G):  # pragma: no cover - compiled
             np.empty((M, K)), np.empty((M, K)), np.empty(M), np.empty(M, np.bool_), np.empty(M, np.bool_), np.empty(M),
             np.empty(M, _I), np.empty(M), np.empty(K), np.empty(K), np.empty(K), np.empty((K, J), _I), np.empty((K, J)),
             np.empty(G, _I), np.empty((K, G)), np.empty((M, G)), np.empty(G), np.zeros(G), np.zeros(G, np.bool_),
-            np.full(N, -1, _I), np.empty(K, _I))
+            np.full(N, -1, _I), np.empty(K, _I), np.empty(max(G, K + 1)))
+
+
+@njit(cache=True, inline="always")
+def _backlog_s(exposure, lv, g, key, N, C, load):  # pragma: no cover - compiled
+    """`LookAhead.backlog_s` of one row at layer lv meeting at g: exposure[lv + 1, g, key] . load, left to right."""
+    lo = (((lv + 1) * N + g) * C + key) * N
+    s = exposure[lo] * load[0]
+    for n in range(1, N):
+        s += exposure[lo + n] * load[n]
+    return s
 
 
 @njit(cache=True, inline="always")
@@ -330,9 +350,14 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
      srt_node) = ex
     s_loc = ex_scratch.loc
     (best_sub, best_sub_err, subst_err, flags, short_node, short_static, table, ints, params, budget_total, budget_used,
-     qpress, latency_excess, quality_weight) = om
+     qpress, latency_excess, quality_weight, exposure, node_wait) = om
     has_sub, has_drop, has_zero = flags[F_SUB], flags[F_DROP], flags[F_ZERO]
     power2, steer, all_nodes = flags[F_POWER2], flags[F_STEER], flags[F_ALL_NODES]
+    backlog = flags[F_BACKLOG] and ints[I_HORIZON] > 0
+    if backlog and flags[F_BACKLOG_MEAN]:  # `choose`: this call's waits join the EWMA first, which is then priced
+        for n in range(load.shape[0]):
+            node_wait[n] = node_wait[n] + params[P_EWMA] * (load[n] - node_wait[n])
+    waits = node_wait if flags[F_BACKLOG_MEAN] else load
     n_short, C, levels, horizon, pace = ints[I_SHORT], ints[I_CELLS], ints[I_LEVELS], ints[I_HORIZON], ints[I_PACE]
     quality_price, pressure_gain, ewma = params[P_QUALITY_PRICE], params[P_PRESSURE_GAIN], params[P_EWMA]
     rt_med, step, eps = params[P_RT_MED], params[P_STEP], params[P_EPS]
@@ -367,7 +392,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
     G = (1 + N if all_nodes else 1 + K * J) if steer else 1
     Cm = C * levels
     (g, sub, q_sub, q_zero, err, kind, p, q_alt, quality, valid, feasible, qterm, part, sub_ready, ready_x, ready_sub, w,
-     cand, base, meet, arrive, kept_max, to_meet, home_leg, dup, seen, nodes_m) = work
+     cand, base, meet, arrive, kept_max, to_meet, home_leg, dup, seen, nodes_m, wait) = work
     for n in range(N):
         seen[n] = -1
     for t in range(T):
@@ -486,6 +511,9 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
             sub_ready[m] = v
         if not steer:
             # -- unsteered (`unsteered_meeting`), then argmin J over the M subsets
+            if backlog:  # each candidate meeting node's expected queue wait (`LookAhead.backlog_s`)
+                for gi in range(K + 1 if migrate else 1):
+                    wait[gi] = _backlog_s(exposure, lv, loc if gi == 0 else x_node[t, gi - 1], key, N, C, waits)
             best_cost, best_m, best_nxt, best_lat = np.inf, 0, loc, np.nan
             for m in range(M):
                 if not migrate or K == 0:
@@ -499,8 +527,9 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                     lat = back if back > sr else sr
                     lat = lat if lat > 0.0 else 0.0
                     nxt = loc
+                    nxt_i = 0
                 else:
-                    nxt, lat = loc, np.inf
+                    nxt, lat, nxt_i = loc, np.inf, 0
                     for gi in range(K + 1):
                         c = loc if gi == 0 else x_node[t, gi - 1]
                         if gi > 0 and (m >> (gi - 1)) & 1:
@@ -518,12 +547,14 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                             done = 0.0
                         done = done + (xfer[c, home] if last else 0.0)
                         if done < lat:
-                            nxt, lat = c, done
+                            nxt, lat, nxt_i = c, done, gi
                 if m == 0:
                     best_nxt, best_lat = nxt, lat  # numpy's argmin of an all-inf row: action 0
                 if not feasible[m]:
                     continue
                 seconds = lat + table[part[m] + nxt * Cm] if horizon > 0 else lat
+                if backlog:
+                    seconds = seconds + wait[nxt_i]
                 cost = alpha * seconds + qterm[m]
                 if cost < best_cost:
                     best_cost, best_m, best_nxt, best_lat = cost, m, nxt, lat
@@ -560,6 +591,8 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                 to_meet[gi] = xfer[loc, meet[gi]]
                 if last:
                     home_leg[gi] = xfer[meet[gi], home]
+                if backlog and not dup[gi]:
+                    wait[gi] = _backlog_s(exposure, lv, meet[gi], key, N, C, waits)
             for k in range(K):
                 for gi in range(G):
                     if dup[gi]:
@@ -596,7 +629,10 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                         lat = lat + home_leg[gi]
                     cost = alpha * lat + qterm[m]
                     if horizon > 0 and (alpha < 0 or cost < best_cost):
-                        cost = alpha * (lat + table[part[m] + meet[gi] * Cm]) + qterm[m]
+                        ahead = lat + table[part[m] + meet[gi] * Cm]
+                        if backlog:
+                            ahead = ahead + wait[gi]
+                        cost = alpha * ahead + qterm[m]
                     if cost < best_cost:
                         best_cost, best_a, best_lat = cost, m * G + gi, lat
             m, gi = best_a // G, best_a % G
@@ -667,15 +703,17 @@ def ordermoe_tables(policy, budget_total, budget_used, eps_s_per_q: float, steer
         n_short = 0
         short_node, short_static = np.zeros((1, 1), _I), np.zeros((1, 1))
     _, _, C, levels = policy.lookahead.stacked.shape
+    backlog = getattr(policy, "backlog", "off")
     flags = np.array(["sub" in kinds, "drop" in kinds, "zero" in kinds, policy.power == 2.0, steer,
-                      N <= steer_all_nodes])  # in F_* order
+                      N <= steer_all_nodes, backlog != "off", backlog == "mean"])  # in F_* order
     ints = np.array([n_short, C, levels, policy.horizon, policy.pace], _I)  # I_* order
     params = np.array([policy.quality_price, policy.pressure_gain, policy.ewma, policy.rt_med, policy.grid.step,
                        eps_s_per_q], float)  # P_* order
     return OrderMoETables(np.ascontiguousarray(ctx.best_sub, _I), np.ascontiguousarray(ctx.best_sub_err, float),
                           np.ascontiguousarray(ctx.subst_err, float), flags, short_node, short_static,
                           np.ascontiguousarray(policy.lookahead.stacked.reshape(-1)), ints, params, budget_total,
-                          budget_used, np.array([policy.queue_pressure]), policy.latency_excess, policy.quality_weight)
+                          budget_used, np.array([policy.queue_pressure]), policy.latency_excess, policy.quality_weight,
+                          np.ascontiguousarray(policy.lookahead.exposure.reshape(-1), float), policy.node_wait)
 
 
 # ---------------------------------------------------------------- decode: one `decide` call, one compiled call
