@@ -168,12 +168,17 @@ def propagate_rows(rows, layer, loc0, left0, new_lat, new_loc, new_left, old_loc
             best_q = 0.0
             # ---- the ordermoe policy's myopic stand-ins (`PathModel._step_standins`)
             if standins:
-                some = False
+                # An action may replace only slots run remotely (valid below needs node != c and no miss), so
+                # only the actions inside this bit mask of remote slots are priced, and only their slots'
+                # stand-ins are looked up: the others are skipped unread, which changes no value.
+                remote = 0
                 for k in range(K):
                     if node[k] != c and not miss[k]:
-                        some = True
-                if some and row_budget[r] > 0:
+                        remote |= 1 << k
+                if remote != 0 and row_budget[r] > 0:
                     for k in range(K):
+                        if not (remote >> k) & 1:
+                            continue
                         e = topk[r, lay, k]
                         sub[k] = -1
                         if use_sub:
@@ -197,12 +202,15 @@ def propagate_rows(rows, layer, loc0, left0, new_lat, new_loc, new_left, old_loc
                             err[k, j] = subst_err[lay, e, topk[r, lay, j]]
                     here = xfer[c, c]
                     for k in range(K):
-                        ready_s[k] = here + compute[c, lay, sub[k] if sub[k] >= 0 else 0]
+                        if (remote >> k) & 1:
+                            ready_s[k] = here + compute[c, lay, sub[k] if sub[k] >= 0 else 0]
                     act_lat = np.inf
                     act_score = np.inf
                     act_nxt = c
                     act_q = 0.0
                     for m in range(1, M):
+                        if (m | remote) != remote:
+                            continue  # replaces a slot run here or missed: never valid
                         # -- `choose_stand_ins` for action m
                         wsum = 0.0
                         for j in range(K):
