@@ -80,13 +80,16 @@ class IncrementalReplay:
         if not self.compiled:
             return self._propagate_numpy(state, hosts, layer, rows, flip)
         old = state.latency_s[rows, layer:].sum(axis=1)
-        new_lat = state.latency_s[rows].copy()
-        new_loc = state.location[rows].copy()
-        new_left = state.budget_left[rows].copy()
-        self._run_kernel(hosts, layer, rows, new_loc[:, layer], new_left[:, layer], new_lat, new_loc, new_left,
-                         state.location[rows], state.budget_left[rows], flip)
+        new_lat = state.latency_s[rows]  # fancy indexing: copies
+        old_loc, old_left = state.location[rows], state.budget_left[rows]
+        new_loc, new_left = old_loc.copy(), old_left.copy()
+        reuse = state.q_need is not None
+        need = state.q_need[rows] if reuse else np.zeros(new_lat.shape)
+        block = state.q_block[rows] if reuse else np.zeros(new_lat.shape)
+        self._run_kernel(hosts, layer, rows, old_loc[:, layer], old_left[:, layer], new_lat, new_loc, new_left,
+                         old_loc, old_left, flip, need, block, reuse)
         diff = self.weight[rows] * (new_lat[:, layer:].sum(axis=1) - old)
-        return diff, (rows, new_lat, new_loc, new_left)
+        return diff, (rows, new_lat, new_loc, new_left, need, block)
 
     def holders_all(self, hosts: np.ndarray) -> np.ndarray:
         """[L, E, H] `holders` of every layer, -1 padded to the most copies of one expert at any layer."""
@@ -97,15 +100,17 @@ class IncrementalReplay:
             out[layer, :, :t.shape[1]] = t
         return out
 
-    def _run_kernel(self, hosts, layer, rows, loc0, left0, new_lat, new_loc, new_left, old_loc, old_left, flip):
-        """`replay_kernel.propagate_rows` on this model's tables (arrays as there; flip as in `step`)."""
+    def _run_kernel(self, hosts, layer, rows, loc0, left0, new_lat, new_loc, new_left, old_loc, old_left, flip,
+                    need, block, reuse: bool):
+        """`replay_kernel.propagate_rows` on this model's tables (arrays as there; flip as in `step`; need, block
+        [R', L] the budget bounds, reused from the old replay when `reuse`)."""
         if flip is None:
             f_node, f_changed, f_value = np.zeros(rows.size, np.int64), np.full((rows.size, 1), -1, np.int64), False
         else:
             f_node, f_changed, f_value = flip
         propagate_rows(np.ascontiguousarray(rows, dtype=np.int64), int(layer), np.ascontiguousarray(loc0),
                        np.ascontiguousarray(left0), new_lat, new_loc, new_left, old_loc, old_left,
-                       flip is not None, np.ascontiguousarray(f_node, dtype=np.int64),
+                       need, block, bool(reuse), flip is not None, np.ascontiguousarray(f_node, dtype=np.int64),
                        np.ascontiguousarray(f_changed, dtype=np.int64), bool(f_value),
                        np.ascontiguousarray(hosts, dtype=np.bool_), self.holders_all(hosts), self.topk, self.gates,
                        self.user, self.home, self.usable, self.rt, self.xfer, self.compute, self.is_cloud,
@@ -136,14 +141,17 @@ class IncrementalReplay:
             back = (nxt2 == state.location[r, later + 1]) & (left2 == state.budget_left[r, later + 1])
             sub = sub[~back]
         diff = self.weight[rows] * (new_lat[:, layer:].sum(axis=1) - old)
-        return diff, (rows, new_lat, new_loc, new_left)
+        return diff, (rows, new_lat, new_loc, new_left, None, None)
 
     @staticmethod
     def commit(state: Replay, patch) -> None:
         """Write a `delta` patch into `state` (in place)."""
         if patch is None:
             return
-        rows, lat, loc, left = patch
+        rows, lat, loc, left, need, block = patch
         state.latency_s[rows] = lat
         state.location[rows] = loc
         state.budget_left[rows] = left
+        if state.q_need is not None and need is not None:
+            state.q_need[rows] = need
+            state.q_block[rows] = block
