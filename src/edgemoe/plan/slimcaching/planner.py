@@ -23,7 +23,7 @@ import numpy as np
 from edgemoe.errors import EdgeMoEError
 
 from ..base import Placement, PlanProblem, empty_hosts, make_placement, register
-from ..exact import LP_MAX_NONZEROS, lp_relaxation
+from ..exact import LP_MAX_NONZEROS, lp_relaxation, round_fractional  # noqa: F401 (round_fractional re-exported)
 from ..nodes import cache_nodes, cover_edges, resolve_coverage
 from ..objective import (
     SlimModel,
@@ -204,24 +204,6 @@ def warm_start_hosts(problem: PlanProblem, model: SlimModel, warm_start: str, co
         start = round_fractional(problem, frac)
         return start, {"lp_bound_s": bound, "lp_rounded_objective_s": expected_latency(problem, start)}
     return None, {}
-
-
-def round_fractional(problem: PlanProblem, frac: np.ndarray) -> np.ndarray:
-    """hosts [N, L, E] from a fractional placement frac [N, L, E] (e.g. the LP relaxation's x): each cache node
-    takes its experts in decreasing frac (ties: lower layer, then expert, first), skipping those that no longer
-    fit, and none with frac 0."""
-    hosts = empty_hosts(problem)
-    sizes = np.asarray(problem.expert_bytes, dtype=np.int64).ravel()
-    for n in cache_nodes(problem):
-        free = int(problem.capacity_bytes[n])
-        row = frac[n].ravel()
-        for i in np.argsort(-row, kind="stable"):
-            if row[i] <= 0:
-                break
-            if sizes[i] <= free:
-                hosts[n].flat[i] = True
-                free -= int(sizes[i])
-    return hosts
 
 
 @dataclass(frozen=True)
