@@ -135,3 +135,62 @@ def test_a_program_over_max_nonzeros_is_refused_before_it_is_built():
         plan(problem, "exact", max_nonzeros=100)
     with pytest.raises(EdgeMoEError, match="warm_start=.lp.*lp_max_nonzeros"):
         lp_relaxation(problem, max_nonzeros=100)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("with_devices", [False, True])
+def test_lp_round_brackets_the_optimum(seed, with_devices):
+    """The LP-rounding solver: its bound is below the brute-force optimum, its placement feasible and no better
+    than the optimum, and its gap is the distance between the two it reports."""
+    from edgemoe.plan.exact import lp_relaxation
+
+    problem = synthetic_problem(seed=seed, with_devices=with_devices, device_slots=1,
+                                **{**TINY, "num_layers": 1, "num_experts": 4})
+    best, _ = brute_force_best(problem)
+    pl = plan(problem, "exact", solver="lp-round")
+    pl.check_capacity()
+    p = pl.params
+    assert p["solver"] == "lp-round" and p["stopped_by"] == "lp_rounding" and p["deterministic"]
+    assert p["mip_dual_bound"] == p["lp_bound"] == pytest.approx(lp_relaxation(problem)[1], rel=1e-9)
+    assert p["lp_bound"] <= best * (1 + 1e-7)
+    assert p["objective_s"] >= best * (1 - 1e-12)
+    assert p["ilp_objective"] == p["objective_s"] == expected_latency(problem, pl.hosts)
+    assert p["mip_gap"] == pytest.approx((p["ilp_objective"] - p["lp_bound"]) / p["ilp_objective"], abs=1e-12)
+    assert p["proven_optimal"] == (p["mip_gap"] <= 1e-6)
+
+
+def test_lp_round_sum_objective_and_coverage():
+    """objective="sum": the reported value is the expected total call latency of the placement; without a cloud
+    the rounding is repaired so every expert has an edge-server copy."""
+    problem = synthetic_problem(seed=1, with_cloud=False, **{**TINY, "num_layers": 1, "num_experts": 4})
+    pl = plan(problem, "exact", solver="lp-round", objective="sum")
+    assert pl.params["coverage"]
+    edge = np.array(problem.node_kind) == "edge"
+    assert pl.hosts[edge].any(axis=0).all()
+    assert pl.params["ilp_objective"] == pytest.approx(sum_objective(problem, pl.hosts), rel=1e-12)
+    assert pl.params["lp_bound"] <= pl.params["ilp_objective"] * (1 + 1e-9)
+
+
+def test_auto_solver_is_chosen_by_size_and_never_by_the_clock():
+    problem = synthetic_problem(seed=0, with_devices=True, num_layers=2)
+    small = plan(problem, "exact")
+    assert small.params["solver"] == "milp"
+    assert np.array_equal(small.hosts, plan(problem, "exact", solver="milp").hosts)
+    runs = [plan(problem, "exact", milp_max_nonzeros=0) for _ in range(2)]  # every program counts as large
+    assert all(r.params["solver"] == "lp-round" for r in runs)
+    assert np.array_equal(runs[0].hosts, runs[1].hosts)
+    same = {k: v for k, v in runs[0].params.items() if k != "plan_seconds"}
+    assert same == {k: v for k, v in runs[1].params.items() if k != "plan_seconds"}
+    assert np.array_equal(runs[0].hosts, plan(problem, "exact", solver="lp-round").hosts)
+    assert small.params["ilp_objective"] <= runs[0].params["ilp_objective"] * (1 + 1e-9)
+    assert runs[0].params["lp_bound"] <= small.params["ilp_objective"] * (1 + 1e-9)
+
+
+def test_lp_round_time_limit_is_a_guard_that_errors():
+    problem = synthetic_problem(seed=0, with_devices=True, num_layers=2)
+    with pytest.raises(EdgeMoEError, match="safety cap"):
+        plan(problem, "exact", solver="lp-round", time_limit=1e-9)
+    with pytest.raises(EdgeMoEError, match="lp_max_nonzeros=100"):
+        plan(problem, "exact", solver="lp-round", lp_max_nonzeros=100)
+    with pytest.raises(EdgeMoEError, match="solver"):
+        plan(problem, "exact", solver="branch")

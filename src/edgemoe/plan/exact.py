@@ -14,12 +14,21 @@ Objectives:
 - "sum": expected total call latency, sum_u w_u sum_{l,e} p_u(l, e) z[u, l, e] (each remote call counts;
   the coverage / OrderMoE-style objective, and equal to "slimcaching" when K = 1).
 
-Stopping rule: deterministic. HiGHS stops when the relative MIP gap is <= `mip_rel_gap` (proven optimal
-within it) or after `node_limit` branch-and-bound nodes, whichever comes first; HiGHS's MIP search is
-deterministic, so the same problem and limits give the same placement, bound and gap on any machine at any
-load. `time_limit` (wall-clock seconds) is only a safety cap against runaway solves (e.g. a root LP too
-large for the machine): when it is what stopped the solver, the result depends on machine speed and load,
-and `params["stopped_by"] == "time_limit"`, `params["deterministic"] is False` say so.
+Solvers (`solver`; "auto" chooses by the program's size, never by a clock):
+- "milp" (programs up to `milp_max_nonzeros` constraint nonzeros under "auto"): HiGHS's branch and bound.
+  It stops when the relative MIP gap is <= `mip_rel_gap` (proven optimal within it) or after `node_limit`
+  branch-and-bound nodes, whichever comes first; HiGHS's MIP search is deterministic, so the same problem
+  and limits give the same placement, bound and gap on any machine at any load.
+- "lp-round" (larger programs): the LP relaxation by interior point (HiGHS IPM with crossover, a fixed
+  sequence of steps), its optimum reported as the lower bound, and its x rounded to a placement
+  (`round_fractional`: each node keeps its experts in decreasing x while they fit; then the edge coverage
+  repair when coverage is on). The gap is (rounded objective - LP bound) / rounded objective. At paper scale
+  HiGHS does not finish the MILP's root node in 120 s (bench/results/exact_stop.json) while the IPM solves
+  the LP in ~18 s of CPU, so a node limit would not stop the MILP deterministically there.
+`time_limit` (wall-clock seconds) is only a safety cap against runaway solves. "milp": when it is what
+stopped the solver, the result depends on machine speed and load, and `params["stopped_by"] ==
+"time_limit"`, `params["deterministic"] is False` say so. "lp-round": hitting it is an error (nothing is
+returned that a slower machine would have answered differently).
 """
 
 from __future__ import annotations
@@ -33,10 +42,17 @@ from scipy.sparse import coo_matrix, vstack
 from edgemoe.errors import EdgeMoEError
 
 from .base import Placement, PlanProblem, empty_hosts, make_placement, register
-from .nodes import cache_nodes, resolve_coverage
-from .objective import expected_latency, marginal_prob, require_servable, slim_model
+from .nodes import cache_nodes, cover_edges, resolve_coverage
+from .objective import expected_latency, expert_latency, marginal_prob, require_servable, slim_model
 
 OBJECTIVES = ("slimcaching", "sum")
+SOLVERS = ("auto", "milp", "lp-round")
+# "auto" solves programs above this many constraint nonzeros as LP bound + rounding. Measured on both sides:
+# HiGHS did not finish the root node of Mixtral-8x7B's program on device-edge-cloud (280k nonzeros) in 1800 s
+# (bench/results/out_of_sample.json) nor on testbed8 (393k) in 120 s (bench/results/exact_stop.json), so no
+# node budget stops branch and bound there; the device-edge-cloud preset (113k) and the tests' programs
+# (thousands) stay on the MILP, which proves them optimal.
+MILP_MAX_NONZEROS = 250_000
 NODE_LIMIT = 10_000  # default branch-and-bound node budget (deterministic)
 MAX_NONZEROS = 20_000_000  # `exact`'s cap on the program's constraint nonzeros (~2 GB to build; see program_size)
 LP_MAX_NONZEROS = 1_000_000  # the LP start's cap: it is meant to cost seconds to a minute (280k nonzeros: 27 s)
@@ -97,26 +113,40 @@ class _Builder:
 
 
 @register("exact")
-def exact(problem: PlanProblem, *, objective: str = "slimcaching", node_limit: int = NODE_LIMIT,
+def exact(problem: PlanProblem, *, objective: str = "slimcaching", solver: str = "auto", node_limit: int = NODE_LIMIT,
           mip_rel_gap: float = 1e-6, time_limit: float = TIME_LIMIT_S, coverage: bool | None = None,
-          max_nonzeros: float = MAX_NONZEROS) -> Placement:
-    """Optimal placement for `objective` in OBJECTIVES, or the best found within `node_limit` nodes.
+          max_nonzeros: float = MAX_NONZEROS, milp_max_nonzeros: float = MILP_MAX_NONZEROS,
+          lp_max_nonzeros: float = LP_MAX_NONZEROS) -> Placement:
+    """Optimal placement for `objective` in OBJECTIVES, or the best found within `node_limit` nodes, or (large
+    programs) the rounded LP relaxation with the LP bound.
 
-    mip_rel_gap: stop once proven optimal within this relative gap. node_limit: branch-and-bound nodes
-    (deterministic). time_limit: wall-clock safety cap in seconds only (see the module docstring).
-    coverage: require an edge-server copy of every expert; default (None) exactly when there is no cloud.
-    max_nonzeros: refuse (EdgeMoEError) a program with more constraint nonzeros than this (`program_size`).
+    solver: "milp", "lp-round" or "auto" (programs over `milp_max_nonzeros` constraint nonzeros take
+    "lp-round", the others "milp"; module docstring). mip_rel_gap: stop once proven optimal within this
+    relative gap. node_limit: branch-and-bound nodes (deterministic). time_limit: wall-clock safety cap in
+    seconds only (module docstring). coverage: require an edge-server copy of every expert; default (None)
+    exactly when there is no cloud. max_nonzeros: refuse (EdgeMoEError) a program with more constraint
+    nonzeros than this (`program_size`); lp_max_nonzeros: the same for "lp-round" (its LP is meant to cost
+    seconds to a minute; Qwen1.5-MoE on testbed8, 15.6M nonzeros, is refused).
 
-    Placement.params reports the solver status, `stopped_by` ("optimal", "node_limit", "time_limit" or
-    "other"), `proven_optimal` (optimality proven within mip_rel_gap), `deterministic`, the MIP gap, the
-    dual bound (`mip_dual_bound`, a lower bound on the ILP objective, same units) and the objective value.
+    Placement.params reports the solver used, the solver status, `stopped_by` ("optimal", "node_limit",
+    "time_limit", "lp_rounding" or "other"), `proven_optimal` (optimality proven within mip_rel_gap),
+    `deterministic`, the gap, the dual bound (`mip_dual_bound`, a lower bound on the ILP objective, same
+    units; the LP optimum for "lp-round") and the objective value.
     """
     if objective not in OBJECTIVES:
         raise EdgeMoEError(f"exact: objective={objective!r}; expected one of {OBJECTIVES}")
+    if solver not in SOLVERS:
+        raise EdgeMoEError(f"exact: solver={solver!r}; expected one of {SOLVERS}")
     start = time.perf_counter()
     cover = resolve_coverage(problem, coverage)
-    check_program_size(problem, objective, cover, max_nonzeros, "exact")
+    _, nnz = check_program_size(problem, objective, cover, max_nonzeros, "exact")
+    if solver == "auto":
+        solver = "lp-round" if nnz > milp_max_nonzeros else "milp"
+    if solver == "lp-round":
+        check_program_size(problem, objective, cover, lp_max_nonzeros, "exact solver='lp-round'", "lp_max_nonzeros")
     b, x = build_program(problem, objective, cover)
+    if solver == "lp-round":
+        return _lp_round(problem, b, x, objective, cover, mip_rel_gap, time_limit, start)
     res = b.solve(node_limit, mip_rel_gap, time_limit)
     stopped_by = stop_reason(res)
     if res.x is None:
@@ -126,7 +156,7 @@ def exact(problem: PlanProblem, *, objective: str = "slimcaching", node_limit: i
     for (n, layer, e), col in x.items():
         hosts[n, layer, e] = res.x[col] > 0.5
     return make_placement(
-        problem, "exact", hosts, objective=objective, node_limit=node_limit, mip_rel_gap=mip_rel_gap,
+        problem, "exact", hosts, objective=objective, solver="milp", node_limit=node_limit, mip_rel_gap=mip_rel_gap,
         time_limit=time_limit, coverage=cover, status=int(res.status), stopped_by=stopped_by,
         optimal=bool(res.status == 0), proven_optimal=bool(res.status == 0), deterministic=stopped_by != "time_limit",
         mip_node_count=None if getattr(res, "mip_node_count", None) is None else int(res.mip_node_count),
@@ -162,10 +192,68 @@ def program_size(problem: PlanProblem, objective: str = "slimcaching", cover: bo
     return cols, nnz
 
 
+def _lp_round(problem: PlanProblem, b: _Builder, x: dict, objective: str, cover: bool, mip_rel_gap: float,
+              time_limit: float, start: float) -> Placement:
+    """`exact`'s "lp-round" solver on the built program (b, x): LP bound, rounded placement, gap."""
+    res = b.solve_lp(time_limit)
+    if res.status == 1 or "time limit" in str(res.message).lower():
+        raise EdgeMoEError(f"exact: the LP relaxation did not finish within the time_limit={time_limit} s safety cap "
+                           "(a guard, not a stopping rule: raise time_limit; the answer never depends on it)")
+    if res.status != 0 or res.x is None:
+        raise EdgeMoEError(f"exact: HiGHS did not solve the LP relaxation (status {res.status}: {res.message})")
+    frac = np.zeros(problem.capacity_bytes.shape + problem.expert_bytes.shape)
+    for (n, layer, e), col in x.items():
+        frac[n, layer, e] = min(max(res.x[col], 0.0), 1.0)
+    hosts = round_fractional(problem, frac)
+    if cover:
+        cover_edges(problem, hosts)
+    value = program_objective(problem, objective, hosts)
+    bound = float(res.fun)
+    gap = max(value - bound, 0.0) / value if value > 0 else 0.0
+    proven = bool(gap <= mip_rel_gap)
+    return make_placement(
+        problem, "exact", hosts, objective=objective, solver="lp-round", mip_rel_gap=mip_rel_gap,
+        time_limit=time_limit, coverage=cover, status=int(res.status), stopped_by="lp_rounding",
+        optimal=proven, proven_optimal=proven, deterministic=True, mip_node_count=0, message=str(res.message),
+        mip_gap=gap, mip_dual_bound=bound, lp_bound=bound, ilp_objective=value,
+        objective_s=expected_latency(problem, hosts), num_variables=len(b.cost), num_constraints=len(b.lo),
+        plan_seconds=time.perf_counter() - start,
+    )
+
+
+def program_objective(problem: PlanProblem, objective: str, hosts: np.ndarray) -> float:
+    """The ILP's objective value of integral hosts [N, L, E]: SlimCaching's expected latency ("slimcaching")
+    or the expected total call latency ("sum")."""
+    if objective == "slimcaching":
+        return expected_latency(problem, hosts)
+    model = slim_model(problem)
+    tau = expert_latency(model, hosts)  # [U, L, E]
+    return float(np.einsum("u,ule,ule->", model.weight, marginal_prob(model, tau.shape[2]), tau))
+
+
+def round_fractional(problem: PlanProblem, frac: np.ndarray) -> np.ndarray:
+    """hosts [N, L, E] from a fractional placement frac [N, L, E] (e.g. the LP relaxation's x): each cache node
+    takes its experts in decreasing frac (ties: lower layer, then expert, first), skipping those that no longer
+    fit, and none with frac 0."""
+    hosts = empty_hosts(problem)
+    sizes = np.asarray(problem.expert_bytes, dtype=np.int64).ravel()
+    for n in cache_nodes(problem):
+        free = int(problem.capacity_bytes[n])
+        row = frac[n].ravel()
+        for i in np.argsort(-row, kind="stable"):
+            if row[i] <= 0:
+                break
+            if sizes[i] <= free:
+                hosts[n].flat[i] = True
+                free -= int(sizes[i])
+    return hosts
+
+
 def check_program_size(problem: PlanProblem, objective: str, cover: bool, max_nonzeros: float, method: str,
-                       knob: str = "max_nonzeros") -> None:
+                       knob: str = "max_nonzeros") -> tuple[int, int]:
     """Raise EdgeMoEError when the MILP would have more than max_nonzeros constraint nonzeros: it is built in
-    Python lists first (~100 bytes a nonzero) and HiGHS's root LP grows faster than its size."""
+    Python lists first (~100 bytes a nonzero) and HiGHS's root LP grows faster than its size. Returns
+    `program_size`'s (columns, nonzeros)."""
     cols, nnz = program_size(problem, objective, cover)
     if nnz > max_nonzeros:
         raise EdgeMoEError(
@@ -173,6 +261,7 @@ def check_program_size(problem: PlanProblem, objective: str, cover: bool, max_no
             f"{max_nonzeros:,.0f} ({problem.profile.L} layers x {problem.profile.E} experts, top-{problem.profile.K}, "
             f"{len(problem.user_names)} users: one column per user, layer and observed Top-K set); use slimcaching "
             f"(default warm start) at this size, or raise {knob} if the memory and time are there")
+    return cols, nnz
 
 
 def build_program(problem: PlanProblem, objective: str, cover: bool) -> tuple[_Builder, dict]:

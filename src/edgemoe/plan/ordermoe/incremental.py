@@ -49,17 +49,16 @@ class IncrementalReplay:
     def _batch(self, state, hosts, layer, nodes, changed: list, value: bool) -> np.ndarray:
         """[V] deltas of V candidates: candidate v sets hosts[nodes[v], layer, changed[v]] = value."""
         V = nodes.size
-        parts, owner = [], []
-        for v in range(V):
-            rows = self.touched_rows(layer, changed[v])
-            # Only rows whose user may use the node can feel a change there (a device serves its owner).
-            rows = rows[self.usable[self.user[rows], nodes[v]]]
-            parts.append(rows)
-            owner.append(np.full(rows.size, v))
-        rows = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        parts = [self.touched_rows(layer, changed[v]) for v in range(V)]
+        if V == 0:
+            return np.zeros(V)
+        rows = np.concatenate(parts)
+        vi = np.repeat(np.arange(V), [p.size for p in parts])
+        # Only rows whose user may use the node can feel a change there (a device serves its owner).
+        near = self.usable[self.user[rows], nodes[vi]]
+        rows, vi = rows[near], vi[near]
         if rows.size == 0:
             return np.zeros(V)
-        vi = np.concatenate(owner)
         width = max(c.size for c in changed)
         table = np.full((V, width), -1, np.int64)
         for v, c in enumerate(changed):
@@ -80,34 +79,52 @@ class IncrementalReplay:
         if not self.compiled:
             return self._propagate_numpy(state, hosts, layer, rows, flip)
         old = state.latency_s[rows, layer:].sum(axis=1)
-        new_lat = state.latency_s[rows].copy()
-        new_loc = state.location[rows].copy()
-        new_left = state.budget_left[rows].copy()
-        self._run_kernel(hosts, layer, rows, new_loc[:, layer], new_left[:, layer], new_lat, new_loc, new_left,
-                         state.location[rows], state.budget_left[rows], flip)
+        new_lat = state.latency_s[rows]  # fancy indexing: copies
+        old_loc, old_left = state.location[rows], state.budget_left[rows]
+        new_loc, new_left = old_loc.copy(), old_left.copy()
+        reuse = state.q_need is not None
+        need = state.q_need[rows] if reuse else np.zeros(new_lat.shape)
+        block = state.q_block[rows] if reuse else np.zeros(new_lat.shape)
+        self._run_kernel(hosts, layer, rows, old_loc[:, layer], old_left[:, layer], new_lat, new_loc, new_left,
+                         old_loc, old_left, flip, need, block, reuse)
         diff = self.weight[rows] * (new_lat[:, layer:].sum(axis=1) - old)
-        return diff, (rows, new_lat, new_loc, new_left)
+        return diff, (rows, new_lat, new_loc, new_left, need, block)
 
-    def holders_all(self, hosts: np.ndarray) -> np.ndarray:
-        """[L, E, H] `holders` of every layer, -1 padded to the most copies of one expert at any layer."""
-        tables = [self.holders(hosts, layer) for layer in range(self.L)]
+    def holders_all(self, hosts: np.ndarray, first: int = 0) -> np.ndarray:
+        """[L, E, H] `holders` of layers `first`.. (the only ones a replay from `first` reads; earlier layers -1),
+        -1 padded to the most copies of one expert at any of them.
+
+        Each layer's table is kept by the bytes of hosts[:, layer]: a search evaluates thousands of changes,
+        each at one layer, so the other layers' tables repeat and rebuilding them was a tenth of its time."""
+        cache = self.__dict__.setdefault("_holders_cache", {})
+        if len(cache) > 4 * self.L * 64:
+            cache.clear()  # bounded: old hosts never come back once the search has moved on
+        tables = []
+        for layer in range(first, self.L):
+            key = (layer, np.packbits(hosts[:, layer]).tobytes())
+            t = cache.get(key)
+            if t is None:
+                t = cache[key] = self.holders(hosts, layer)
+            tables.append(t)
         H = max(t.shape[1] for t in tables)
         out = np.full((self.L, self.E, H), -1, dtype=np.int64)
-        for layer, t in enumerate(tables):
+        for layer, t in enumerate(tables, start=first):
             out[layer, :, :t.shape[1]] = t
         return out
 
-    def _run_kernel(self, hosts, layer, rows, loc0, left0, new_lat, new_loc, new_left, old_loc, old_left, flip):
-        """`replay_kernel.propagate_rows` on this model's tables (arrays as there; flip as in `step`)."""
+    def _run_kernel(self, hosts, layer, rows, loc0, left0, new_lat, new_loc, new_left, old_loc, old_left, flip,
+                    need, block, reuse: bool):
+        """`replay_kernel.propagate_rows` on this model's tables (arrays as there; flip as in `step`; need, block
+        [R', L] the budget bounds, reused from the old replay when `reuse`)."""
         if flip is None:
             f_node, f_changed, f_value = np.zeros(rows.size, np.int64), np.full((rows.size, 1), -1, np.int64), False
         else:
             f_node, f_changed, f_value = flip
         propagate_rows(np.ascontiguousarray(rows, dtype=np.int64), int(layer), np.ascontiguousarray(loc0),
                        np.ascontiguousarray(left0), new_lat, new_loc, new_left, old_loc, old_left,
-                       flip is not None, np.ascontiguousarray(f_node, dtype=np.int64),
+                       need, block, bool(reuse), flip is not None, np.ascontiguousarray(f_node, dtype=np.int64),
                        np.ascontiguousarray(f_changed, dtype=np.int64), bool(f_value),
-                       np.ascontiguousarray(hosts, dtype=np.bool_), self.holders_all(hosts), self.topk, self.gates,
+                       np.ascontiguousarray(hosts, dtype=np.bool_), self.holders_all(hosts, int(layer)), self.topk, self.gates,
                        self.user, self.home, self.usable, self.rt, self.xfer, self.compute, self.is_cloud,
                        bool(self.is_cloud.any()), float(self.miss_s), self.mode == "home", self.subs, self.subst_err,
                        self.row_budget, bool(self.budget > 0 and self.kinds), "sub" in self.kinds and self.subs.shape[2] > 0,
@@ -136,14 +153,17 @@ class IncrementalReplay:
             back = (nxt2 == state.location[r, later + 1]) & (left2 == state.budget_left[r, later + 1])
             sub = sub[~back]
         diff = self.weight[rows] * (new_lat[:, layer:].sum(axis=1) - old)
-        return diff, (rows, new_lat, new_loc, new_left)
+        return diff, (rows, new_lat, new_loc, new_left, None, None)
 
     @staticmethod
     def commit(state: Replay, patch) -> None:
         """Write a `delta` patch into `state` (in place)."""
         if patch is None:
             return
-        rows, lat, loc, left = patch
+        rows, lat, loc, left, need, block = patch
         state.latency_s[rows] = lat
         state.location[rows] = loc
         state.budget_left[rows] = left
+        if state.q_need is not None and need is not None:
+            state.q_need[rows] = need
+            state.q_block[rows] = block

@@ -18,6 +18,10 @@ class ChangeReach:
 
     def touched_rows(self, layer: int, experts) -> np.ndarray:
         """[R'] rows whose set at `layer` contains one of `experts` (or, with substitution, a group mate)."""
+        if len(experts) == 1:  # the common case (a search prices single copies by the thousand): one lookup
+            rows = self._touched.get((layer, int(next(iter(experts)))))
+            if rows is not None:
+                return rows
         experts = set(int(e) for e in experts)
         if len(experts) == 1 and self._touched.get((layer, *experts)) is not None:
             return self._touched[(layer, *experts)]

@@ -12,6 +12,15 @@ summed as numpy's einsum sums K <= 6 terms on x86-64 (two interleaved partial su
 then added), which tests/plan/ordermoe/test_replay_kernel.py checks against the numpy path. Only the
 enumerated stand-in actions (K <= `standins.MAX_ENUM_K`) are compiled; wider layers take the numpy path.
 
+Budget bounds. A row whose change has passed (a later layer, on the node the old replay had it on) still
+differs from the old replay when it carries a different budget, and with stand-ins it then ran to the last
+layer. But a decision depends on the budget left only through which actions fit it (`q <= left + 1e-12`):
+it stays the same for any budget that still admits the chosen action (its cost, q_need; -inf when no
+stand-in was taken) and admits none of the actions that would beat it (the least of their costs, q_block;
+inf when none would). The replay stores both per row and layer, and a propagating row whose budget is inside
+its old decision's bounds takes that decision without pricing the actions again: the same bits, with the
+pricing done only where the budget changes an outcome.
+
 One of the copies of the layer rule (the reference is `edgemoe.runtime.policy`; the others are
 `runtime.sim.rules._decide_rows`, `runtime.policies.ordermoe_kernel` and this module's numpy twin
 `PathModel.step`), pinned by tests/plan/ordermoe/test_replay_kernel.py and test_planner.py.
@@ -26,7 +35,7 @@ from edgemoe.jit import njit
 
 @njit(cache=True)
 def propagate_rows(rows, layer, loc0, left0, new_lat, new_loc, new_left, old_loc, old_left,
-                   has_flip, f_node, f_changed, f_value,
+                   q_need, q_block, reuse, has_flip, f_node, f_changed, f_value,
                    hosts, holders, topk, gates, user, home, usable, rt, xfer, compute, is_cloud, any_cloud,
                    miss_s, home_mode, subs, subst_err, row_budget, standins, use_sub, use_drop, use_zero,
                    power):  # pragma: no cover - compiled (the numpy twin is the reference)
@@ -35,6 +44,8 @@ def propagate_rows(rows, layer, loc0, left0, new_lat, new_loc, new_left, old_loc
     to its old location and budget keeps them from there on, as in `PathModel._propagate_numpy`).
 
     loc0, left0: [R'] start of `layer`; old_loc, old_left: [R', L+1] the old replay's values.
+    q_need, q_block: [R', L] each decision's budget bounds (module docstring, "Budget bounds"), holding the
+    old replay's and receiving the new ones; reuse: they hold the old replay's (else nothing is reused).
     has_flip: row i sees hosts[f_node[i], layer, f_changed[i]] = f_value at `layer` (f_changed [R', F], -1
     padded). holders: [L, E, H] nodes holding each expert (ascending, -1 padded) under `hosts` [N, L, E].
     standins: the budget is > 0 and some stand-in kind is allowed (use_sub / use_drop / use_zero)."""
@@ -63,6 +74,10 @@ def propagate_rows(rows, layer, loc0, left0, new_lat, new_loc, new_left, old_loc
     back = np.empty(K)
     arrive = np.empty((K, K + 1))
     to_home = np.empty(K + 1)
+    a_score = np.empty(M)
+    a_q = np.empty(M)
+    a_lat = np.empty(M)
+    a_nxt = np.empty(M, np.int64)
     for i in range(R):
         r = rows[i]
         u = user[r]
@@ -70,7 +85,25 @@ def propagate_rows(rows, layer, loc0, left0, new_lat, new_loc, new_left, old_loc
         left = left0[i]
         lay = layer
         while lay < L:
+            # Past the changed layer, a row on its old node meets the old replay's hosts there: its old decision
+            # stands unless the budget it carries now crosses one of that decision's bounds.
+            if reuse and lay > layer and c == old_loc[i, lay]:
+                need = q_need[i, lay]
+                if need <= left + 1e-12 and not q_block[i, lay] <= left + 1e-12:
+                    if need > -np.inf:
+                        left = left - need
+                    else:
+                        left = left - 0.0
+                    c = old_loc[i, lay + 1]
+                    new_loc[i, lay + 1] = c
+                    new_left[i, lay + 1] = left  # new_lat[i, lay] holds the old (same) seconds already
+                    if left == old_left[i, lay + 1]:
+                        break
+                    lay += 1
+                    continue
             flip = has_flip and lay == layer
+            need = -np.inf  # no stand-in: the decision holds for any budget
+            block = np.inf
             # ---- each branch's node by the exact rule (`PathModel._replicas`)
             n_miss = 0
             for k in range(K):
@@ -168,12 +201,17 @@ def propagate_rows(rows, layer, loc0, left0, new_lat, new_loc, new_left, old_loc
             best_q = 0.0
             # ---- the ordermoe policy's myopic stand-ins (`PathModel._step_standins`)
             if standins:
-                some = False
+                # An action may replace only slots run remotely (valid below needs node != c and no miss), so
+                # only the actions inside this bit mask of remote slots are priced, and only their slots'
+                # stand-ins are looked up: the others are skipped unread, which changes no value.
+                remote = 0
                 for k in range(K):
                     if node[k] != c and not miss[k]:
-                        some = True
-                if some and row_budget[r] > 0:
+                        remote |= 1 << k
+                if remote != 0 and row_budget[r] > 0:
                     for k in range(K):
+                        if not (remote >> k) & 1:
+                            continue
                         e = topk[r, lay, k]
                         sub[k] = -1
                         if use_sub:
@@ -197,12 +235,16 @@ def propagate_rows(rows, layer, loc0, left0, new_lat, new_loc, new_left, old_loc
                             err[k, j] = subst_err[lay, e, topk[r, lay, j]]
                     here = xfer[c, c]
                     for k in range(K):
-                        ready_s[k] = here + compute[c, lay, sub[k] if sub[k] >= 0 else 0]
+                        if (remote >> k) & 1:
+                            ready_s[k] = here + compute[c, lay, sub[k] if sub[k] >= 0 else 0]
                     act_lat = np.inf
                     act_score = np.inf
                     act_nxt = c
                     act_q = 0.0
+                    n_act = 0
                     for m in range(1, M):
+                        if (m | remote) != remote:
+                            continue  # replaces a slot run here or missed: never valid
                         # -- `choose_stand_ins` for action m
                         wsum = 0.0
                         for j in range(K):
@@ -264,7 +306,7 @@ def propagate_rows(rows, layer, loc0, left0, new_lat, new_loc, new_left, old_loc
                                 q += cost[k] if np.isfinite(cost[k]) else 0.0
                             else:
                                 q += 0.0
-                        if not valid or not q <= left + 1e-12:
+                        if not valid:
                             continue
                         # -- the action's layer seconds (`PathModel._finish_actions`)
                         sub_ready = -np.inf
@@ -304,13 +346,31 @@ def propagate_rows(rows, layer, loc0, left0, new_lat, new_loc, new_left, old_loc
                                     pick = g
                             lat = best_g + penalty
                             nxt = cand[pick]
-                        score = lat + 1e-9 * q
-                        if score < act_score:
-                            act_score = score
-                            act_lat = lat
-                            act_nxt = nxt
-                            act_q = q
-                    if act_score < best_lat + 1e-9 * best_q:
+                        # every structurally valid action is kept (in m order), within the budget or not,
+                        # so the bounds below see the ones the budget excludes
+                        a_score[n_act] = lat + 1e-9 * q
+                        a_q[n_act] = q
+                        a_lat[n_act] = lat
+                        a_nxt[n_act] = nxt
+                        n_act += 1
+                    chosen = -1
+                    for a in range(n_act):  # the fastest action within the budget left, first on ties
+                        if a_q[a] <= left + 1e-12 and a_score[a] < act_score:
+                            act_score = a_score[a]
+                            act_lat = a_lat[a]
+                            act_nxt = a_nxt[a]
+                            act_q = a_q[a]
+                            chosen = a
+                    use = act_score < best_lat + 1e-9 * best_q
+                    for a in range(n_act):  # the actions that would win if the budget let them in
+                        if use:
+                            wins = a_score[a] < act_score or (a_score[a] == act_score and a < chosen)
+                        else:
+                            wins = a_score[a] < best_lat + 1e-9 * best_q
+                        if wins and a_q[a] < block:
+                            block = a_q[a]
+                    if use:
+                        need = act_q
                         best_lat = act_lat
                         best_nxt = act_nxt
                         best_q = act_q
@@ -318,6 +378,8 @@ def propagate_rows(rows, layer, loc0, left0, new_lat, new_loc, new_left, old_loc
             new_lat[i, lay] = best_lat
             new_loc[i, lay + 1] = best_nxt
             new_left[i, lay + 1] = left
+            q_need[i, lay] = need
+            q_block[i, lay] = block
             c = best_nxt
             # back at its old location with its old budget: the rest replays the old way (copied already)
             if best_nxt == old_loc[i, lay + 1] and left == old_left[i, lay + 1]:

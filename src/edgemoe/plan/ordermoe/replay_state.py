@@ -15,3 +15,6 @@ class Replay:
     latency_s: np.ndarray  # [R, L] seconds of each layer
     location: np.ndarray  # [R, L+1] node at the start of each layer (column L: after the last layer)
     budget_left: np.ndarray  # [R, L+1] remaining quality budget at the start of each layer
+    # [R, L] each decision's budget bounds (`replay_kernel`, "Budget bounds"): the compiled replay's only
+    q_need: np.ndarray | None = None
+    q_block: np.ndarray | None = None

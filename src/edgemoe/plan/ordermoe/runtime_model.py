@@ -173,9 +173,10 @@ class PathModel(LayerRule, ChangeReach, IncrementalReplay):
         rows = np.arange(R)
         if self.compiled and record is None:
             # no old replay to come back to: every row runs every layer
+            need, block = np.zeros((R, L)), np.zeros((R, L))
             self._run_kernel(hosts, 0, rows, loc[:, 0].copy(), left[:, 0].copy(), lat, loc, left,
-                             np.full((R, L + 1), -1, np.int64), np.full((R, L + 1), np.nan), None)
-            return Replay(latency_s=lat, location=loc, budget_left=left)
+                             np.full((R, L + 1), -1, np.int64), np.full((R, L + 1), np.nan), None, need, block, False)
+            return Replay(latency_s=lat, location=loc, budget_left=left, q_need=need, q_block=block)
         parts = []
         for layer in range(L):
             part = {} if record is not None else None

@@ -227,7 +227,7 @@ class LatencySearch:
             self._count()
             if patch is not None:
                 rows = patch[0]
-                undo.append((rows, self.state.latency_s[rows], self.state.location[rows], self.state.budget_left[rows]))
+                undo.append((rows, *(None if a is None else a[rows] for a in self._state_arrays())))
             self.model.commit(self.state, patch)
             total += delta
         if total < -tol:
@@ -235,9 +235,16 @@ class LatencySearch:
             self.accepted += 1
             return True
         self.hosts[a], self.hosts[b] = saved
-        for rows, lat, loc, left in reversed(undo):
-            self.state.latency_s[rows], self.state.location[rows], self.state.budget_left[rows] = lat, loc, left
+        for rows, *saved_rows in reversed(undo):
+            for a, old in zip(self._state_arrays(), saved_rows, strict=True):
+                if a is not None:
+                    a[rows] = old
         return False
+
+    def _state_arrays(self) -> tuple:
+        """The replay's per-row arrays (the budget bounds None on the numpy path)."""
+        st = self.state
+        return st.latency_s, st.location, st.budget_left, st.q_need, st.q_block
 
     def _swap_node(self, n: int, edge_cover: np.ndarray | None) -> bool:
         """One exchange on node n: drop its cheapest copy, add the best missing one; undone unless the

@@ -23,7 +23,7 @@ import numpy as np
 from edgemoe.errors import EdgeMoEError
 
 from ..base import Placement, PlanProblem, empty_hosts, make_placement, register
-from ..exact import LP_MAX_NONZEROS, lp_relaxation
+from ..exact import LP_MAX_NONZEROS, lp_relaxation, round_fractional  # noqa: F401 (round_fractional re-exported)
 from ..nodes import cache_nodes, cover_edges, resolve_coverage
 from ..objective import (
     SlimModel,
@@ -42,7 +42,7 @@ from .k1 import greedy_k1, slimcaching_k1
 from .maxconv import solve_layers
 from .refine import SolverSettings, dp_work, sole_copies
 from .refine import refine as refine_hosts
-from .values import capacity_grid, capacity_units, free_units, set_gains, value_table  # noqa: F401 (capacity_units re-exported)
+from .values import capacity_grid, capacity_units, free_units, gain_pairs, set_gains, value_table  # noqa: F401 (capacity_units re-exported)
 
 ORDERS = ("edge-first", "devices-first", "covered-weight")
 REFINE_WORK_PASSES = 0.25  # default refinement work cap: a quarter of one pass's work ...
@@ -67,20 +67,28 @@ def block_order(problem: PlanProblem, model: SlimModel, order: str) -> list[int]
 
 def solve_block(model: SlimModel, tau: np.ndarray, call: np.ndarray, users: np.ndarray, capacity: int,
                 units: np.ndarray, maxconv: str, epsilon: float, enum_max: int, beam_width: int,
-                chg: np.ndarray | None = None, call_chg: np.ndarray | None = None):
+                chg: np.ndarray | None = None, call_chg: np.ndarray | None = None, pairs: dict | None = None):
     """Best cache [L, E] bool of one node with the others fixed.
 
     tau, call: [U_n, L, E] seconds for the node's users without it / on it; chg, call_chg: [U_n, L, E] their
-    remote-call charges (None: the paper's objective). Returns (held, info).
+    remote-call charges (None: the paper's objective). pairs: a dict kept across calls for each layer's
+    `gain_pairs` of these users (they depend on nothing else). Returns (held, info).
     """
     L, E = units.shape
     tables = np.zeros((L, capacity + 1))
     picks = []
     exact = True
     for layer in range(L):
-        g = set_gains(tau[:, layer], call[:, layer], model.user_set_prob(layer)[users], model.weight[users],
-                      model.layers[layer].sets, None if chg is None else chg[:, layer],
-                      None if chg is None else call_chg[:, layer])
+        sets = model.layers[layer].sets
+        key = (layer, users.tobytes())
+        if pairs is None or key not in pairs:
+            found = gain_pairs(model.user_set_prob(layer)[users], model.weight[users], sets, E)
+            if pairs is not None:
+                pairs[key] = found
+        else:
+            found = pairs[key]
+        g = set_gains(tau[:, layer], call[:, layer], None, None, sets, None if chg is None else chg[:, layer],
+                      None if chg is None else call_chg[:, layer], pairs=found)
         table, pick, table_exact = value_table(g, units[layer, g.candidates], capacity, enum_max, beam_width)
         tables[layer] = table
         picks.append((g.candidates, pick))
@@ -116,6 +124,7 @@ def successive(problem: PlanProblem, model: SlimModel, passes: int = 1, order: s
     call_chg = {n: node_charge(model, n, users_of[n]) for n in blocks}
     methods: dict[str, int] = {}
     all_exact = True
+    pairs: dict = {}  # each block's (user, set) pairs per layer, the same in every pass
     history = [charged_objective(model, tau, chg)]
     best_hosts = hosts.copy()
     for _ in range(passes):
@@ -133,7 +142,7 @@ def successive(problem: PlanProblem, model: SlimModel, passes: int = 1, order: s
             unit, grid, units = capacity_grid(problem.expert_bytes, int(problem.capacity_bytes[n]), max_units)
             room = min(free_units(problem.capacity_bytes[n], problem.expert_bytes[fixed].sum(), unit), grid)
             held, info = solve_block(model, tau[users], calls[n], users, room, units, maxconv, epsilon, enum_max,
-                                     beam_width, None if chg is None else chg[users], call_chg[n])
+                                     beam_width, None if chg is None else chg[users], call_chg[n], pairs)
             methods[info["method"]] = methods.get(info["method"], 0) + 1
             all_exact &= info["exact_tables"]
             hosts[n] = held | fixed
@@ -204,24 +213,6 @@ def warm_start_hosts(problem: PlanProblem, model: SlimModel, warm_start: str, co
         start = round_fractional(problem, frac)
         return start, {"lp_bound_s": bound, "lp_rounded_objective_s": expected_latency(problem, start)}
     return None, {}
-
-
-def round_fractional(problem: PlanProblem, frac: np.ndarray) -> np.ndarray:
-    """hosts [N, L, E] from a fractional placement frac [N, L, E] (e.g. the LP relaxation's x): each cache node
-    takes its experts in decreasing frac (ties: lower layer, then expert, first), skipping those that no longer
-    fit, and none with frac 0."""
-    hosts = empty_hosts(problem)
-    sizes = np.asarray(problem.expert_bytes, dtype=np.int64).ravel()
-    for n in cache_nodes(problem):
-        free = int(problem.capacity_bytes[n])
-        row = frac[n].ravel()
-        for i in np.argsort(-row, kind="stable"):
-            if row[i] <= 0:
-                break
-            if sizes[i] <= free:
-                hosts[n].flat[i] = True
-                free -= int(sizes[i])
-    return hosts
 
 
 @dataclass(frozen=True)

@@ -67,8 +67,20 @@ class SetGains:
     candidates: np.ndarray  # [c] expert ids the node could usefully cache at this layer
 
 
+def gain_pairs(prob: np.ndarray, weight: np.ndarray, sets: np.ndarray, E: int) -> tuple:
+    """The (user, set) pairs with positive mass of one layer, for `set_gains`: (pu [P] user, pm [P] set,
+    flat [P, K] index of each member's cell in a [U, E+1] table, mass [P] weight x probability, mass_all
+    [U, M]). They depend on the users and the layer only, so a decomposition re-solving the same block in
+    several passes computes them once."""
+    mass_all = prob * weight[:, None]
+    pu, pm = np.nonzero(mass_all > 0)  # [P]
+    flat = pu[:, None] * (E + 1) + sets[pm]
+    return pu, pm, flat, mass_all[pu, pm], mass_all
+
+
 def set_gains(tau: np.ndarray, call: np.ndarray, prob: np.ndarray, weight: np.ndarray, sets: np.ndarray,
-              cur_charge: np.ndarray | None = None, new_charge: np.ndarray | None = None) -> SetGains:
+              cur_charge: np.ndarray | None = None, new_charge: np.ndarray | None = None,
+              pairs: tuple | None = None) -> SetGains:
     """Tabulate G for one layer.
 
     tau: [U, E] current seconds per expert call (other caches fixed); call: [U, E] seconds on this node
@@ -79,16 +91,16 @@ def set_gains(tau: np.ndarray, call: np.ndarray, prob: np.ndarray, weight: np.nd
     but not debited with those it attracts (a call moving to a faster, busier node): debits make G negative
     for single experts, and the beam, which grows subsets from their singletons, then stops at the empty
     set (a saturated A100 then cached only a small part of the model). The refinement's accept test and the reported
-    `charged_objective_s` count the charge in full.
+    `charged_objective_s` count the charge in full. pairs: `gain_pairs(prob, weight, sets, E)` if already
+    computed (the same values; None: computed here).
     """
     U, E = tau.shape
     M, K = sets.shape
     # Only (user, set) pairs with positive mass matter: a user's domain picks a fraction of the sets
     # (about a third with three domains), so work on that sparse list of pairs, not the dense [U, M].
-    mass_all = prob * weight[:, None]
-    pu, pm = np.nonzero(mass_all > 0)  # [P]
-    cur = np.concatenate([tau, np.zeros((U, 1))], axis=1)[pu[:, None], sets[pm]]  # [P, K]
-    new = np.minimum(cur, np.concatenate([call, np.zeros((U, 1))], axis=1)[pu[:, None], sets[pm]])
+    pu, pm, flat, mass_p, mass_all = gain_pairs(prob, weight, sets, E) if pairs is None else pairs
+    cur = np.concatenate([tau, np.zeros((U, 1))], axis=1).ravel()[flat]  # [P, K]
+    new = np.minimum(cur, np.concatenate([call, np.zeros((U, 1))], axis=1).ravel()[flat])
     helps = new < cur  # [P, K]
     useful_pos = np.zeros((M, K), bool)
     hit_p, hit_k = np.nonzero(helps)
@@ -109,7 +121,7 @@ def set_gains(tau: np.ndarray, call: np.ndarray, prob: np.ndarray, weight: np.nd
         np.add.at(per_slot, row_of[pm[keep]], drop)
         bits = (np.arange(2**K)[None, :] >> np.arange(K)[:, None]) & 1  # [K, 2^K]
         gain = per_slot @ bits
-    cur, new, row, mass = cur[keep], new[keep], row_of[pm[keep]], mass_all[pu[keep], pm[keep]]
+    cur, new, row, mass = cur[keep], new[keep], row_of[pm[keep]], mass_p[keep]
     latency_gain = (_gain_table if HAVE_NUMBA else _gain_table_numpy)(cur, new, row, mass, useful_sets.size)
     gain = latency_gain if gain is None else latency_gain + gain
     members = sets[useful_sets]
