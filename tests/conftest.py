@@ -1,9 +1,32 @@
-"""Shared fixtures: the shared data folder (skip when absent), small hand-made clusters, tiny models."""
+"""Shared fixtures: the shared data folder (skip when absent), small hand-made clusters, tiny models.
+
+Also the thread count of each pytest-xdist worker (set before any test module imports torch or numpy).
+"""
 
 import copy
+import os
 from pathlib import Path
 
 import pytest
+
+
+def _threads_per_worker() -> int | None:
+    """Cores per xdist worker (at least 1), or None outside xdist.
+
+    Why: torch's OpenMP pool and OpenBLAS each start one thread per core in every worker, so `-n 2` on two cores
+    runs four spinning pools; on a busy host the spinning dominates (measured: the upcycle training test took
+    49 CPU s with two threads and 9 with one). The arithmetic does not change: each test still runs the same ops.
+    """
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not workers:
+        return None
+    return max(1, (os.cpu_count() or 1) // max(1, int(workers)))
+
+
+_THREADS = _threads_per_worker()
+if _THREADS is not None:
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, str(_THREADS))  # a value set by the caller wins; child processes inherit it
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
