@@ -75,7 +75,7 @@ def pytest_configure(config):
 
     folder = Path(tempfile.mkdtemp(prefix="edgemoe-numba-warm-"))
     procs = []
-    for group in ("ordermoe", "rest"):
+    for group in ("ordermoe", "rest", "decode"):  # numba_warm.GROUPS
         with open(folder / f"{group}.log", "wb") as log:
             procs.append((group, subprocess.Popen([sys.executable, str(NUMBA_WARM), group], stdout=log,
                                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)))

@@ -3,21 +3,22 @@
 Why: every `@njit(cache=True)` function compiles on its first call in a process and then writes
 `__pycache__/*.nbi|nbc`; a process that finds those files loads them instead. On a fresh clone each xdist
 worker met every compiled function cold and compiled its own copy (the OrderMoE wave loop alone is about
-100 CPU s), so the compile work was done once per worker. Here it is done once, split in two groups that run
-side by side in two processes: the OrderMoE wave loop, and everything else.
+100 CPU s), so the compile work was done once per worker. Here it is done once, split in three groups that run
+side by side in three processes: the OrderMoE wave loop; OrderMoE's compiled decode path (the local, Ray and
+serving backends' per-layer call); everything else.
 
 Each group calls the package's public entry points on tiny inputs, so numba compiles the same signatures the
 tests then call (float64/int64 arrays built by the package itself). A signature missed here is only compiled
 later by the worker that needs it, as before: this file changes no test's outcome, only who compiles first.
 
-Run as `python tests/numba_warm.py GROUP` (GROUP: ordermoe or rest).
+Run as `python tests/numba_warm.py GROUP` (GROUP: ordermoe, rest or decode).
 """
 
 from __future__ import annotations
 
 import sys
 
-GROUPS = ("ordermoe", "rest")
+GROUPS = ("ordermoe", "rest", "decode")
 
 
 def _deployment(top_k: int = 2):
@@ -62,13 +63,29 @@ def warm_rest() -> None:
     problem = plan_problem(profile, "edge8", domain_fallback=True)
     for method in ("slimcaching", "ordermoe"):
         plan(problem, method)
+    plan(problem, "slimcaching", enum_max=0, beam_width=4)  # the beam instead of the enumeration
+
+
+def warm_decode() -> None:
+    """OrderMoE's `decide` in one compiled call (`ordermoe_kernel.DecodePath`), as the backends call it: one int
+    layer at a time."""
+    import numpy as np
+
+    from edgemoe.runtime import make_policy
+
+    profile, ctx, _, _ = _deployment()
+    rows = np.arange(4)
+    policy = make_policy("ordermoe", ctx, budget=0.05, horizon=2)
+    state = policy.start(rows % ctx.num_users, tokens=rows)
+    for layer in range(ctx.num_layers):
+        policy.decide(layer, profile.topk[rows, layer].astype(np.int64), profile.gates[rows, layer], state, None)
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1 or argv[0] not in GROUPS:
         print(f"usage: numba_warm.py {{{','.join(GROUPS)}}}", file=sys.stderr)
         return 2
-    {"ordermoe": warm_ordermoe, "rest": warm_rest}[argv[0]]()
+    {"ordermoe": warm_ordermoe, "rest": warm_rest, "decode": warm_decode}[argv[0]]()
     return 0
 
 
