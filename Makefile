@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(BIN)/edgemoe demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2
+	$(BIN)/python -m pytest -n 2 --dist worksteal
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

@@ -1,9 +1,147 @@
-"""Shared fixtures: the shared data folder (skip when absent), small hand-made clusters, tiny models."""
+"""Shared fixtures: the shared data folder (skip when absent), small hand-made clusters, tiny models.
+
+Also the thread count of each pytest-xdist worker (set before any test module imports torch or numpy).
+"""
 
 import copy
+import os
 from pathlib import Path
 
 import pytest
+
+
+def _threads_per_worker() -> int | None:
+    """Cores per xdist worker (at least 1), or None outside xdist.
+
+    Why: torch's OpenMP pool and OpenBLAS each start one thread per core in every worker, so `-n 2` on two cores
+    runs four spinning pools; on a busy host the spinning dominates (measured: the upcycle training test took
+    49 CPU s with two threads and 9 with one). The arithmetic does not change: each test still runs the same ops.
+    """
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not workers:
+        return None
+    return max(1, (os.cpu_count() or 1) // max(1, int(workers)))
+
+
+_THREADS = _threads_per_worker()
+if _THREADS is not None:
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, str(_THREADS))  # a value set by the caller wins; child processes inherit it
+
+
+# --- numba's cache filled once for all xdist workers (tests/numba_warm.py says why) ---------------------------------
+
+NUMBA_WARM = Path(__file__).with_name("numba_warm.py")
+NUMBA_WAIT_S = 900.0  # a worker never waits longer than this for the warm-up; it then compiles what it needs
+
+
+def _numba_cache_is_cold() -> bool:
+    """True when some module of the package with `njit(cache=True)` has no cache index newer than its source
+    (EDGEMOE_TEST_NUMBA_WARM=0 or 1 overrides the answer).
+
+    (With NUMBA_CACHE_DIR set the files are elsewhere: counted as cold, so the warm-up runs and numba itself
+    decides what is stale.)"""
+    import importlib.util
+    import re
+
+    switch = os.environ.get("EDGEMOE_TEST_NUMBA_WARM", "")  # "0": off (each worker compiles what it meets); "1": always
+    if switch in ("0", "1"):
+        return switch == "1"
+    if os.environ.get("NUMBA_DISABLE_JIT", "0") not in ("", "0") or importlib.util.find_spec("numba") is None:
+        return False
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return True
+    spec = importlib.util.find_spec("edgemoe")
+    for root in spec.submodule_search_locations or ():
+        for src in Path(root).rglob("*.py"):
+            if not re.search(r"@njit\([^)]*cache=True", src.read_text(encoding="utf-8")):
+                continue
+            stamp = src.stat().st_mtime
+            if not any(f.stat().st_mtime >= stamp for f in (src.parent / "__pycache__").glob(f"{src.stem}.*.nbi")):
+                return True
+    return False
+
+
+def pytest_configure(config):
+    """On the xdist controller with a cold cache: start the warm-up groups side by side, and mark a file when
+    all have exited (whatever their exit status: a failed group only leaves its compiles to the workers)."""
+    if hasattr(config, "workerinput") or config.getoption("dist", "no") == "no" or not _numba_cache_is_cold():
+        return
+    import subprocess
+    import sys
+    import tempfile
+    import threading
+    import time
+
+    folder = Path(tempfile.mkdtemp(prefix="edgemoe-numba-warm-"))
+    procs = []
+    for group in ("ordermoe", "rest", "decode"):  # numba_warm.GROUPS
+        with open(folder / f"{group}.log", "wb") as log:
+            procs.append((group, subprocess.Popen([sys.executable, str(NUMBA_WARM), group], stdout=log,
+                                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)))
+
+    start = time.monotonic()
+
+    def mark_when_done():
+        for _, proc in procs:
+            proc.wait()
+        (folder / "done").write_text(f"{time.monotonic() - start:.1f}")
+
+    threading.Thread(target=mark_when_done, daemon=True).start()
+    config.stash[_WARM_KEY] = (folder, procs)
+
+
+_WARM_KEY = pytest.StashKey[tuple]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """(xdist, controller) tells each worker where the warm-up marks its end."""
+    warm = node.config.stash.get(_WARM_KEY, None)
+    if warm is not None:
+        node.workerinput["edgemoe_numba_warm"] = str(warm[0] / "done")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session):
+    """(xdist worker) after collecting, waits for the warm-up before the first test; returns None so the normal
+    loop runs."""
+    import time
+
+    done = getattr(session.config, "workerinput", {}).get("edgemoe_numba_warm")
+    if done:
+        give_up = time.monotonic() + NUMBA_WAIT_S
+        while not os.path.exists(done) and time.monotonic() < give_up:
+            time.sleep(0.2)
+
+
+def pytest_unconfigure(config):
+    """(controller) ends a warm-up still running (an interrupted session) and names a group that failed."""
+    warm = config.stash.get(_WARM_KEY, None)
+    if warm is None:
+        return
+    import shutil
+
+    folder, procs = warm
+    failed = False
+    for group, proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        elif proc.returncode != 0:
+            failed = True
+            reporter = config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                reporter.write_line(f"numba warm-up group {group!r} exited {proc.returncode}: see {folder / group}.log"
+                                    " (the workers compiled what it missed)")
+    done = folder / "done"
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if done.exists() and reporter is not None:
+        reporter.write_line(f"numba cache filled by tests/numba_warm.py in {done.read_text()} s wall "
+                            "(the xdist workers waited for it after collecting)")
+    if not failed:
+        shutil.rmtree(folder, ignore_errors=True)
+
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
