@@ -105,9 +105,12 @@ def test_eos_length_and_cancel(home):
 
 
 def _ordermoe_home(tiny_path, ctx):
-    """Home b running OrderMoE at a budget where it substitutes, drops and zeroes slots; its servers."""
-    cfg = ServerConfig(ctx, str(tiny_path), policy="ordermoe", policy_params=(("budget", 0.5),), wire="fp32",
-                       links_enabled=False, call_timeout_s=5.0)
+    """Home b running OrderMoE at a budget where it substitutes, drops and zeroes slots; its servers.
+    Its decisions depend on the rows alone: no backlog estimate from measured replies (`use_load`) and frozen
+    adaptive weights (`ewma=0`), which would otherwise carry wall-clock timings and earlier requests' feedback
+    into later decisions."""
+    cfg = ServerConfig(ctx, str(tiny_path), policy="ordermoe", policy_params=(("budget", 0.5), ("ewma", 0.0)),
+                       wire="fp32", links_enabled=False, call_timeout_s=5.0, use_load=False)
     servers = {n: ServerCore(n, cfg.model_path, ctx, cfg.links(32), cfg.make_clock()) for n in range(ctx.num_nodes)}
     return HomeEngine(cfg, 1, LocalTransport(servers)), servers
 
