@@ -104,3 +104,33 @@ def print_serving_table(results: dict, extra: tuple = ()) -> None:
         for name, r in rows.items():
             if isinstance(r, dict):
                 print(f"{policy:>9} {name:>8} " + " ".join(f"{r.get(k)!s:>{w}}" for _, k, w in columns))
+
+
+# The look-ahead variants the backlog scripts (bench/studies/backlog_*.py) compare: H=0, H=2 on static tables,
+# and H=2 with each kind of queue term.
+BACKLOG_VARIANTS = (("H0", {"horizon": 0}), ("H2", {"horizon": 2}), ("H2-now", {"horizon": 2, "backlog": "now"}),
+                    ("H2-mean", {"horizon": 2, "backlog": "mean"}))
+
+
+def compare_backlogs(ctx, trace, workload, budget: float, row: dict) -> dict:
+    """Simulate ordermoe in every BACKLOG_VARIANTS setting on one scenario; print one JSON line per variant
+    (`row` plus budget, method, mean and p99 ms, CPU s, load) and return {variant: mean ms}."""
+    import json
+    import os
+    import time
+
+    from edgemoe.runtime import make_policy
+    from edgemoe.runtime.sim.simulate import simulate
+
+    means = {}
+    for name, params in BACKLOG_VARIANTS:
+        c0 = time.process_time()
+        m = simulate(ctx, make_policy("ordermoe", ctx, budget=budget, **params), trace, workload)
+        means[name] = m.latency_ms["mean"]
+        print(json.dumps({**row, "budget": budget, "method": name, "mean_ms": m.latency_ms["mean"],
+                          "p99_ms": m.latency_ms["p99"], "cpu_s": round(time.process_time() - c0, 1),
+                          "load": os.getloadavg()[0]}), flush=True)
+    h0 = means["H0"]
+    print(f"# {' '.join(str(v) for v in row.values())}: H2/H0 {means['H2'] / h0:.3f}  now/H0 {means['H2-now'] / h0:.3f}  "
+          f"mean/H0 {means['H2-mean'] / h0:.3f}", flush=True)
+    return means
