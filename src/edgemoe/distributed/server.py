@@ -211,8 +211,9 @@ class HomeEngine:
     layer ends at the latest time any of its outputs is ready at the meeting node (links.py)."""
 
     def __init__(self, cfg: ServerConfig, node: int, transport: Transport, membership: Membership | None = None,
-                 finished_cache: int = 4096, adapter=None):
-        """adapter: the backbone of a previous engine on the same model (a reconfiguration keeps it)."""
+                 finished_cache: int = 512, adapter=None):
+        """finished_cache: results kept for a retried request id (RequestLedger; each holds its per-job event
+        arrays); adapter: the backbone of a previous engine on the same model (a reconfiguration keeps it)."""
         from edgemoe.models import load_moe
 
         self.cfg, self.node, self.transport = cfg, int(node), transport
