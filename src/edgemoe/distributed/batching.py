@@ -3,7 +3,7 @@
 `HomeBatcher` runs one loop thread beside the home's `HomeEngine`. Each step it admits waiting streams (each
 prompt runs alone: its prefill), then one decode pass for every running stream at once: their last tokens as
 a batch [B, 1] over their own KV caches, left-padded to the longest and masked. Inside that pass every MoE
-layer's slots bound for one server leave as one `ExpertCall` (HomeEngine._dispatch groups by server, not
+layer's slots bound for one server leave as one `ExpertCall` (SlotDispatch groups by server, not
 by stream), so the expert calls of a step meet at each node as one batched call.
 
 A stream samples its i-th token from a generator seeded by (seed, i) (edgemoe.distributed.sampling), stops
