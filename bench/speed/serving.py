@@ -8,7 +8,9 @@ latency (p50, p99) as the client sees them, and aggregate generated tokens per s
 level's wall time). At one stream the same requests also run through the Python client (the engine
 directly, no HTTP), paired request by request: the difference of the mean inter-token latencies is what
 HTTP adds per token (the target's figure; the median over the pairs of each pair's difference is recorded
-beside it, less moved by the other jobs of a shared machine).
+beside it, less moved by the other jobs of a shared machine), and so is the difference of the server
+process's CPU seconds per token on the two sides (what the HTTP layer costs, whatever the machine's load;
+on a busy host the wall figure is that CPU stretched by the wait for a core).
 
 Targets (issue 20): at 16 streams aggregate tokens/s >= 3x the 1-stream figure; HTTP adds <= 2 ms per token.
 Writes bench/results/serving.json (commit, load average, CPU seconds) and prints a table.
@@ -129,21 +131,31 @@ def python_once(engine, prompt: list[int], tokens: int, seed: int) -> dict:
 
 def http_vs_python(pool, url: str, engine, ps: list[list[int]], count: int, tokens: int) -> dict:
     """One stream, paired: request i through HTTP (from the load process), then the same request (prompt, seed)
-    through the Python client, so that a change of the machine's load hits both sides alike."""
+    through the Python client, so that a change of the machine's load hits both sides alike. Beside the wall
+    times, the CPU seconds this (the server's) process spent per generated token on each side: the engine
+    thread, the HTTP thread and this thread together (the load process's own CPU is the client's, not counted)."""
     http, py = [], []
-    t_http = t_py = 0.0
+    t_http = t_py = cpu_http = cpu_py = 0.0
+    load0 = list(os.getloadavg())
     for i in range(count):
+        c0 = time.process_time()
         (rec,), wall = pool.apply(client_level, (url, 1, 1, [ps[i % len(ps)]], tokens))
+        cpu_http += time.process_time() - c0
         # client_level seeds stream 0's first request with 0: give the Python client the same seed
         http.append(rec)
         t_http += wall
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         py.append(python_once(engine, ps[i % len(ps)], tokens, seed=0))
         t_py += time.perf_counter() - t1
+        cpu_py += time.process_time() - c1
     diffs = [float(np.mean(np.diff(h["arrivals"])) - np.mean(np.diff(p["arrivals"]))) * 1e3
              for h, p in zip(http, py, strict=True) if len(h["arrivals"]) > 1 and len(p["arrivals"]) > 1]
-    return {"http": summarise(http, t_http), "python": summarise(py, t_py),
-            "median_paired_itl_diff_ms": round(float(np.median(diffs)), 3) if diffs else None}
+    out = {"http": summarise(http, t_http), "python": summarise(py, t_py),
+           "median_paired_itl_diff_ms": round(float(np.median(diffs)), 3) if diffs else None}
+    for side, cpu in (("http", cpu_http), ("python", cpu_py)):
+        out[side]["server_cpu_ms_per_token"] = round(1e3 * cpu / max(out[side]["tokens"], 1), 3)
+    out["load_average"] = [load0, list(os.getloadavg())]
+    return out
 
 
 def main() -> None:
@@ -175,6 +187,7 @@ def main() -> None:
                 paired = http_vs_python(pool, server.url, svc.engine, ps, max(1, n_requests), args.tokens)
                 rows["1_paired_http"], rows["1_paired_python"] = paired["http"], paired["python"]
                 rows["1_paired_median_itl_diff_ms"] = paired["median_paired_itl_diff_ms"]
+                rows["1_paired_load_average"] = paired["load_average"]
             results[policy] = rows
         finally:
             svc.close()
@@ -192,6 +205,9 @@ def main() -> None:
                            "met_3x": None if ratio is None else bool(ratio >= 3.0),
                            "http_ms_per_token_over_python": None if http is None else round(http, 3),
                            "http_ms_per_token_median_of_pairs": rows["1_paired_median_itl_diff_ms"],
+                           "http_server_cpu_ms_per_token_over_python": round(
+                               rows["1_paired_http"]["server_cpu_ms_per_token"]
+                               - rows["1_paired_python"]["server_cpu_ms_per_token"], 3),
                            "met_2ms": None if http is None else bool(http <= 2.0)}
     doc = {
         "what": "edgemoe serve in-process through HTTP: closed-loop streams of streamed completions",

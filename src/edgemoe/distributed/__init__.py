@@ -3,7 +3,8 @@ states really moving between them over emulated links, fault handling, load gene
 
 - `weights`: experts read by key from a safetensors checkpoint;
 - `links`: per node-pair latency and bandwidth applied where the bytes move;
-- `server`: `ServerCore` (a server's experts), `HomeEngine` (backbone + policy + dispatch), transports;
+- `server`: `ServerCore` (a server's experts), `HomeEngine` (backbone, passes, requests), transports;
+- `layer_step`: one MoE layer of a home's pass (dense time, decision, fan-out through `dispatch`, combination);
 - `repair`, `health`: re-routing around failed servers, exclusion and readmission with backoff;
 - `serve`: Ray start/join (loopback, token auth), one actor per server, the client, closed-loop load;
 - `measure`: measured metrics of a run beside the simulator's prediction of the same run;

@@ -3,7 +3,7 @@
 `HomeBatcher` runs one loop thread beside the home's `HomeEngine`. Each step it admits waiting streams (each
 prompt runs alone: its prefill), then one decode pass for every running stream at once: their last tokens as
 a batch [B, 1] over their own KV caches, left-padded to the longest and masked. Inside that pass every MoE
-layer's slots bound for one server leave as one `ExpertCall` (HomeEngine._dispatch groups by server, not
+layer's slots bound for one server leave as one `ExpertCall` (SlotDispatch groups by server, not
 by stream), so the expert calls of a step meet at each node as one batched call.
 
 A stream samples its i-th token from a generator seeded by (seed, i) (edgemoe.distributed.sampling), stops
@@ -154,7 +154,9 @@ class HomeBatcher:
 
     max_running: streams decoded together at most (the rest wait); max_prefills: prompts admitted per step;
     keep: finished streams remembered for their last poll; orphan_s: a stream not polled for this long is
-    cancelled (its ingress is gone)."""
+    cancelled (its ingress is gone), and a finished one is forgotten (no ingress waits that long between two
+    polls: edgemoe.serve.ray_engine gives a home up after POLL_S + CALL_SLACK_S). So the streams this home
+    remembers are bounded by `keep` and by the requests of the last `orphan_s` seconds."""
 
     def __init__(self, home_of, max_running: int = 32, max_prefills: int = 4, keep: int = 1024,
                  orphan_s: float = 60.0):
@@ -245,11 +247,20 @@ class HomeBatcher:
             self._closed = True
             self._cv.notify_all()
 
-    def _forget(self) -> None:
-        """Drop the oldest finished streams beyond `keep` (their pollers have had their answer)."""
+    def _forget(self, now: float | None = None) -> None:
+        """Drop the finished streams not polled for `orphan_s` seconds, then the oldest finished ones beyond
+        `keep` (their pollers have had their answer). Called with the lock held."""
+        now = time.monotonic() if now is None else now
+        for rid in [r for r, s in self._streams.items() if s.finished and now - s.touched > self.orphan_s]:
+            del self._streams[rid]
         excess = len(self._streams) - self.keep
         for rid in [r for r, s in self._streams.items() if s.finished][:max(excess, 0)]:
             del self._streams[rid]
+
+    def remembered(self) -> int:
+        """Streams this home holds (waiting, running, and finished ones kept for their last poll)."""
+        with self._cv:
+            return len(self._streams)
 
     # ---- the loop ---------------------------------------------------------------------------------
     def _loop(self) -> None:

@@ -1,7 +1,8 @@
 """A home's record of the requests it runs one by one (`HomeEngine.generate`): checks, counters, answers kept.
 
-A request id seen before is answered from the kept results (a retried call must not run twice); the home's
-health reports how many requests it started, has in flight and served.
+A request id seen before is answered from the kept results (a retried call must not run twice: the client
+retries within seconds, so the latest `keep` results cover it); the home's health reports how many requests it
+started, has in flight and served.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .wire import GenerateRequest, GenerateResult
 class RequestLedger:
     """Finished results by request id (the latest `keep`), and the started / in-flight / served counters."""
 
-    def __init__(self, keep: int = 4096):
+    def __init__(self, keep: int = 512):
         self.keep = keep
         self._lock = threading.Lock()
         self.finished: OrderedDict[str, GenerateResult] = OrderedDict()

@@ -23,6 +23,7 @@ import re
 import threading
 import time
 import uuid
+from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -289,6 +290,36 @@ class RayTransport(Transport):
             return f
 
 
+TRIM_S = 10.0  # seconds between a server's malloc_trim calls (ServerActor._trim_loop)
+# What every server process is started with (unless the user's environment chose otherwise), see server_env:
+SERVER_ENV = {
+    "MALLOC_ARENA_MAX": "2",  # glibc heaps per process (its 128 threads would otherwise get up to 8 per core)
+    "MKL_DISABLE_FAST_MM": "1",  # no per-thread MKL buffer pool (each of the 128 threads that runs a matmul keeps one)
+}
+
+
+def malloc_trim():
+    """glibc's malloc_trim(0) as a function of no arguments, or None where the C library has none."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+    return lambda: fn(0)
+
+
+def server_env() -> dict:
+    """Environment variables of every server process (SERVER_ENV, each unless this process's environment sets
+    it). A server actor runs its calls on up to 128 threads, and per-thread memory is what grows: glibc gives
+    threads their own heaps (up to 8 per core), where what a thread frees stays for that heap's threads, and
+    MKL keeps a buffer pool per thread that ran a matmul. Both grow as more of the threads get work, so the
+    RSS creeps up for many minutes under steady load (docs/distributed.md, "Memory")."""
+    return {k: os.environ.get(k, v) for k, v in SERVER_ENV.items()}
+
+
 class ServerActor:
     """One edge server: its experts, and on a home node the backbone and the dispatch.
 
@@ -311,6 +342,7 @@ class ServerActor:
         self._batcher_lock = threading.Lock()
         self._stop = threading.Event()
         threading.Thread(target=self._probe_loop, daemon=True).start()
+        threading.Thread(target=self._trim_loop, name="edgemoe-malloc-trim", daemon=True).start()
 
     def _configure(self, cfg: ServerConfig) -> None:
         ctx = cfg.ctx
@@ -385,14 +417,18 @@ class ServerActor:
         self.batcher.start(req)
         return os.getpid()
 
-    def stream_poll(self, request_id: str, have: int, timeout_s: float = 1.0) -> dict:
+    def stream_poll(self, request_id: str, have: int, timeout_s: float = 1.0, seen: tuple = (0, 0)) -> dict:
         """The stream's tokens after the first `have` (waiting up to timeout_s for one), plus, on each answer,
-        this home's exclusions and readmissions so far (the ingress's metrics)."""
+        this home's exclusions and readmissions that the caller has not seen (the ingress's metrics): seen is
+        (pid, count), the events of process pid the caller has counted; "membership" is {"pid", "total",
+        "events": [(kind, node)] after those}."""
         if self.batcher is None:
             raise EdgeMoEError(f"stream {request_id} is unknown here (this home restarted, or forgot it)")
         out = self.batcher.poll(request_id, int(have), min(float(timeout_s), 10.0))
         if self.home is not None:
-            out["membership"] = {"pid": os.getpid(), "events": [(kind, n) for _, kind, n in self.home.membership.events]}
+            pid = os.getpid()
+            events, total = self.home.membership.events_since(int(seen[1]) if int(seen[0]) == pid else 0)
+            out["membership"] = {"pid": pid, "total": total, "events": [(kind, n) for _, kind, n in events]}
         return out
 
     def stream_cancel(self, request_id: str) -> dict | None:
@@ -412,6 +448,15 @@ class ServerActor:
                 "started": self.home.requests.started, "in_flight": self.home.requests.in_flight,
                 "served": self.home.requests.served,
                 "streams": self.batcher.load() if self.batcher is not None else None}
+
+    def _trim_loop(self) -> None:
+        """Every TRIM_S seconds hand the C heap's free pages back to the OS (`malloc_trim`). The actor's threads
+        allocate and free tensors and Ray buffers of every size; glibc keeps what they free in its arenas, so
+        without this the process's RSS creeps up for many minutes under steady load while the bytes in use stay
+        flat (docs/distributed.md, "Memory")."""
+        trim = malloc_trim()
+        while trim is not None and not self._stop.wait(TRIM_S):
+            trim()
 
     def _probe_loop(self) -> None:
         """Probe excluded servers when due; a server that answers with a stale configuration (it restarted
@@ -465,6 +510,7 @@ class Deployment:
             handles.append(remote_cls.options(
                 name=actor_name(name), namespace=cfg.namespace, num_cpus=0, resources={node_resource(name): NODE_SHARE},
                 max_concurrency=max_concurrency, max_restarts=-1, max_task_retries=0, lifetime=None,
+                runtime_env={"env_vars": server_env()},
             ).remote(n, cfg_ref))
         dep = cls(cfg, handles, cfg_ref)
         try:
@@ -544,10 +590,15 @@ class Deployment:
         self.handles = []
 
 
+ANSWERS_KEPT = 1024  # answers a Client remembers for its duplicate check (the latest)
+ERRORS_KEPT = 256  # failed requests' messages a Client remembers (the latest)
+
+
 class Client:
     """Submits requests to users' homes. A home that fails is replaced by the nearest other home (by
-    one-way latency) after a backoff; every request id is answered exactly once (a late duplicate is
-    counted and ignored)."""
+    one-way latency) after a backoff; every request id is answered exactly once (a late duplicate among the
+    latest ANSWERS_KEPT answers is counted and given the first answer; ids are unique per client, so an
+    older one cannot come back)."""
 
     def __init__(self, deployment: Deployment, request_timeout_s: float = 120.0, max_attempts: int = 4,
                  backoff: Backoff | None = None, home_backoff: Backoff | None = None, probe: bool = True):
@@ -570,10 +621,12 @@ class Client:
         self.run_id = uuid.uuid4().hex[:12]
         self._ids = itertools.count()
         self._lock = threading.Lock()
-        self.answers: dict[str, GenerateResult] = {}
+        # The latest ANSWERS_KEPT answers by id: an id answered again within them is a duplicate (counted, and
+        # the first answer returned); older ones are forgotten, so a long-running client stays bounded.
+        self.answers: OrderedDict[str, GenerateResult] = OrderedDict()
         self.duplicates = 0
         self.failovers = 0
-        self.errors: list[str] = []
+        self.errors: deque[str] = deque(maxlen=ERRORS_KEPT)  # the latest failed requests' messages
 
     @property
     def clock(self):
@@ -672,6 +725,8 @@ class Client:
                 self.duplicates += 1
                 return self.answers[result.request_id]
             self.answers[result.request_id] = result
+            while len(self.answers) > ANSWERS_KEPT:
+                self.answers.popitem(last=False)
         return result
 
 

@@ -3,12 +3,13 @@
 `ServerCore` holds only the experts its placement row names, read by key from the checkpoint, and
 answers `ExpertCall`s with the emulated link delays applied on the way in and out.
 `HomeEngine` holds the dense backbone (the HF model with every sparse block's experts module replaced
-by a `RemoteExperts` stub) and runs passes over it. At each MoE layer it runs the router (the model's own),
-asks its policies where each slot runs (`HomePolicies`, edgemoe.distributed.home_policy), hands the slots
-to `SlotDispatch` (edgemoe.distributed.dispatch: one call per destination server, replies gathered,
-failures repaired), and combines the outputs with the gates (dropped slots renormalised as the local
-backend does). Requests run one by one (`generate`) are checked and kept by a `RequestLedger`
-(edgemoe.distributed.ledger); streams are batched by edgemoe.distributed.batching. The KV cache of a
+by a `RemoteExperts` stub) and runs passes over it. At each MoE layer the stub hands the router's choice (the
+model's own) to the home's `LayerStep` (edgemoe.distributed.layer_step), which asks its policies where each
+slot runs (`HomePolicies`, edgemoe.distributed.home_policy), hands the slots to `SlotDispatch`
+(edgemoe.distributed.dispatch: one call per destination server, replies gathered, failures repaired), and
+combines the outputs with the gates (dropped slots renormalised as the local backend does). Requests run one
+by one (`generate`) are checked and kept by a `RequestLedger` (edgemoe.distributed.ledger), their passes
+collected by a `RequestRecord`; streams are batched by edgemoe.distributed.batching. The KV cache of a
 request never leaves its home. `Transport` is how calls reach other servers: Ray actors in
 `edgemoe.distributed.serve`, plain objects in threads for the in-process tests.
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,9 +30,9 @@ from edgemoe.errors import EdgeMoEError
 from .dispatch import COUNT_KEYS, Pass, SlotDispatch
 from .health import Backoff, Membership
 from .home_policy import HomePolicies
+from .layer_step import LayerStep
 from .ledger import RequestLedger
 from .links import Clock, LinkTable, VirtualAccelerator
-from .repair import repair_slots
 from .weights import ExpertWeights
 from .wire import ExpertCall, ExpertReply, GenerateRequest, GenerateResult, decode, encode, row_bytes
 
@@ -202,119 +203,77 @@ class RemoteExperts(torch.nn.Module):
 
 
 class HomeEngine:
-    """The dense backbone of node `node` and the passes over it: one MoE layer's step (`moe_layer`: the
-    dense part's emulated time, the decision, the fan-out, the combination), a request's passes (`generate`),
-    a batch of streams' pass (`forward_batch`).
+    """The dense backbone of node `node` and the passes over it, in three parts: each MoE layer's remote-expert
+    call (`LayerStep`, edgemoe.distributed.layer_step), reached through the backbone's `RemoteExperts` stubs; the
+    passes (`forward_batch`: a batch of streams, edgemoe.distributed.batching; `_forward`: one pass of a request
+    run alone); and the requests run one by one (`generate`: checks and kept answers in a `RequestLedger`, each
+    request's passes collected by a `RequestRecord`).
 
     Passes of different requests run concurrently (one thread each), as the simulator runs them; each pass
     carries its own nominal clock (`Pass.t`): a layer's calls are stamped with the layer's start, and the
     layer ends at the latest time any of its outputs is ready at the meeting node (links.py)."""
 
     def __init__(self, cfg: ServerConfig, node: int, transport: Transport, membership: Membership | None = None,
-                 finished_cache: int = 4096, adapter=None):
-        """adapter: the backbone of a previous engine on the same model (a reconfiguration keeps it)."""
-        from edgemoe.models import load_moe
-
+                 finished_cache: int = 512, adapter=None):
+        """finished_cache: results kept for a retried request id (RequestLedger; each holds its per-job event
+        arrays); adapter: the backbone of a previous engine on the same model (a reconfiguration keeps it)."""
         self.cfg, self.node, self.transport = cfg, int(node), transport
         self.ctx = cfg.ctx
         self.clock = cfg.make_clock()
         self.membership = membership or Membership(self.ctx.num_nodes, Backoff(cfg.backoff_base_s, cfg.backoff_max_s),
                                                    self.ctx.node_names, f"home {self.ctx.node_names[self.node]}")
-        # The backbone: the HF model with its experts modules dropped (their weights are freed; the
-        # peak while loading still holds them once, see docs/distributed.md).
+        self.adapter = self._backbone(adapter)
+        self.backbone_bytes = sum(p.numel() * p.element_size() for p in self.adapter.model.parameters())
+        self.hidden_size = self.adapter.hidden_size
+        self.links = cfg.links(self.hidden_size)
+        self._local = threading.local()  # the pass this thread is running
+        self.policies = HomePolicies(cfg, self.membership)
+        self.dispatch = SlotDispatch(self.node, cfg, transport, self.membership, self.links, self.clock, self.policies)
+        self.step = LayerStep(self.ctx, self.node, self.adapter, self.links, self.clock, self.policies, self.dispatch,
+                              self.links.enabled and self.ctx.dense_on)
+        self.requests = RequestLedger(finished_cache)
+
+    def _backbone(self, adapter):
+        """The HF model with its experts modules replaced by RemoteExperts stubs (their weights are freed; the
+        peak while loading still holds them once, see docs/distributed.md); `adapter`: a loaded one to reuse."""
+        from edgemoe.models import load_moe
+
+        cfg = self.cfg
         if adapter is None:
             adapter = load_moe(cfg.model_path, cfg.torch_dtype())
             adapter.remove_hooks()
             adapter.model.to(cfg.device)
-        self.adapter = adapter
-        if self.adapter.num_layers != self.ctx.num_layers or self.adapter.num_experts != self.ctx.num_experts:
-            raise EdgeMoEError(f"model {cfg.model_path} has L={self.adapter.num_layers}, E={self.adapter.num_experts}; "
+        if adapter.num_layers != self.ctx.num_layers or adapter.num_experts != self.ctx.num_experts:
+            raise EdgeMoEError(f"model {cfg.model_path} has L={adapter.num_layers}, E={adapter.num_experts}; "
                                f"the deployment's profile has L={self.ctx.num_layers}, E={self.ctx.num_experts}")
-        for layer, block in enumerate(self.adapter.blocks):
+        for layer, block in enumerate(adapter.blocks):
             block.experts = RemoteExperts(self, layer)
-        self.backbone_bytes = sum(p.numel() * p.element_size() for p in self.adapter.model.parameters())
-        self.hidden_size = self.adapter.hidden_size
-        self.links = cfg.links(self.hidden_size)
-        # The dense part's nominal hardware (docs/runtime.md, "Dense part"): this home's backbone runs one layer
-        # of one pass at a time (FIFO), each for ctx.dense_s(home, rows) seconds, before the layer's expert calls.
-        self.backbone = VirtualAccelerator()
-        self.emulate_dense = bool(self.links.enabled and self.ctx.dense_on)
-        self._local = threading.local()  # the pass this thread is running
-        self.policies = HomePolicies(cfg, self.membership)
-        self.dispatch = SlotDispatch(self.node, cfg, transport, self.membership, self.links, self.clock, self.policies)
-        self.requests = RequestLedger(finished_cache)
+        return adapter
 
     def retime(self, cfg: ServerConfig) -> None:
         """Take cfg's clock (mode, dilation) and load setting; the emulated backbone queue starts empty."""
         self.cfg, self.clock = cfg, cfg.make_clock()
         self.policies.retime(cfg)
         self.dispatch.retime(cfg, self.clock)
-        self.backbone.reset()
+        self.step.retime(self.clock)
 
-    # ---- one MoE layer ------------------------------------------------------------------------
     def moe_layer(self, layer: int, hidden: torch.Tensor, index, weights) -> torch.Tensor:
-        from edgemoe.models.base import Intervention, LayerCall, apply_intervention
+        """One MoE layer of the pass this thread runs (RemoteExperts.forward)."""
+        return self.step(self._local.current, layer, hidden, index, weights)
 
-        p = self._local.current
-        topk_t, gates_t = self.adapter._to_canonical(index, weights)
-        topk = topk_t.cpu().numpy().astype(np.int64)
-        gates = gates_t.float().cpu().numpy().astype(np.float64)
-        _, alive = self.policies.get()
-        st = p.state
-        stranded = ~alive[st.location]  # the token's (emulated) node left: its state is at home anyway
-        st.location[stranded] = st.home[stranded]
-        ready = self._dense(layer, len(topk), p)  # the layer's dense work, then the router's slots may leave
-        dec = self.policies.decide(layer, topk, gates, st, p.groups, self.policies.load_s(ready))
-        p.estimate_s += float(dec.latency_s.max(initial=0.0))
-        p.spent += float(dec.quality_cost.sum())
-        experts, node, fixed = repair_slots(self.ctx, layer, dec.experts, dec.node, dec.location, st.user, alive)
-        self.dispatch.degraded(layer, dec.experts, experts, p)
-        meet = np.where(alive[dec.next_location], dec.next_location, dec.location)
-        sent = self.clock.stamp(ready)  # the calls leave now: their deadline, or later if the host ran late
-        p.late_s += sent - ready
-        out, experts, node, meet, done = self.dispatch.run(layer, hidden, experts, node, dec.location, meet, st, p, sent)
-        st.location[:] = meet
-        # The layer ends when its slowest output has reached the meeting node (and, after the last layer, the
-        # token is home again for the LM head, as in the simulator); rows without a job end at their floor.
-        trip = self.links.legs_s(meet, st.home) if layer == self.ctx.num_layers - 1 else np.zeros(len(meet))
-        end = max(sent, float((sent + trip).max(initial=sent)), float(np.nanmax(done, initial=-np.inf)))
-        if layer == self.ctx.num_layers - 1:
-            p.counts["emulated_s"] += float(trip.max(initial=0.0))
-            p.counts["link_bytes"] += self.links.bytes_moved(meet, st.home)
-        self.clock.wait_until(end)
-        p.t = end
-        final = replace(dec, experts=experts, node=node, next_location=meet)
-        p.tally.add(final, topk, layer, st.home, p.prefill)
-        p.counts["repaired"] += fixed
-        if p.observer is not None:
-            p.observer(layer, topk, final)
-        p.topk.append(topk)
-        p.gates.append(gates)
-        call = LayerCall(layer, hidden, None, topk_t, gates_t)
-        # Zeroed slots keep the other gates as they are (a drop renormalises them), as in the local backend;
-        # repair never touches them (it only re-routes slots that ran), so the policy's mask still holds.
-        _, new_gates = apply_intervention(self.adapter, call, Intervention.from_numpy(experts, dec.zeroed))
-        return (new_gates.to(out.dtype)[..., None] * out).sum(dim=1).to(hidden.dtype)
+    def _run(self, p: Pass, **model_inputs):
+        """The backbone's forward over model_inputs with `p` as this thread's pass (the stubs' book-keeping)."""
+        self._local.current = p
+        try:
+            return self.adapter.model(use_cache=True, **model_inputs)
+        finally:
+            self._local.current = None
 
-    def _dense(self, layer: int, rows: int, p: Pass) -> float:
-        """Queue this layer's dense work (attention, norms, router: `ctx.dense_s` of `rows` rows on this home's
-        hardware) on the home's backbone FIFO from the layer's start; returns when it ends, the earliest the
-        layer's expert calls may leave (the layer's start when the dense part is not emulated). The host's real
-        attention and router ran just before this call, inside the dense work's nominal time: they set no clock
-        (the work is queued from the layer's deadline, not from when the host got here); only what the host
-        still has to do after the dense work's end counts as lateness (at the calls' send, `moe_layer`)."""
-        if not self.emulate_dense:
-            return p.t
-        service = float(self.ctx.dense_s(self.node, rows))
-        start, end, _ = self.backbone.serve(np.array([p.t]), np.array([service]))
-        p.dense_events.append((p.index, layer, self.node, p.t, float(start[0]), float(end[0])))
-        p.estimate_s += service  # the policy prices experts only; the feedback's estimate includes the dense part
-        return float(end[0])
-
-    # ---- requests -----------------------------------------------------------------------------
-    def _forward(self, ids: torch.Tensor, cache, user: int, index: int, t: float, counts: dict, tally, rec,
-                 busy: np.ndarray, events: list, dense_events: list, strict: bool = False) -> tuple[int, float, float, float]:
-        """One pass over ids [1, S] due at nominal time t -> (greedy next token, begin, end, end - host lateness).
+    # ---- passes -------------------------------------------------------------------------------
+    def _forward(self, ids: torch.Tensor, cache, user: int, index: int, t: float, record: RequestRecord,
+                 strict: bool = False) -> tuple[int, float, float, float]:
+        """One pass of a request run alone over ids [1, S] due at nominal time t, its book-keeping into `record`
+        -> (greedy next token, begin, end, end - host lateness).
 
         Host lateness: the time by which the layers' starts and the pass's end missed their deadlines (the
         host's CPU work ran past them); with none, end is exactly the emulated end."""
@@ -324,14 +283,10 @@ class HomeEngine:
         state.home[:] = self.node  # the row lives here, even when this home stands in for another
         state.location[:] = self.node
         begin = self.clock.stamp(t)
-        p = Pass(state, index == 0, counts, [], [], tally, begin, index, events, dense_events, busy, strict=strict)
-        self._local.current = p
-        try:
-            logits = self.adapter.model(input_ids=ids, cache=cache, use_cache=True).logits
-        finally:
-            self._local.current = None
-        rec[0].append(np.stack(p.topk, 1))
-        rec[1].append(np.stack(p.gates, 1))
+        p = Pass(state, index == 0, record.counts, [], [], record.tally, begin, index, record.events,
+                 record.dense_events, record.busy, strict=strict)
+        logits = self._run(p, input_ids=ids, cache=cache).logits
+        record.routing(p)
         end = self.clock.stamp(p.t)
         p.late_s += end - p.t
         if getattr(policy, "wants_feedback", False):
@@ -356,31 +311,26 @@ class HomeEngine:
         if self.clock.virtual:
             raise EdgeMoEError("batched serving runs on the real clock (the virtual clock needs request-by-request "
                                "arrivals: HomeEngine.generate)")
+        from edgemoe.runtime.metrics import DecisionTally
+
         policy, _ = self.policies.get()
         B, S = ids.shape
         state = policy.start(np.repeat(np.asarray(users, np.int64), S))
         state.home[:] = self.node
         state.location[:] = self.node
-        from edgemoe.runtime.metrics import DecisionTally
-
         counts = dict.fromkeys(COUNT_KEYS, 0)
         tally = DecisionTally(self.ctx.num_layers, row_bytes(self.hidden_size, self.cfg.wire))
         begin = self.clock.stamp(self.clock.now())
         dev = self.cfg.device
-        ids = ids.to(dev)
-        attention_mask = None if attention_mask is None else attention_mask.to(dev)
-        position_ids = None if position_ids is None else position_ids.to(dev)
         p = Pass(state, S > 1, counts, [], [], tally, begin, 0 if S > 1 else 1, [], [], np.zeros(self.ctx.num_nodes),
-                  strict=np.repeat(np.asarray(strict, bool), S), observer=observer,
-                  row_degraded=np.zeros(B * S, np.int64), groups=self.policies.row_groups(self.node, state, S, allowance, exact))
-        self._local.current = p
-        try:
-            out = self.adapter.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
-                                     cache=cache, use_cache=True)
-        finally:
-            self._local.current = None
+                 strict=np.repeat(np.asarray(strict, bool), S), observer=observer,
+                 row_degraded=np.zeros(B * S, np.int64), groups=self.policies.row_groups(self.node, state, S, allowance, exact))
+        out = self._run(p, input_ids=ids.to(dev), cache=cache,
+                        attention_mask=None if attention_mask is None else attention_mask.to(dev),
+                        position_ids=None if position_ids is None else position_ids.to(dev))
         return out.logits[:, -1], p.row_degraded
 
+    # ---- requests run one by one --------------------------------------------------------------
     @torch.no_grad()
     def generate(self, req: GenerateRequest) -> GenerateResult:
         """Greedy generation for one request; a request id seen before is answered from the cache."""
@@ -390,39 +340,65 @@ class HomeEngine:
         submit = self.requests.check(req, self.ctx.num_users, self.clock.virtual)
         arrival = self.clock.now() if np.isnan(submit) else submit
         with self.requests.running():
-            return self._generate(req, arrival)
+            return self.requests.record(self._generate(req, arrival))
 
     def _generate(self, req: GenerateRequest, arrival: float) -> GenerateResult:
+        """req's gen_tokens greedy passes, each due when the previous one ended (the first at `arrival`)."""
         from transformers import DynamicCache
 
-        from edgemoe.runtime.metrics import DecisionTally
-
-        counts = dict.fromkeys(COUNT_KEYS, 0)
-        tally = DecisionTally(self.ctx.num_layers, row_bytes(self.hidden_size, self.cfg.wire))
-        rec: tuple[list, list] = ([], [])
-        busy, events, dense_events = np.zeros(self.ctx.num_nodes), [], []
+        record = RequestRecord(self.ctx, row_bytes(self.hidden_size, self.cfg.wire))
         cache = DynamicCache(config=self.adapter.model.config)
         ids = torch.as_tensor(np.asarray(req.prompt, np.int64))[None].to(self.cfg.device)
-        tokens, begin, end, emulated = [], [], [], []
         t = arrival
         # Exact execution never silently degrades: with the exact policy, a slot that a failure would drop or
         # substitute fails the request (Degraded) unless the request allows it.
         strict = self.cfg.policy == "exact" and not req.allow_degraded
         for i in range(req.gen_tokens):
-            token, b, e, d = self._forward(ids, cache, req.user, i, t, counts, tally, rec, busy, events, dense_events,
-                                           strict)
-            tokens.append(token)
-            begin.append(b)
-            end.append(e)
-            emulated.append(d)
+            token, b, e, d = self._forward(ids, cache, req.user, i, t, record, strict)
+            record.passed(token, b, e, d)
             ids, t = torch.tensor([[token]], device=self.cfg.device), e  # the next pass starts when this one ends
-        begin_a, end_a = np.asarray(begin), np.asarray(end)
+        return record.result(req, self.node, arrival)
+
+
+class RequestRecord:
+    """What the passes of one request run alone leave behind (HomeEngine.generate): the counts and decision
+    tally its passes fill, the router's topk and gates per pass, the expert jobs' and dense work's events, the
+    emulated busy time per node, and per pass its token, begin, end and emulated end."""
+
+    def __init__(self, ctx, wire_row_bytes: int):
+        from edgemoe.runtime.metrics import DecisionTally
+
+        self.counts = dict.fromkeys(COUNT_KEYS, 0)
+        self.tally = DecisionTally(ctx.num_layers, wire_row_bytes)
+        self.topk: list[np.ndarray] = []  # per pass [S, L, K]
+        self.gates: list[np.ndarray] = []
+        self.busy = np.zeros(ctx.num_nodes)
+        self.events: list = []  # [J, 10] arrays per layer call (dispatch.Pass.events)
+        self.dense_events: list = []
+        self.tokens: list[int] = []
+        self.begin: list[float] = []
+        self.end: list[float] = []
+        self.emulated: list[float] = []
+
+    def routing(self, p: Pass) -> None:
+        """The router's choice of a finished pass (its layers' topk and gates, stacked per row)."""
+        self.topk.append(np.stack(p.topk, 1))
+        self.gates.append(np.stack(p.gates, 1))
+
+    def passed(self, token: int, begin: float, end: float, emulated: float) -> None:
+        self.tokens.append(token)
+        self.begin.append(begin)
+        self.end.append(end)
+        self.emulated.append(emulated)
+
+    def result(self, req: GenerateRequest, node: int, arrival: float) -> GenerateResult:
+        tally, counts = self.tally, self.counts
+        begin, end = np.asarray(self.begin), np.asarray(self.end)
         counts.update(slots=tally.slots, remote=tally.remote, substituted=tally.substituted, dropped=tally.dropped,
                       predicted_bytes=tally.prefill_bytes + tally.decode_bytes, quality_cost=tally.quality_cost)
-        result = GenerateResult(
-            req.request_id, req.user, np.asarray(tokens, np.int64), self.node, float(begin_a[0] - arrival),
-            float(end_a[0] - begin_a[0]), end_a[1:] - begin_a[1:], counts, np.concatenate(rec[0]), np.concatenate(rec[1]),
-            arrival_s=arrival, pass_begin_s=begin_a, pass_end_s=end_a, pass_deadline_s=np.asarray(emulated),
-            events=np.concatenate(events) if events else np.zeros((0, 10)), node_busy_s=busy,
-            dense_events=np.array(dense_events, float).reshape(-1, 6))
-        return self.requests.record(result)
+        return GenerateResult(
+            req.request_id, req.user, np.asarray(self.tokens, np.int64), node, float(begin[0] - arrival),
+            float(end[0] - begin[0]), end[1:] - begin[1:], counts, np.concatenate(self.topk), np.concatenate(self.gates),
+            arrival_s=arrival, pass_begin_s=begin, pass_end_s=end, pass_deadline_s=np.asarray(self.emulated),
+            events=np.concatenate(self.events) if self.events else np.zeros((0, 10)), node_busy_s=self.busy,
+            dense_events=np.array(self.dense_events, float).reshape(-1, 6))

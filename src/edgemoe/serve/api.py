@@ -141,13 +141,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
         message = "no such route" if exc.status_code == 404 else str(exc.detail)
         return error_response(exc.status_code, message)
 
-    @app.middleware("http")
-    async def _count(request: Request, call_next):
-        response = await call_next(request)
-        route = request.url.path if request.url.path in KNOWN_ROUTES else "other"
-        if tele is not None:
-            tele.request(route, response.status_code)
-        return response
+    if tele is not None:
+        app.add_middleware(CountRequests, telemetry=tele)
 
     def check_key(request: Request) -> None:
         if api_key is None:
@@ -453,3 +448,28 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
 
 
 KNOWN_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+
+
+class CountRequests:
+    """ASGI middleware: counts each response by route and status code (Telemetry.request) when it starts.
+
+    A plain ASGI wrapper, not Starlette's `BaseHTTPMiddleware`: that one relays every chunk of a streamed
+    response through a memory stream between two tasks, which costs event-loop work per token, and on a host
+    where the engine thread holds the GIL most of the time (a policy deciding in Python) that work delays the
+    engine."""
+
+    def __init__(self, app, telemetry):
+        self.app, self.telemetry = app, telemetry
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        route = path if path in KNOWN_ROUTES else "other"
+
+        async def counting_send(message):
+            if message["type"] == "http.response.start":
+                self.telemetry.request(route, int(message["status"]))
+            await send(message)
+
+        return await self.app(scope, receive, counting_send)

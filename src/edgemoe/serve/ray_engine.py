@@ -103,7 +103,7 @@ class RayEngine:
         self.failure: str | None = None
         self._ids = itertools.count()
         self._run_id = secrets.token_hex(4)
-        self._events_seen: dict[tuple[int, int], int] = {}  # (home, pid) -> membership events counted
+        self._events_seen: dict[int, tuple[int, int]] = {}  # home -> (its process id, membership events counted)
         self._ingress_seen = 0
         if telemetry is not None:
             telemetry.before_render = self._sync_ingress_events
@@ -182,7 +182,8 @@ class RayEngine:
                         actor.stream_cancel.remote(key)
                         h.end(Finished("cancelled", self._stats(h, home, totals, attempt)))
                         return
-                    r = ray.get(actor.stream_poll.remote(key, have, POLL_S), timeout=POLL_S + CALL_SLACK_S)
+                    r = ray.get(actor.stream_poll.remote(key, have, POLL_S, self._seen(home)),
+                                timeout=POLL_S + CALL_SLACK_S)
                     have += len(r["tokens"])
                     self._count_home_events(home, r.get("membership"))
                     reason = self._take(h, r["tokens"], stream, pending, r.get("explain"))
@@ -294,22 +295,33 @@ class RayEngine:
         return out
 
     # ---- membership metrics -----------------------------------------------------------------------
-    def _count_home_events(self, home: int, info: dict | None) -> None:
-        """A home's exclusions and readmissions of servers (cumulative per home process) -> counters."""
-        if info is None or self.telemetry is None:
-            return
-        events, key = info["events"], (home, int(info["pid"]))
+    def _seen(self, home: int) -> tuple[int, int]:
+        """(process id, events counted) of `home`'s membership events: what its next poll need not send again."""
         with self._lock:
-            seen = self._events_seen.get(key, 0)
-            self._events_seen[key] = len(events)
-        for kind, n in events[seen:]:
+            return self._events_seen.get(home, (0, 0))
+
+    def _count_home_events(self, home: int, info: dict | None) -> None:
+        """A home's exclusions and readmissions of servers that this ingress has not counted -> counters. One
+        entry per home (its latest process): a restarted home's events count from its own start."""
+        if info is None:
+            return
+        pid, total = int(info["pid"]), int(info["total"])
+        with self._lock:
+            old_pid, seen = self._events_seen.get(home, (0, 0))
+            if old_pid == pid and total <= seen:  # concurrent polls of one home: these events are counted
+                return
+            self._events_seen[home] = (pid, total)
+        if self.telemetry is None:
+            return
+        events = info["events"]  # those after the count this poll sent (a concurrent poll may have counted some)
+        new = events[max(len(events) - (total - seen if old_pid == pid else total), 0):]
+        for kind, n in new:
             self.telemetry.membership_event(f"home {self.ctx.node_names[home]}", kind, self.ctx.node_names[n])
 
     def _sync_ingress_events(self) -> None:
         """The ingress's own exclusions and readmissions of homes -> counters (called before each scrape)."""
-        events = list(self.client.homes.events)
         with self._lock:
-            new, self._ingress_seen = events[self._ingress_seen:], len(events)
+            new, self._ingress_seen = self.client.homes.events_since(self._ingress_seen)
         for _, kind, n in new:
             self.telemetry.membership_event("ingress", kind, self.ctx.node_names[n])
 
