@@ -77,10 +77,14 @@ METHODS = (
     # calibration text by bench.studies.calibration; layers never left without expert output); budget in nats
     ("ordermoe-full", "ordermoe", {"horizon": 2, "stand_in_choice": "token", "calibration": "from-file"},
      NATS_SWEEP),
+    # the same myopic and unsteered (H = 0): what the look-ahead's steering adds to the per-token policy
+    ("ordermoe-full-h0", "ordermoe", {"horizon": 0, "stand_in_choice": "token", "calibration": "from-file"},
+     NATS_SWEEP),
 )
 CALIBRATION_FILE = RESULTS / "calibration.json"  # where "from-file" takes each model's KindCalibration
 VARIANTS = {"ordermoe": "equal_quality", "ordermoe-calibrated": "equal_quality_calibrated",
-            "ordermoe-token": "equal_quality_token", "ordermoe-full": "equal_quality_full"}  # OrderMoE variants compared
+            "ordermoe-token": "equal_quality_token", "ordermoe-full": "equal_quality_full",
+            "ordermoe-full-h0": "equal_quality_full_h0"}  # OrderMoE variants compared
 BASELINES = ("ordermoe-error-groups", "skip", "reroute", "random-local")  # what "the best baseline" is chosen from
 FIELD = ("skip", "reroute", "random-local")  # the field's own answers (not OrderMoE's machinery)
 DIAL_ASKED = (0.01, 0.03, 0.078, 0.15)
@@ -353,7 +357,8 @@ def print_table(models: list[dict]) -> None:
                   if bb and bf else f"{m['model']} | {point} | no baseline reaches that increase")
     for key, heading in (("equal_quality_calibrated", "ordermoe-calibrated (kinds on one measured scale)"),
                          ("equal_quality_token", "ordermoe-token (stand-ins chosen per token among every local expert)"),
-                         ("equal_quality_full", "ordermoe-full (per-token stand-ins priced in measured nats)")):
+                         ("equal_quality_full", "ordermoe-full (per-token stand-ins priced in measured nats)"),
+                         ("equal_quality_full_h0", "ordermoe-full-h0 (the same, myopic and unsteered)")):
         print(f"\n{heading} at equal perplexity:")
         for m in models:
             for point, row in m.get(key, {}).items():
