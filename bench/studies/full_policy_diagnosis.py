@@ -10,7 +10,10 @@ latency and perplexity to come from the same decisions):
 - `ordermoe-full` simulated without router logits (the co-selection fallback prices the substitutes there),
 - the same with the calibration text's router logits replayed (`OrderMoEPolicy.replay_logits`),
 - the same without the feedback's adaptive weights (`adapt_gain=0`), without logits,
-- `reroute` at the budget of its `paper` point in equal_quality_ladder_finegrained.json (0.481).
+- `reroute` at the budget of its `paper` point in equal_quality_ladder_finegrained.json (0.481);
+and, at the small budgets of the `strict` point, `ordermoe-full` (H = 2, steered) against the same with
+H = 0 (myopic, unsteered), both with the logits replayed, beside `random-local` (the best baseline at `strict`
+there) at its own small budgets (`STRICT_SWEEP`).
 Writes bench/results/equal_quality_diagnosis.json (commit, load, CPU s).
 """
 
@@ -37,6 +40,8 @@ from edgemoe.results import environment
 
 REPO = Path(__file__).resolve().parents[2]
 REROUTE_BUDGET = 0.4809355398685445  # reroute's paper point on finegrained-shared (equal_quality_ladder_finegrained.json)
+STRICT_SWEEP = {"ordermoe-full": (0.003, 0.0041, 0.006), "ordermoe-full-h0": (0.003, 0.0041, 0.006),
+                "random-local": (0.12, 0.186, 0.25)}  # around each method's strict point there (nats / gate share)
 
 
 def main() -> None:
@@ -70,7 +75,10 @@ def main() -> None:
     variants = (("ordermoe-full, simulated without logits", "ordermoe", full, args.budget, False),
                 ("ordermoe-full, logits replayed", "ordermoe", full, args.budget, True),
                 ("ordermoe-full, adapt_gain 0, without logits", "ordermoe", {**full, "adapt_gain": 0.0}, args.budget, False),
-                ("reroute", "reroute", {}, REROUTE_BUDGET, False))
+                ("reroute", "reroute", {}, REROUTE_BUDGET, False),
+                *((f"{name} at a strict budget", "random-local" if name == "random-local" else "ordermoe",
+                   {"seed": 0} if name == "random-local" else {**full, "horizon": 0 if name.endswith("h0") else 2}, b,
+                   name != "random-local") for name, bs in STRICT_SWEEP.items() for b in bs))
     rows = []
     for name, policy, params, budget, replay in variants:
         nll, _, dec = score_local(adapter, make_policy(policy, ctx, **params, budget=budget), text.calib_ids, users)
