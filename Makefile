@@ -53,6 +53,11 @@ results: $(STAMP)
 	$(BIN)/python -m bench.studies.equal_quality --models default-upcycled,default,upcycled-diverged,finegrained-shared \
 		--methods ordermoe-full --dial-method ordermoe-full --out bench/results/equal_quality_full.json --reuse bench/results/equal_quality.json \
 		bench/results/equal_quality_ladder_diverged.json bench/results/equal_quality_ladder_finegrained.json
+	$(BIN)/python -m bench.studies.equal_quality --models default-upcycled,default,upcycled-diverged,finegrained-shared \
+		--methods ordermoe-full-h0 --dial-method ordermoe-full --out bench/results/equal_quality_full_h0.json \
+		--reuse bench/results/equal_quality_full.json
+	$(BIN)/python -m bench.studies.latency_floor
+	$(BIN)/python -m bench.studies.full_policy_diagnosis
 	$(BIN)/python -m bench.studies.ladder --curve
 	$(BIN)/python -m bench.studies.calibration
 	$(BIN)/python -m bench.studies.lookahead --quick --budgets 0.05,0.2 --clusters testbed8,edge8

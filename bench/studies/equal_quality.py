@@ -19,7 +19,9 @@ simulated workload and dense cost):
   (`kind_scales`), `ordermoe-calibrated` (kinds priced on that one scale) swept and compared like OrderMoE,
   and predicted vs measured increase over OrderMoE's sweeps with their rank correlation;
 - `ordermoe-token`: OrderMoE with each stand-in chosen per token among every local expert (`stand_in_choice=
-  "token"`), compared like OrderMoE (`equal_quality_token`);
+  "token"`), compared like OrderMoE (`equal_quality_token`); a per-token policy is simulated with the
+  evaluation text's router logits (`simulated_policy`), so that its latency and its perplexity come from the
+  same decisions;
 - the dial: OrderMoE's calibration curve on calibration text (`edgemoe.eval.dial`), asked 1%, 3%, 7.8% and
   15% mapped to budgets and measured on evaluation text.
 Writes bench/results/equal_quality.json (commit, load, CPU s, token counts) and prints the table.
@@ -75,10 +77,14 @@ METHODS = (
     # calibration text by bench.studies.calibration; layers never left without expert output); budget in nats
     ("ordermoe-full", "ordermoe", {"horizon": 2, "stand_in_choice": "token", "calibration": "from-file"},
      NATS_SWEEP),
+    # the same myopic and unsteered (H = 0): what the look-ahead's steering adds to the per-token policy
+    ("ordermoe-full-h0", "ordermoe", {"horizon": 0, "stand_in_choice": "token", "calibration": "from-file"},
+     NATS_SWEEP),
 )
 CALIBRATION_FILE = RESULTS / "calibration.json"  # where "from-file" takes each model's KindCalibration
 VARIANTS = {"ordermoe": "equal_quality", "ordermoe-calibrated": "equal_quality_calibrated",
-            "ordermoe-token": "equal_quality_token", "ordermoe-full": "equal_quality_full"}  # OrderMoE variants compared
+            "ordermoe-token": "equal_quality_token", "ordermoe-full": "equal_quality_full",
+            "ordermoe-full-h0": "equal_quality_full_h0"}  # OrderMoE variants compared
 BASELINES = ("ordermoe-error-groups", "skip", "reroute", "random-local")  # what "the best baseline" is chosen from
 FIELD = ("skip", "reroute", "random-local")  # the field's own answers (not OrderMoE's machinery)
 DIAL_ASKED = (0.01, 0.03, 0.078, 0.15)
@@ -103,6 +109,34 @@ def scoring_setting(profile, cluster, placement, adapter, text: EvalText, cfg: E
     eval_users = np.arange(len(text.ids)) % ctx.num_users
     calib_users = np.arange(len(text.calib_ids)) % ctx.num_users
     return ctx, workload, trace, eval_users, calib_users
+
+
+def router_logits_of(adapter, ids: np.ndarray, batch_size: int = 8) -> np.ndarray:
+    """[B*S, L, E] the model's router logits on ids [B, S] under exact execution, block-major (the order of
+    `routing_trace` and of the simulator's trace), float32."""
+    import torch
+
+    out: list[list[np.ndarray]] = [[] for _ in range(adapter.num_layers)]
+
+    def rec(call) -> None:
+        out[call.layer].append(call.router_logits.float().cpu().numpy())
+
+    with adapter.record(rec), torch.no_grad():
+        for i in range(0, len(ids), batch_size):
+            adapter.forward_logits(torch.from_numpy(ids[i:i + batch_size]))
+    return np.stack([np.concatenate(x) for x in out], 1)
+
+
+def simulated_policy(policy: str, ctx, params: dict, budget: float, trace_logits: np.ndarray | None):
+    """The policy the simulator runs: a per-token OrderMoE gets the evaluation text's router logits
+    (`OrderMoEPolicy.replay_logits`), so its simulated decisions price substitutes as the local backend's,
+    whose perplexity the row reports; every other policy as made."""
+    from edgemoe.runtime import make_policy
+
+    pol = make_policy(policy, ctx, **params, budget=budget)
+    if trace_logits is not None and getattr(pol, "per_token", False):
+        pol.replay_logits(trace_logits)
+    return pol
 
 
 def model_calibration(model: str, path: Path = CALIBRATION_FILE) -> dict:
@@ -158,13 +192,14 @@ def run_model(model: str, cfg: ExperimentConfig, log, methods: set | None = None
     placement = plan(problem, "ordermoe", budget=ORDERMOE_BUDGET)
     plan_s = time.perf_counter() - t0
     ctx, workload, trace, eval_users, calib_users = scoring_setting(profile, cluster, placement, adapter, text, cfg)
+    trace_logits = router_logits_of(adapter, text.ids)  # [T, L, E] the trace's router logits (`simulated_policy`)
     log(f"{model}: placement planned in {plan_s:.0f} s; {text.ids.size} evaluation, {text.calib_ids.size} calibration tokens")
 
     def evaluate(policy: str, params: dict, budget: float) -> dict:
         pol = make_policy(policy, ctx, **params, budget=budget)
         nll, top1, dec = score_local(adapter, pol, text.ids, eval_users)
         q = quality_metrics(nll, top1, text.nll, text.top1)
-        sim = simulate(ctx, make_policy(policy, ctx, **params, budget=budget), trace, workload)
+        sim = simulate(ctx, simulated_policy(policy, ctx, params, budget, trace_logits), trace, workload)
         sub = dec.substituted()
         return {"budget": budget, "latency_ms_mean": sim.latency_ms["mean"], "latency_ms_p99": sim.latency_ms["p99"],
                 "ppl": q["ppl"], "ppl_rel_increase": q["ppl_rel_increase"], "top1_agreement": q["top1_agreement"],
@@ -322,7 +357,8 @@ def print_table(models: list[dict]) -> None:
                   if bb and bf else f"{m['model']} | {point} | no baseline reaches that increase")
     for key, heading in (("equal_quality_calibrated", "ordermoe-calibrated (kinds on one measured scale)"),
                          ("equal_quality_token", "ordermoe-token (stand-ins chosen per token among every local expert)"),
-                         ("equal_quality_full", "ordermoe-full (per-token stand-ins priced in measured nats)")):
+                         ("equal_quality_full", "ordermoe-full (per-token stand-ins priced in measured nats)"),
+                         ("equal_quality_full_h0", "ordermoe-full-h0 (the same, myopic and unsteered)")):
         print(f"\n{heading} at equal perplexity:")
         for m in models:
             for point, row in m.get(key, {}).items():

@@ -200,3 +200,72 @@ def test_ordermoe_token_gets_the_real_router_logits_in_the_local_backend():
     nll0, _ = run_local(adapter, make_policy("ordermoe", ctx, budget=0.0, stand_in_choice="token"), ids, users, batch_size=3)
     nll_x, _ = run_local(adapter, make_policy("exact", ctx), ids, users, batch_size=3)
     np.testing.assert_array_equal(nll0, nll_x)
+
+
+def test_replayed_logits_pick_as_the_passed_ones_and_passed_ones_win():
+    ctx, topk, gates = one_layer(0.3, 0.4)
+    pol = make_policy("ordermoe", ctx, stand_in_choice="token", horizon=0, budget=0.05)
+    # token 1 of the replayed routing has the logits of the known answer above (-> substitute 3); token 0 ranks
+    # expert 0 level with the routed 1 (-> substitute 0: 0.3 x 0.5 < 0.4 x (1 - 0.5 e^-2))
+    pol.replay_logits(np.array([[[2.0, 2.0, 1.0, 0.0]], [[0.0, 2.0, 1.0, 2.0]]]))
+    for token, want in ((1, 3), (0, 0)):
+        state = pol.start(np.array([0]), tokens=np.array([token]))
+        assert pol.decide(0, topk, gates, state).experts.tolist() == [[want, 2]]
+    state = pol.start(np.array([0]), tokens=np.array([0]))  # logits the backend passes win over the replayed
+    dec = pol.decide(0, topk, gates, state, router_logits=np.array([[0.0, 2.0, 1.0, 2.0]]))
+    assert dec.experts.tolist() == [[3, 2]] and pol.logit_layers == 3
+
+
+def test_replayed_logits_are_checked():
+    ctx, topk, gates = one_layer(0.3, 0.4)
+    with pytest.raises(EdgeMoEError, match="stand_in_choice='token'"):
+        make_policy("ordermoe", ctx, budget=0.05).replay_logits(np.zeros((2, 1, 4)))
+    pol = make_policy("ordermoe", ctx, stand_in_choice="token", budget=0.05)
+    with pytest.raises(EdgeMoEError, match="replay_logits must be"):
+        pol.replay_logits(np.zeros((2, 1, 3)))
+    pol.replay_logits(np.zeros((2, 1, 4)))
+    with pytest.raises(EdgeMoEError, match="must name each row's token"):
+        pol.start(np.array([0]))
+    with pytest.raises(EdgeMoEError, match="indices into the replayed"):
+        pol.start(np.array([0]), tokens=np.array([2]))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 5), mode=st.sampled_from(["home", "migrate"]), horizon=st.sampled_from([0, 2]),
+       budget=st.sampled_from([0.05, 0.5]))
+def test_replayed_logits_decide_bit_for_bit_as_passed_logits(seed, mode, horizon, budget):
+    """Rows started with their tokens and the routing's logits replayed decide exactly as the same rows handed
+    those logits by the backend, layer after layer (what makes a simulated run's decisions the local backend's)."""
+    profile, ctx = deployment(seed, "internet", mode)
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(0.0, 2.0, (profile.num_tokens, ctx.num_layers, ctx.num_experts))
+    rows, users = rng.integers(0, profile.num_tokens, 20), rng.integers(0, ctx.num_users, 20)
+    load = rng.uniform(0, 0.01, ctx.num_nodes)
+    passed = make_policy("ordermoe", ctx, budget=budget, horizon=horizon, stand_in_choice="token")
+    _, want = run(passed, profile, ctx, rows, users, load, logits=logits[rows])
+    replayed = make_policy("ordermoe", ctx, budget=budget, horizon=horizon, stand_in_choice="token")
+    replayed.replay_logits(logits)
+    state = replayed.start(users, tokens=rows)
+    for layer, (topk, dec, _) in enumerate(want):
+        got = replayed.decide(layer, topk, profile.gates[rows, layer], state, load)
+        for name in ("experts", "node", "next_location", "quality_cost", "latency_s"):
+            assert np.array_equal(getattr(got, name), getattr(dec, name)), name
+    assert replayed.logit_layers == passed.logit_layers == ctx.num_layers
+
+
+def test_the_simulator_prices_with_the_replayed_logits():
+    """simulate() starts the rows with their trace tokens, so every decide call of a per-token policy given the
+    trace's logits scores its substitutes with them (none falls back to the co-selection)."""
+    from edgemoe.runtime.sim.simulate import simulate
+    from edgemoe.runtime.sim.workload import Trace, Workload
+
+    profile, ctx = deployment(1, "internet", "migrate")
+    trace = Trace.from_profile(profile)
+    logits = np.random.default_rng(0).normal(size=(len(trace.topk), ctx.num_layers, ctx.num_experts))
+    pol = make_policy("ordermoe", ctx, budget=0.3, stand_in_choice="token")
+    pol.replay_logits(logits)
+    calls = []
+    choose = pol.choose
+    pol.choose = lambda *a, **k: (calls.append(1), choose(*a, **k))[1]
+    simulate(ctx, pol, trace, Workload(num_requests=6, prompt_tokens=3, gen_tokens=3, seed=2))
+    assert len(calls) > 0 and pol.logit_layers == len(calls)

@@ -624,6 +624,8 @@ class OrderMoEPolicy(Policy):
             self.wants_router_logits = True  # the local backend passes the real logits to `decide`
             self.coselect = coselection_counts(ctx.profile_topk, ctx.num_experts)  # [L, E, E] the fallback's affinity
             self.logit_layers = 0  # decide calls handed real router logits (the rest score with the co-selection)
+        self.trace_logits: np.ndarray | None = None  # [T', L, E] `replay_logits`: the replayed tokens' router logits
+        self.row_tokens: np.ndarray | None = None  # [T] each started row's token in them (`start`)
         if horizon < 0 or levels < 2:
             raise EdgeMoEError(f"ordermoe: horizon must be >= 0 and levels >= 2, got {horizon}, {levels}")
         if not 0 < spend_target <= 1 or adapt_gain < 0:
@@ -653,6 +655,41 @@ class OrderMoEPolicy(Policy):
         self.latency_excess = np.zeros(U)  # [U] EWMA of max(observed / estimated latency - 1, 0)
         self.spend_rate = np.zeros(U)  # [U] EWMA of spent / granted budget of the user's finished passes
         self.quality_weight = np.ones(U)  # [U] multiplier of the quality price, adapted per user
+
+    def replay_logits(self, logits: np.ndarray) -> None:
+        """Give a per-token policy the router logits [T', L, E] of the routing its caller replays (the
+        simulator's trace), read at the rows whose backend passes none: a simulated run then prices each
+        substitute with the token's own router agreement, as the `local` backend does with the real logits,
+        instead of the co-selection fallback. Without them the two backends price substitutes differently and a
+        run's latency (simulator) and perplexity (local backend) come from different decisions. A serving
+        system has these logits at the token's home before it dispatches (they are what picks the routed experts).
+        `start(users, tokens)` must then name each row's token in them."""
+        if not self.per_token:
+            raise EdgeMoEError("ordermoe: replay_logits needs stand_in_choice='token' (only per-token stand-ins read logits)")
+        logits = np.asarray(logits, dtype=float)
+        if logits.ndim != 3 or logits.shape[1:] != (self.ctx.num_layers, self.ctx.num_experts):
+            raise EdgeMoEError(f"ordermoe: replay_logits must be [T, L={self.ctx.num_layers}, E={self.ctx.num_experts}], "
+                               f"got {logits.shape}")
+        self.trace_logits = logits
+
+    def start(self, users, tokens=None) -> TokenState:
+        state = super().start(users, tokens)
+        if self.trace_logits is not None:
+            if tokens is None:
+                raise EdgeMoEError("ordermoe: with replay_logits, start(users, tokens) must name each row's token")
+            tokens = np.asarray(tokens, np.int64)
+            if tokens.shape != state.user.shape or ((tokens < 0) | (tokens >= len(self.trace_logits))).any():
+                raise EdgeMoEError(f"ordermoe: tokens must be [T={len(state)}] indices into the replayed logits' "
+                                   f"{len(self.trace_logits)} tokens")
+            self.row_tokens = tokens
+        return state
+
+    def row_logits(self, layer: np.ndarray, state: TokenState) -> np.ndarray | None:
+        """[T, E] the rows' router logits at `layer` [T]: the backend's (`decide(router_logits=)`), else the
+        replayed ones (`replay_logits`), else None (the co-selection fallback scores the substitutes)."""
+        if self.router_logits is not None or self.trace_logits is None:
+            return self.router_logits
+        return self.trace_logits[self.row_tokens[state.row], layer]
 
     def token_subs(self, layer: np.ndarray, location: np.ndarray, topk: np.ndarray,
                    logits: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -735,15 +772,16 @@ class OrderMoEPolicy(Policy):
         ctx = self.ctx
         if self.backlog == "mean":  # this call's waits join the per-node EWMA before it is read
             self.node_wait += self.ewma * (load - self.node_wait)
+        logits = self.row_logits(np.broadcast_to(layer, state.user.shape), state) if self.per_token else None
         if self.per_token:
-            self.logit_layers += self.router_logits is not None
+            self.logit_layers += logits is not None
         has_budget = state.budget_total > 0
         if len(state) == 0 or not (self.steer or has_budget.any()):
             dec = exact_decision(ctx, layer, topk, state, load)  # no budget and no steering: exactly `exact`
             self._track(load)
             return dec
         loc = state.location
-        subs = self.token_subs(layer, loc, topk, self.router_logits) if self.per_token else None
+        subs = self.token_subs(layer, loc, topk, logits) if self.per_token else None
         opt = layer_options(ctx, layer, loc, state.home, ctx.usable[state.user], topk, gates, load, self.max_enum_k,
                             self.kinds, self.steer, self.steer_replicas, self.power, steered_latency=not COMPILED_STEER,
                             subs=subs, calib=self.calib)
