@@ -52,8 +52,9 @@ from .rules import decision_buffers, rule_tables
 _I = np.int64
 
 # entries of `FeedbackArrays.calls`: policy calls so far, passes ended when the policy last observed, users
-# whose quality weight the last observation moves (their ids and exp arguments in `ObserveArrays.upd / step`)
-FB_CALLS, FB_ENDED_SEEN, FB_UPDATED = 0, 1, 2
+# whose quality weight the last observation moves (their ids and exp arguments in `ObserveArrays.upd / step`),
+# whether `ObserveArrays.factor` holds their exp, to be applied
+FB_CALLS, FB_ENDED_SEEN, FB_UPDATED, FB_PENDING = 0, 1, 2, 3
 # entries of `ObserveArrays.consts`: `OrderMoEPolicy.adapt_gain`, `.spend_target`
 OB_ADAPT_GAIN, OB_SPEND_TARGET = 0, 1
 
@@ -86,6 +87,7 @@ class ObserveArrays(NamedTuple):
     users: np.ndarray  # [U] scratch: the users of this observation
     upd: np.ndarray  # [U] users whose quality weight moves (calls[FB_UPDATED] of them)
     step: np.ndarray  # [U] and the argument of its exp
+    factor: np.ndarray  # [U] exp(step) by numpy, applied at the next call (calls[FB_PENDING] set)
 
 
 def observe_arrays(policy, feedback) -> ObserveArrays:
@@ -98,7 +100,7 @@ def observe_arrays(policy, feedback) -> ObserveArrays:
     return ObserveArrays(np.ascontiguousarray(feedback.pass_user, _I), np.ascontiguousarray(feedback.granted, float),
                          policy.latency_excess, policy.spend_rate, keep_pow,
                          np.array([policy.adapt_gain, policy.spend_target], float), z(_I), z(), z(), z(), z(_I), z(_I),
-                         z())
+                         z(), z())
 
 
 @njit(cache=True, inline="always")
@@ -110,7 +112,7 @@ def _observe_ended(fb, ob, pass_begin, ended, n_ended):  # pragma: no cover - co
     (bincount's sums in pass order from 0.0, np.maximum's NaN, the EWMA weight from numpy's powers)."""
     estimate, spent, observed, calls, pass_end = fb.estimate, fb.spent, fb.observed, fb.calls, fb.pass_end
     (pass_user, granted, latency_excess, spend_rate, keep_pow, consts, count, excess_sum, granted_sum, spent_sum, users,
-     upd, step) = ob
+     upd, step, _) = ob
     done = np.sort(ended[calls[FB_ENDED_SEEN]:n_ended])
     calls[FB_ENDED_SEEN] = n_ended
     calls[FB_UPDATED] = 0
@@ -152,6 +154,22 @@ def _observe_ended(fb, ob, pass_begin, ended, n_ended):  # pragma: no cover - co
     calls[FB_UPDATED] = n_upd
 
 
+@njit(cache=True, inline="always")
+def _apply_factor(quality_weight, ob, calls):  # pragma: no cover - compiled
+    """The quality weights' step of `OrderMoEPolicy.observe` with its exp given (ob.factor, numpy's):
+    np.clip(weight x factor, 1e-3, 1e3) (NaN stays NaN)."""
+    if calls[FB_PENDING]:
+        for i in range(calls[FB_UPDATED]):
+            u = ob.upd[i]
+            v = quality_weight[u] * ob.factor[i]
+            if v < 1e-3:
+                v = 1e-3
+            if v > 1e3:
+                v = 1e3
+            quality_weight[u] = v
+        calls[FB_PENDING] = 0
+
+
 @njit(cache=True)
 def _drive_ordermoe(tab, chunk_rows, every, stamp, b, wave):  # pragma: no cover - compiled
     """Decide (`_decide_ordermoe`), feed back (`Feedback.add`) and run (`_wave_step`) waves from the picked
@@ -170,6 +188,7 @@ def _drive_ordermoe(tab, chunk_rows, every, stamp, b, wave):  # pragma: no cover
     load, jobs_f, counters = nodes.load, nodes.queue.jobs_f, nodes.counters
     xfer, num_layers = cost.xfer, cost.num_layers
     K = ex.topk.shape[2]
+    _apply_factor(om.quality_weight, ob, calls)
     more = True
     observe = False
     while True:
@@ -237,7 +256,7 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
     """Run the whole simulation of `engine` (a WaveEngine) with `policy` (OrderMoE, `compiled_loop_supported`)
     decided in the compiled loop. state: the policy's TokenState of every row (updated in place); feedback: the run's
     `Feedback` (its estimate, spent and observed arrays are filled here, its observations made by
-    `_observe_ended` and the quality weights' exp here); count(dec, topk, layer, home, row_pass) receives the
+    `_observe_ended`, the quality weights' exp here); count(dec, topk, layer, home, row_pass) receives the
     decisions in `_TallyBuffer`'s chunks (the same rows: waves until >= chunk_rows, then the rest), as views
     of buffers reused afterwards."""
     ctx = policy.ctx
@@ -259,9 +278,8 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
     J = 1 + int(om.ints[I_SHORT])
     work = _work_arrays(K, N, J, (1 + N if om.flags[F_ALL_NODES] else 1 + K * J) if om.flags[F_STEER] else 1)
     fb = FeedbackArrays(feedback.estimate, feedback.spent, feedback.dense, feedback.observed,
-                        np.array([feedback.calls, 0, 0], _I), engine.run.pass_end)
+                        np.array([feedback.calls, 0, 0, 0], _I), engine.run.pass_end)
     ob = observe_arrays(policy, feedback)
-    quality_weight = policy.quality_weight
 
     def buffers(cap, keep=None, rows_kept=0):
         new = decision_buffers(cap, K)
@@ -290,10 +308,10 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
             tab_jobs = engine.queue.jobs_f
         ids, rows, rpass, rlayer, rtok, engine.stamp, more, b, observe = _drive_ordermoe(
             tab, chunk_rows, feedback.every, engine.stamp, b, (ids, rows, rpass, rlayer, rtok))
-        if observe and fb.calls[FB_UPDATED]:  # `observe`'s quality-weight step, with numpy's exp
+        if observe and fb.calls[FB_UPDATED]:  # `observe`'s quality-weight step: numpy's exp, applied next call
             n = int(fb.calls[FB_UPDATED])
-            upd = ob.upd[:n]
-            quality_weight[upd] = np.clip(quality_weight[upd] * np.exp(ob.step[:n]), 1e-3, 1e3)
+            np.exp(ob.step[:n], out=ob.factor[:n])
+            fb.calls[FB_PENDING] = 1
         if b and (b >= chunk_rows or not more):
             experts, node, loc, nxt, lat, topk, lv, home, row_pass = (a[:b] for a in out)
             quality, zeroed = (a[:b] for a in extra)
@@ -302,5 +320,9 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
             b = 0
         if not more:
             break
+    if fb.calls[FB_PENDING]:  # the last wave's observation: its weights before the feedback's final flush
+        n = int(fb.calls[FB_UPDATED])
+        upd = ob.upd[:n]
+        policy.quality_weight[upd] = np.clip(policy.quality_weight[upd] * ob.factor[:n], 1e-3, 1e3)
     feedback.calls = int(fb.calls[FB_CALLS])
     policy.queue_pressure = float(om.qpress[0])
