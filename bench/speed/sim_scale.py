@@ -7,7 +7,8 @@ events per request) on `generate(100, 1000)` with a 32-layer synthetic profile, 
 exact and ordermoe policies on the fast engine. Reports CPU seconds (process time, which the machine's load
 barely moves), wall seconds, the load average, and token-layer events per CPU second (issue target: the whole
 run within one minute, >= 2M events/s). Each policy runs three times and the fastest is kept (as timeit does;
-the machine is shared). Writes bench/results/sim_scale.json.
+the machine is shared); the first run's CPU seconds are kept too (ordermoe's first run on a context also
+builds the look-ahead tables). Target of issue 21: ordermoe under 1 s CPU. Writes bench/results/sim_scale.json.
 """
 
 from __future__ import annotations
@@ -36,10 +37,13 @@ def main() -> None:
     rows = []
     for policy in ("exact", "ordermoe"):
         load = os.getloadavg()[0]
-        m, wall, cpu = fastest_run(REPEATS, lambda name: simulate(ctx, make_policy(name, ctx), trace,
-                                                                  Workload(1000, 16, 16, "closed")), policy)
+        run = lambda name: simulate(ctx, make_policy(name, ctx), trace, Workload(1000, 16, 16, "closed"))  # noqa: E731
+        # the first run (ordermoe: also builds the look-ahead tables, kept for the context's later runs), then the rest
+        _, wall_first, first = fastest_run(1, run, policy)
+        m, wall, cpu = fastest_run(REPEATS - 1, run, policy)
+        wall, cpu = min(wall, wall_first), min(cpu, first)
         rows.append({"policy": policy, "servers": 100, "users": 1000, "layers": 32, "token_layers": m.token_layers,
-                     "cpu_s": round(cpu, 2), "wall_s": round(wall, 2), "load_average_1min": round(load, 2),
+                     "cpu_s": round(cpu, 2), "cpu_s_first_run": round(first, 2), "wall_s": round(wall, 2), "load_average_1min": round(load, 2),
                      "events_per_cpu_s": round(m.token_layers / cpu), "within_one_minute_cpu": cpu <= 60,
                      "repeats": REPEATS})
         print(rows[-1])

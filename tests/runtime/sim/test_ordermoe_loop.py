@@ -124,3 +124,33 @@ def test_compiled_mean_is_numpys():
     for n in [0, 1, 7, 8, 9, 127, 128, 129, 300, 1031, 5000]:
         a = rng.random(n) * 10.0 ** rng.uniform(-6, 3, n)
         assert _mean(a) == (float(a.mean()) if n else 0.0), n
+
+
+def test_lookahead_tables_are_built_once_per_context(deployments):
+    """A policy made anew on the same context reuses its look-ahead tables (`lookahead_tables`), other numbers
+    get their own, and a run with reused tables is the run with fresh ones (the same tally and weights)."""
+    profile, ctx = deployments[2, "edge8", "migrate"]
+    first, again = make_policy("ordermoe", ctx, horizon=2, levels=6), make_policy("ordermoe", ctx, horizon=2, levels=6)
+    assert again.lookahead is first.lookahead
+    assert make_policy("ordermoe", ctx, horizon=1, levels=6).lookahead is not first.lookahead
+    assert make_policy("ordermoe", ctx, horizon=2, levels=7).lookahead is not first.lookahead
+    fresh = om.LookAhead(ctx, first.grid, 2, 16, first.max_enum_k, first.kinds, first.steer, first.steer_replicas,
+                         first.power)
+    np.testing.assert_array_equal(fresh.stacked, first.lookahead.stacked)
+    trace = Trace.from_profile(profile)
+    sc = build_scenario(ctx.user_weight, ctx.user_domain, trace, Workload(num_requests=8, prompt_tokens=3, gen_tokens=4,
+                                                                          arrival="closed", seed=1))
+    runs = [run_fast(ctx, p, trace, sc, 1e-3) for p in (first, again)]
+    assert runs[0].tally == runs[1].tally
+    np.testing.assert_array_equal(first.quality_weight, again.quality_weight)
+
+
+def test_the_ewma_weights_table_is_numpys_power():
+    """`observe_arrays`' (1 - ewma) ** n table gives each n the bits numpy's power gives it inside any array
+    (the compiled observation reads the table where `observe` raises to n[seen])."""
+    keep = 1.0 - 0.1
+    table = keep ** np.arange(200, dtype=float)
+    rng = np.random.default_rng(0)
+    for size in (1, 3, 7, 8, 9, 17, 64, 100):
+        n = rng.integers(0, 200, size).astype(float)
+        np.testing.assert_array_equal(keep ** n, table[n.astype(np.int64)])

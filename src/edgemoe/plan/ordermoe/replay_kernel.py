@@ -33,6 +33,18 @@ import numpy as np
 from edgemoe.jit import njit
 
 
+@njit(cache=True, inline="always")
+def _candidate_node(j, H, held, flip_hit, f_node, f_value):  # pragma: no cover - compiled
+    """Node of a branch's j-th replica candidate (-1: none), for both passes of `propagate_rows`' exact rule
+    (the first finds whether a usable non-cloud holder exists, the second takes the cloud only when none
+    does): j < H is its j-th holder `held` (-1 padded), less the flipped node when the flip hits the branch
+    (flip_hit), and j == H the flipped node when the flip adds the expert there (f_value). Scalars only: an
+    inlined call with array arguments would reference-count them per candidate."""
+    if j < H:
+        return -1 if held < 0 or (flip_hit and held == f_node) else held
+    return f_node if flip_hit and f_value else -1
+
+
 @njit(cache=True)
 def propagate_rows(rows, layer, loc0, left0, new_lat, new_loc, new_left, old_loc, old_left,
                    q_need, q_block, reuse, has_flip, f_node, f_changed, f_value,
@@ -122,31 +134,17 @@ def propagate_rows(rows, layer, loc0, left0, new_lat, new_loc, new_left, old_loc
                 any_cand = False
                 # two passes when there is a cloud: the cloud only when no other usable holder exists
                 for j in range(H + 1):
-                    if j < H:
-                        n = holders[lay, e, j]
-                        if n < 0:
-                            continue
-                        if flip and hit and n == f_node[i]:
-                            continue
-                    else:
-                        if not (flip and hit and f_value):
-                            continue
-                        n = f_node[i]
+                    n = _candidate_node(j, H, holders[lay, e, j] if j < H else -1, flip and hit, f_node[i], f_value)
+                    if n < 0:
+                        continue
                     if usable[u, n]:
                         any_cand = True
                         if not is_cloud[n]:
                             any_edge = True
                 for j in range(H + 1):
-                    if j < H:
-                        n = holders[lay, e, j]
-                        if n < 0:
-                            continue
-                        if flip and hit and n == f_node[i]:
-                            continue
-                    else:
-                        if not (flip and hit and f_value):
-                            continue
-                        n = f_node[i]
+                    n = _candidate_node(j, H, holders[lay, e, j] if j < H else -1, flip and hit, f_node[i], f_value)
+                    if n < 0:
+                        continue
                     if not usable[u, n]:
                         continue
                     if any_cloud and any_edge and is_cloud[n]:

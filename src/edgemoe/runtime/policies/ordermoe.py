@@ -20,6 +20,7 @@ its decision is exactly `exact`'s. alpha_u and the user's quality weight adapt t
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -553,6 +554,28 @@ class LookAhead:
         return out
 
 
+_LOOKAHEADS: dict[int, dict[tuple, LookAhead]] = {}  # id(ctx) -> the context's tables by their parameters
+
+
+def lookahead_tables(ctx: RuntimeContext, grid: BudgetGrid, horizon: int, sets_per_prev: int, max_enum_k: int,
+                     kinds: tuple[str, ...], steer: bool, steer_replicas: int, power: float, min_set_count: int,
+                     subs_fn, calib: KindCalibration | None, backlog: bool, backlog_level: int) -> LookAhead:
+    """`LookAhead(...)` of these arguments, built once per context and kept while the context lives (a policy
+    is made anew for every run; the tables depend only on the context and these numbers, and nothing writes
+    them after they are built). Per-token substitutes (subs_fn) and calibrations are built every time."""
+    args = (horizon, sets_per_prev, max_enum_k, kinds, steer, steer_replicas, power, min_set_count)
+    if subs_fn is not None or calib is not None:
+        return LookAhead(ctx, grid, *args, subs_fn, calib, backlog, backlog_level)
+    key = (grid.levels, grid.step, *args, bool(backlog), int(backlog_level))
+    tables = _LOOKAHEADS.get(id(ctx))
+    if tables is None:
+        tables = _LOOKAHEADS[id(ctx)] = {}
+        weakref.finalize(ctx, _LOOKAHEADS.pop, id(ctx), None)
+    if key not in tables:
+        tables[key] = LookAhead(ctx, grid, *args, None, None, backlog, backlog_level)
+    return tables[key]
+
+
 def compiled_loop_supported(policy) -> bool:
     """Whether the simulator's compiled loop (`edgemoe.runtime.sim.ordermoe_loop`) decides exactly as `policy`
     (an OrderMoEPolicy): all 2^K subsets enumerated (K <= max_enum_k), top-1 look-ahead keys (no frequent-set
@@ -643,10 +666,10 @@ class OrderMoEPolicy(Policy):
         self.grid = BudgetGrid(float(self.allowance.max()) * ctx.num_layers, levels)
         # Steered tables cost N x G times the unsteered ones; beyond STEER_ALL_NODES nodes the tables price the
         # future with the myopic rule (64 servers, L=16, E=32, K=4: 57 s steered vs ~1 s), the decision stays steered.
-        self.lookahead = LookAhead(ctx, self.grid, self.horizon, sets_per_prev, max_enum_k, kinds,
-                                   self.steer and ctx.num_nodes <= STEER_ALL_NODES, self.steer_replicas, self.power,
-                                   min_set_count, self.token_subs if self.per_token else None, calib,
-                                   backlog != "off", int(self.grid.index(self.horizon * mean_allowance)))
+        self.lookahead = lookahead_tables(ctx, self.grid, self.horizon, sets_per_prev, max_enum_k, kinds,
+                                          self.steer and ctx.num_nodes <= STEER_ALL_NODES, self.steer_replicas,
+                                          self.power, min_set_count, self.token_subs if self.per_token else None,
+                                          calib, backlog != "off", int(self.grid.index(self.horizon * mean_allowance)))
         # the cost-to-go adds the queue waits the tables are exposed to: "now" the current ones, "mean" node_wait
         self.backlog = backlog if self.lookahead.backlog else "off"
         self.node_wait = np.zeros(ctx.num_nodes)  # [N] EWMA (weight ewma per call) of each node's queue wait

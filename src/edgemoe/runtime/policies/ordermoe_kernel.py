@@ -110,6 +110,23 @@ def steered_inputs(layer, location, topk, node_x, short, real, usable, xfer, loa
                            c(is_sub), c(ready_sub, float), bool(all_nodes))
 
 
+@njit(cache=True, inline="always")
+def _kept_max(kept_max, arrive, dup, M, G):  # pragma: no cover - compiled
+    """kept_max[s, g] <- the latest arrival at meeting choice g over the slots in bit set s (all 2^K sets,
+    M = 1 << K; -inf for the empty set), each set from the one without its lowest slot, as `max_over_kept`
+    builds them; choices g marked in dup [G] are skipped. arrive: [K, G]; kept_max: [M, G]."""
+    for g in range(G):
+        kept_max[0, g] = -np.inf
+    for s in range(1, M):
+        low = 0
+        while not (s >> low) & 1:
+            low += 1
+        for g in range(G):
+            if dup[g]:
+                continue
+            kept_max[s, g] = max(kept_max[s & (s - 1), g], arrive[low, g])
+
+
 @njit(cache=True)
 def _steered_pick(base, cand, meet, xfer, mask, stand_node, sub_ready, location, home, last, feasible, qterm, alpha,
                   part, stride, table, use_table, wait, use_wait):  # pragma: no cover - compiled (the numpy twin is tested)
@@ -159,16 +176,7 @@ def _steered_pick(base, cand, meet, xfer, mask, stand_node, sub_ready, location,
                         best = v
                 arrive[k, g] = best
         if enumerated:
-            for g in range(G):
-                kept_max[0, g] = -np.inf
-            for s in range(1, M):
-                low = 0
-                while not (s >> low) & 1:
-                    low += 1
-                for g in range(G):
-                    if dup[g]:
-                        continue
-                    kept_max[s, g] = max(kept_max[s & (s - 1), g], arrive[low, g])
+            _kept_max(kept_max, arrive, dup, M, G)
         best_cost = np.inf
         best_a = 0  # numpy's argmin of an all-inf row
         best_lat = np.nan
@@ -603,16 +611,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                         if v < best:
                             best = v
                     arrive[k, gi] = best
-            for gi in range(G):
-                kept_max[0, gi] = -np.inf
-            for s in range(1, M):
-                low = 0
-                while not (s >> low) & 1:
-                    low += 1
-                for gi in range(G):
-                    if dup[gi]:
-                        continue
-                    kept_max[s, gi] = max(kept_max[s & (s - 1), gi], arrive[low, gi])
+            _kept_max(kept_max, arrive, dup, M, G)
             best_cost = np.inf
             best_a = 0
             best_lat = np.nan

@@ -134,6 +134,8 @@ def _push_jobs(dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc, de
     new_f = np.empty((T * K, 3))
     new_i = np.empty((T * K, 3), _I)
     keys = np.empty(T * K, _I)
+    starts = np.empty(T + 1, _I)  # each pass's first job, then the end
+    n_pass = 0
     n = 0
     seq = counters[C_SEQ]
     r = 0
@@ -143,6 +145,8 @@ def _push_jobs(dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc, de
         while r_end < T and dec_pass[r_end] == p:
             r_end += 1
         first_job = n
+        starts[n_pass] = n
+        n_pass += 1
         for t in range(r, r_end):
             start = start_t[p]
             trip_home = xfer[dec_next[t], dec_home[t]] if dec_layer[t] == num_layers - 1 else 0.0
@@ -161,46 +165,50 @@ def _push_jobs(dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc, de
                 new_f[n, JF_SERVICE] = dec_layer[t] * E + dec_experts[t, k]  # (layer, expert) key; priced below
                 seq += 1
                 n += 1
-        _price_calls(new_f, new_i, first_job, n, keys, call1, flops, nbytes, peak, mem_bw, overhead)
         outstanding[p] += n - first_job
         r = r_end
+    starts[n_pass] = n
+    _price_calls(new_f, new_i, starts, n_pass, keys, call1, flops, nbytes, peak, mem_bw, overhead)
     counters[C_SEQ] = seq
     _enqueue(queue, counters, new_f, new_i, n)
 
 
-@njit(cache=True, inline="always")  # called per pass: a real call's refcounting would dominate
-def _price_calls(jobs_f, jobs_i, lo, hi, keys, call1, flops, nbytes, peak, mem_bw, overhead):
-    """Service seconds of the jobs lo..hi of one pass: roofline(count) / count per (node, layer, expert).
+@njit(cache=True, inline="always")  # once per wave: numba reference-counts an inlined call's array arguments too
+def _price_calls(jobs_f, jobs_i, starts, n_pass, keys, call1, flops, nbytes, peak, mem_bw, overhead):
+    """Service seconds of the jobs of each pass q (starts[q] .. starts[q + 1]): roofline(count) / count per
+    (node, layer, expert).
 
     On entry jobs_f[j, JF_SERVICE] holds the job's layer * E + expert; on exit its service seconds. keys: scratch [>= m];
     call1 [N * L * E]: `_call_s` of one-token calls, precomputed (`one_token_calls`).
     """
-    m = hi - lo
-    if m == 0:
-        return
-    for j in range(m):
-        keys[j] = jobs_i[lo + j, JI_NODE] * flops.size + int(jobs_f[lo + j, JF_SERVICE])
-    if m <= 16:  # a decode pass (K jobs): count equal keys pairwise rather than sort
+    for q in range(n_pass):
+        lo, hi = starts[q], starts[q + 1]
+        m = hi - lo
+        if m == 0:
+            continue
         for j in range(m):
-            count = 0
-            for i in range(m):
-                if keys[i] == keys[j]:
-                    count += 1
-            if count == 1:
-                jobs_f[lo + j, JF_SERVICE] = call1[keys[j]]
-            else:
-                jobs_f[lo + j, JF_SERVICE] = _call_s(keys[j], count, flops, nbytes, peak, mem_bw, overhead)
-        return
-    order = np.argsort(keys[:m], kind="mergesort")
-    a = 0
-    while a < m:
-        b = a
-        while b < m and keys[order[b]] == keys[order[a]]:
-            b += 1
-        service = _call_s(keys[order[a]], b - a, flops, nbytes, peak, mem_bw, overhead)
-        for c in range(a, b):
-            jobs_f[lo + order[c], JF_SERVICE] = service
-        a = b
+            keys[j] = jobs_i[lo + j, JI_NODE] * flops.size + int(jobs_f[lo + j, JF_SERVICE])
+        if m <= 16:  # a decode pass (K jobs): count equal keys pairwise rather than sort
+            for j in range(m):
+                count = 0
+                for i in range(m):
+                    if keys[i] == keys[j]:
+                        count += 1
+                if count == 1:
+                    jobs_f[lo + j, JF_SERVICE] = call1[keys[j]]
+                else:
+                    jobs_f[lo + j, JF_SERVICE] = _call_s(keys[j], count, flops, nbytes, peak, mem_bw, overhead)
+            continue
+        order = np.argsort(keys[:m], kind="mergesort")
+        a = 0
+        while a < m:
+            b = a
+            while b < m and keys[order[b]] == keys[order[a]]:
+                b += 1
+            service = _call_s(keys[order[a]], b - a, flops, nbytes, peak, mem_bw, overhead)
+            for c in range(a, b):
+                jobs_f[lo + order[c], JF_SERVICE] = service
+            a = b
 
 
 @njit(cache=True, inline="always")

@@ -10,11 +10,16 @@ the budget state, the look-ahead lookup (`LookAhead.stacked`, paced), the steere
 (alpha from the queue pressure and the per-user latency excess, beta from the per-user quality weight), the
 queue-pressure EWMA (`_track`) and the feedback's per-pass estimate and spend (`Feedback.add`).
 
-What stays in Python: `OrderMoEPolicy.observe` (the per-user EWMAs; it calls numpy's exp, whose last bit
+What stays in Python: the exp of `OrderMoEPolicy.observe`'s quality-weight step (numpy's exp, whose last bit
 the compiled code could not promise to match). The loop leaves the compiled call at exactly the policy
 calls where `Feedback.flush` would observe finished passes (every `every`-th wave, when some pass has
-finished since), the Python feedback observes them, and the loop goes on with the updated weights. The
-decision arrays are counted in the same chunks as `_TallyBuffer` (the tally's quality sum is per chunk).
+finished since); the compiled `_observe_ended` has then done the rest of `Feedback.observe` +
+`OrderMoEPolicy.observe` (the per-user latency excess and spend rate, the EWMA weights from a table of
+numpy's own powers), Python applies the exp step to the quality weights, and the loop goes on with the
+updated weights. Every table the loop reads travels in one `LoopTables` StructRef (one argument: numba's
+dispatcher type-checks each array argument of a call, ~150 of them here, and the loop is re-entered at
+every observation). The decision arrays are counted in the same chunks as `_TallyBuffer` (the tally's
+quality sum is per chunk).
 
 Same floating-point operations in the same order as the numpy path (sums left to right as numpy reduces
 K <= 4 slots, exact maxima and minima, first index on ties); tests/runtime/sim/test_ordermoe_loop.py
@@ -29,7 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from edgemoe.jit import njit
+from edgemoe.jit import HAVE_NUMBA, njit
 
 from ..policies.ordermoe_kernel import (
     F_ALL_NODES,
@@ -46,8 +51,12 @@ from .rules import decision_buffers, rule_tables
 
 _I = np.int64
 
-# entries of `FeedbackArrays.calls`: policy calls so far, passes ended when the policy last observed
-FB_CALLS, FB_ENDED_SEEN = 0, 1
+# entries of `FeedbackArrays.calls`: policy calls so far, passes ended when the policy last observed, users
+# whose quality weight the last observation moves (their ids and exp arguments in `ObserveArrays.upd / step`),
+# whether `ObserveArrays.factor` holds their exp, to be applied
+FB_CALLS, FB_ENDED_SEEN, FB_UPDATED, FB_PENDING = 0, 1, 2, 3
+# entries of `ObserveArrays.consts`: `OrderMoEPolicy.adapt_gain`, `.spend_target`
+OB_ADAPT_GAIN, OB_SPEND_TARGET = 0, 1
 
 
 class FeedbackArrays(NamedTuple):
@@ -57,29 +66,130 @@ class FeedbackArrays(NamedTuple):
     spent: np.ndarray
     dense: np.ndarray
     observed: np.ndarray
-    calls: np.ndarray  # [2] FB_*
+    calls: np.ndarray  # [3] FB_*
     pass_end: np.ndarray
 
 
+class ObserveArrays(NamedTuple):
+    """What `_observe_ended` reads and writes: the feedback's per-pass user and grant, the policy's per-user
+    EWMAs (its own arrays, updated in place), the powers of its EWMA keep-factor and per-user scratch."""
+
+    pass_user: np.ndarray  # [P] `Feedback.pass_user`
+    granted: np.ndarray  # [P] `Feedback.granted`
+    latency_excess: np.ndarray  # [U] `OrderMoEPolicy.latency_excess`
+    spend_rate: np.ndarray  # [U] `OrderMoEPolicy.spend_rate`
+    keep_pow: np.ndarray  # [n_max + 1] (1 - ewma) ** n by numpy (`observe`'s EWMA weight of n observations)
+    consts: np.ndarray  # OB_*
+    count: np.ndarray  # [U] scratch: passes of the user in this observation
+    excess_sum: np.ndarray  # [U] scratch sums (numpy's bincount: in pass order, from 0.0)
+    granted_sum: np.ndarray
+    spent_sum: np.ndarray
+    users: np.ndarray  # [U] scratch: the users of this observation
+    upd: np.ndarray  # [U] users whose quality weight moves (calls[FB_UPDATED] of them)
+    step: np.ndarray  # [U] and the argument of its exp
+    factor: np.ndarray  # [U] exp(step) by numpy, applied at the next call (calls[FB_PENDING] set)
+
+
+def observe_arrays(policy, feedback) -> ObserveArrays:
+    """`ObserveArrays` of an OrderMoE policy and its run's `Feedback`."""
+    U = len(policy.latency_excess)
+    n_max = int(np.bincount(feedback.pass_user).max()) if feedback.pass_user.size else 0
+    # the same expression as `observe`'s (1.0 - ewma) ** n: numpy's power, element by element
+    keep_pow = (1.0 - policy.ewma) ** np.arange(n_max + 1, dtype=float)
+    z = lambda dtype=float: np.zeros(U, dtype)  # noqa: E731
+    return ObserveArrays(np.ascontiguousarray(feedback.pass_user, _I), np.ascontiguousarray(feedback.granted, float),
+                         policy.latency_excess, policy.spend_rate, keep_pow,
+                         np.array([policy.adapt_gain, policy.spend_target], float), z(_I), z(), z(), z(), z(_I), z(_I),
+                         z(), z())
+
+
+@njit(cache=True, inline="always")
+def _observe_ended(fb, ob, pass_begin, ended, n_ended):  # pragma: no cover - compiled
+    """`Feedback.observe` + `OrderMoEPolicy.observe` of the passes ended since the last observation (ascending
+    ids, as `Feedback.flush`'s flatnonzero gives them), but for the quality weights' exp: each seen user's
+    latency excess, each user with a grant its spend rate, and into ob.upd / ob.step (calls[FB_UPDATED] of
+    them) the users whose quality weight moves and their exp argument. The same operations as numpy's
+    (bincount's sums in pass order from 0.0, np.maximum's NaN, the EWMA weight from numpy's powers)."""
+    estimate, spent, observed, calls, pass_end = fb.estimate, fb.spent, fb.observed, fb.calls, fb.pass_end
+    (pass_user, granted, latency_excess, spend_rate, keep_pow, consts, count, excess_sum, granted_sum, spent_sum, users,
+     upd, step, _) = ob
+    done = np.sort(ended[calls[FB_ENDED_SEEN]:n_ended])
+    calls[FB_ENDED_SEEN] = n_ended
+    calls[FB_UPDATED] = 0
+    for i in range(done.shape[0]):
+        u = pass_user[done[i]]
+        count[u] = 0
+        excess_sum[u] = 0.0
+        granted_sum[u] = 0.0
+        spent_sum[u] = 0.0
+    n_users = 0
+    for i in range(done.shape[0]):
+        p = done[i]
+        observed[p] = True
+        u = pass_user[p]
+        if count[u] == 0:
+            users[n_users] = u
+            n_users += 1
+        count[u] += 1
+        est = estimate[p]
+        est = est if (est > 1e-12 or est != est) else 1e-12  # np.maximum(estimate, 1e-12)
+        ratio = (pass_end[p] - pass_begin[p]) / est - 1.0
+        excess_sum[u] += ratio if (ratio > 0.0 or ratio != ratio) else 0.0
+        granted_sum[u] += granted[p]
+        spent_sum[u] += spent[p]
+    gain, target = consts[OB_ADAPT_GAIN], consts[OB_SPEND_TARGET]
+    n_upd = 0
+    for i in range(n_users):
+        u = users[i]
+        n = float(count[u])
+        a = 1.0 - keep_pow[count[u]]
+        latency_excess[u] = latency_excess[u] + a * (excess_sum[u] / n - latency_excess[u])
+        has = granted_sum[u]
+        if has > 0:
+            rate = spent_sum[u] / has
+            spend_rate[u] = spend_rate[u] + a * (rate - spend_rate[u])
+            upd[n_upd] = u
+            step[n_upd] = gain * a * (rate - target) / target
+            n_upd += 1
+    calls[FB_UPDATED] = n_upd
+
+
+@njit(cache=True, inline="always")
+def _apply_factor(quality_weight, ob, calls):  # pragma: no cover - compiled
+    """The quality weights' step of `OrderMoEPolicy.observe` with its exp given (ob.factor, numpy's):
+    np.clip(weight x factor, 1e-3, 1e3) (NaN stays NaN)."""
+    if calls[FB_PENDING]:
+        for i in range(calls[FB_UPDATED]):
+            u = ob.upd[i]
+            v = quality_weight[u] * ob.factor[i]
+            if v < 1e-3:
+                v = 1e-3
+            if v > 1e3:
+                v = 1e3
+            quality_weight[u] = v
+        calls[FB_PENDING] = 0
+
+
 @njit(cache=True)
-def _drive_ordermoe(chunk_rows, every, stamp, b, wave, ex, ex_scratch, scratch_out, om, fb, out, extra, passes, nodes,
-                    scenario, cost):  # pragma: no cover - compiled
+def _drive_ordermoe(tab, chunk_rows, every, stamp, b, wave):  # pragma: no cover - compiled
     """Decide (`_decide_ordermoe`), feed back (`Feedback.add`) and run (`_wave_step`) waves from the picked
     one until the run ends, the buffers hold >= chunk_rows rows, the policy is due to observe finished
     passes (`Feedback.flush`: every `every`-th wave, when passes ended since the last observation; the
-    engine logs ended passes in `ended`), or the next wave does not fit in the buffers or the job queue. fb:
-    a `FeedbackArrays`. Returns (next wave's ids, rows, pass, layer, token, stamp, more, rows buffered, observe now)."""
+    engine logs ended passes in `ended`; `_observe_ended` then observes them), or the next wave does not fit
+    in the buffers or the job queue. tab: a `LoopTables`. Returns (next wave's ids, rows, pass, layer, token,
+    stamp, more, rows buffered, observed now). It inlines the engine's and the kernel's parts, and numba's
+    disk cache checks only this file (see `rules._drive`)."""
+    ex, ex_scratch, scratch_out, om, work = tab.ex, tab.ex_scratch, tab.scratch_out, tab.om, tab.work
+    fb, ob, out, extra = tab.fb, tab.ob, tab.out, tab.extra
+    passes, nodes, scenario, cost = tab.passes, tab.nodes, tab.scenario, tab.cost
     ids, rows, rpass, rlayer, rtok = wave
-    estimate, spent, dense, observed, calls, pass_end = fb
+    estimate, spent, dense, calls = fb.estimate, fb.spent, fb.dense, fb.calls
     out_pass, out_lat = out.pass_, out.lat
     out_quality = extra[0]
     load, jobs_f, counters = nodes.load, nodes.queue.jobs_f, nodes.counters
     xfer, num_layers = cost.xfer, cost.num_layers
     K = ex.topk.shape[2]
-    N = xfer.shape[0]
-    J = 1 + om.ints[I_SHORT]
-    steer, all_nodes = om.flags[F_STEER], om.flags[F_ALL_NODES]
-    work = _work_arrays(K, N, J, (1 + N if all_nodes else 1 + K * J) if steer else 1)
+    _apply_factor(om.quality_weight, ob, calls)
     more = True
     observe = False
     while True:
@@ -107,20 +217,51 @@ def _drive_ordermoe(chunk_rows, every, stamp, b, wave, ex, ex_scratch, scratch_o
         b = e
         calls[FB_CALLS] += 1
         if calls[FB_CALLS] % every == 0 and counters[C_ENDED] > calls[FB_ENDED_SEEN]:  # passes ended since the last observation
+            _observe_ended(fb, ob, passes.pass_begin, passes.ended, counters[C_ENDED])
             observe = True
         if not more or b >= chunk_rows or observe:
             break
     return ids, rows, rpass, rlayer, rtok, stamp, more, b, observe
 
 
+if HAVE_NUMBA:
+    # The loop's tables as one numba StructRef: one argument whose type numba reads off the object, where
+    # the ~150 arrays of the groups passed as tuples cost the dispatcher a type check each, every call.
+    from numba.core import types as _nb_types
+    from numba.experimental import structref as _structref
+
+    @_structref.register
+    class LoopTablesType(_nb_types.StructRef):
+        def preprocess_fields(self, fields):
+            return tuple((name, _nb_types.unliteral(typ)) for name, typ in fields)
+
+    class LoopTables(_structref.StructRefProxy):
+        """ex, ex_scratch (`RuleTables`), scratch_out, out (`DecisionBuffers`), om (`OrderMoETables`), work
+        (`_work_arrays`), fb (`FeedbackArrays`), ob (`ObserveArrays`), extra (quality, zeroed), and the
+        engine's groups passes, nodes, scenario, cost (`WaveEngine._groups`)."""
+
+    _structref.define_proxy(LoopTables, LoopTablesType,
+                            ["ex", "ex_scratch", "scratch_out", "om", "work", "fb", "ob", "out", "extra", "passes",
+                             "nodes", "scenario", "cost"])
+
+
+@njit(cache=True)
+def _loop_tables(ex, ex_scratch, scratch_out, om, work, fb, ob, out, extra, passes, nodes, scenario,
+                 cost):  # pragma: no cover - compiled
+    """A `LoopTables` made in compiled code: cached on disk, where the proxy's own constructor compiles anew in
+    every process."""
+    return LoopTables(ex, ex_scratch, scratch_out, om, work, fb, ob, out, extra, passes, nodes, scenario, cost)
+
+
 def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int = 1 << 16) -> None:
     """Run the whole simulation of `engine` (a WaveEngine) with `policy` (OrderMoE, `compiled_loop_supported`)
     decided in the compiled loop. state: the policy's TokenState of every row (updated in place); feedback: the run's
-    `Feedback` (its estimate, spent and observed arrays are filled here; its `observe` calls happen in
-    Python); count(dec, topk, layer, home, row_pass) receives the decisions in `_TallyBuffer`'s chunks (the
-    same rows: waves until >= chunk_rows, then the rest), as views of buffers reused afterwards."""
+    `Feedback` (its estimate, spent and observed arrays are filled here, its observations made by
+    `_observe_ended`, the quality weights' exp here); count(dec, topk, layer, home, row_pass) receives the
+    decisions in `_TallyBuffer`'s chunks (the same rows: waves until >= chunk_rows, then the rest), as views
+    of buffers reused afterwards."""
     ctx = policy.ctx
-    K = ctx.top_k
+    K, N = ctx.top_k, ctx.num_nodes
     wave = engine.first_wave()
     if wave is None:
         return
@@ -135,9 +276,11 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
     from edgemoe.runtime.policies.ordermoe import EPS_S_PER_Q, STEER_ALL_NODES
 
     om = ordermoe_tables(policy, state.budget_total, state.budget_used, EPS_S_PER_Q, STEER_ALL_NODES)
-    qpress = om.qpress
+    J = 1 + int(om.ints[I_SHORT])
+    work = _work_arrays(K, N, J, (1 + N if om.flags[F_ALL_NODES] else 1 + K * J) if om.flags[F_STEER] else 1)
     fb = FeedbackArrays(feedback.estimate, feedback.spent, feedback.dense, feedback.observed,
-                        np.array([feedback.calls, 0], _I), engine.run.pass_end)
+                        np.array([feedback.calls, 0, 0, 0], _I), engine.run.pass_end)
+    ob = observe_arrays(policy, feedback)
 
     def buffers(cap, keep=None, rows_kept=0):
         new = decision_buffers(cap, K)
@@ -150,23 +293,26 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
     cap = max(2 * chunk_rows, 2 * len(rows))
     out, extra = buffers(cap)
     scratch_out = buffers(max(len(rows), 1024))[0]
+    tab, tab_jobs = None, None
     b = 0
     while True:
         if b + len(rows) > cap:
             cap = max(2 * cap, b + 2 * len(rows))
             out, extra = buffers(cap, (out, extra), b)
+            tab = None
         if len(rows) > scratch_out.experts.shape[0]:
             scratch_out = buffers(2 * len(rows))[0]
+            tab = None
         engine._job_room(len(rows) * K)
+        if tab is None or engine.queue.jobs_f is not tab_jobs:  # (re)built when a buffer or the job queue grew
+            tab = _loop_tables(ex, ex_scratch, scratch_out, om, work, fb, ob, out, extra, *engine._groups())
+            tab_jobs = engine.queue.jobs_f
         ids, rows, rpass, rlayer, rtok, engine.stamp, more, b, observe = _drive_ordermoe(
-            chunk_rows, feedback.every, engine.stamp, b, (ids, rows, rpass, rlayer, rtok), ex, ex_scratch, scratch_out,
-            om, fb, out, extra, *engine._groups())
-        if observe:  # exactly where `Feedback.flush` observes, the same passes (ascending, as its flatnonzero)
-            n_ended = int(engine.counters[C_ENDED])
-            done = np.sort(engine.ended[int(fb.calls[FB_ENDED_SEEN]):n_ended])
-            fb.calls[FB_ENDED_SEEN] = n_ended
-            feedback.calls = int(fb.calls[FB_CALLS])
-            feedback.observe(done)
+            tab, chunk_rows, feedback.every, engine.stamp, b, (ids, rows, rpass, rlayer, rtok))
+        if observe and fb.calls[FB_UPDATED]:  # `observe`'s quality-weight step: numpy's exp, applied next call
+            n = int(fb.calls[FB_UPDATED])
+            np.exp(ob.step[:n], out=ob.factor[:n])
+            fb.calls[FB_PENDING] = 1
         if b and (b >= chunk_rows or not more):
             experts, node, loc, nxt, lat, topk, lv, home, row_pass = (a[:b] for a in out)
             quality, zeroed = (a[:b] for a in extra)
@@ -175,5 +321,9 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
             b = 0
         if not more:
             break
+    if fb.calls[FB_PENDING]:  # the last wave's observation: its weights before the feedback's final flush
+        n = int(fb.calls[FB_UPDATED])
+        upd = ob.upd[:n]
+        policy.quality_weight[upd] = np.clip(policy.quality_weight[upd] * ob.factor[:n], 1e-3, 1e3)
     feedback.calls = int(fb.calls[FB_CALLS])
-    policy.queue_pressure = float(qpress[0])
+    policy.queue_pressure = float(om.qpress[0])

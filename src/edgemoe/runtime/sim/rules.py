@@ -233,7 +233,9 @@ def _drive(chunk_rows, rule, stamp, wave, tables, out, passes, nodes, scenario, 
     layer, token), until the run ends, the decision buffers `out` hold >= chunk_rows rows, or the next wave
     does not fit in them or in the job queue. tables: `RuleTables`; out: `DecisionBuffers`; the rest: the engine's groups (`WaveEngine._groups`).
     Returns (next wave's ids, rows, pass, layer, token, stamp, more,
-    rows in the buffers); the caller counts the buffered decisions, makes room if needed, and calls again."""
+    rows in the buffers); the caller counts the buffered decisions, makes room if needed, and calls again.
+    It inlines `engine._wave_step`, and numba's disk cache checks only this file: after a change to the
+    engine's inlined parts, clear the cache (`__pycache__/*.nbi`) or its old code keeps running here."""
     ids, rows, rpass, rlayer, rtok = wave
     out_experts, out_node, out_loc, out_next, out_lat, out_topk, out_layer, out_home, out_pass = out
     load, jobs_f, counters = nodes.load, nodes.queue.jobs_f, nodes.counters
