@@ -35,9 +35,8 @@ def _compile_once_across_workers() -> None:
     """(xdist worker) makes each `njit(cache=True)` compile wait for a file lock of its function, shared by every
     process compiling from this checkout.
 
-    Why: on a fresh clone the workers meet the same compiled functions at nearly the same time (every OrderMoE
-    test calls the decode kernel first) and each compiled its own copy, a duplicate of tens of CPU seconds per
-    kernel. With the lock the second worker waits for the first and then finds the function in numba's
+    Why: on a fresh clone the workers meet the same compiled functions at nearly the same time (both start
+    with OrderMoE tests that call the decode kernel) and each compiled its own copy. With the lock the second worker waits for the first and then finds the function in numba's
     on-disk cache (numba reads the cache index again on every compile), so it loads instead of compiling.
     Nothing changes but who compiles: the lock is keyed by the source file and function, released by the
     kernel if a worker dies, and a function without a disk cache (numba's own overloads) is not locked.
@@ -45,6 +44,7 @@ def _compile_once_across_workers() -> None:
     """
     try:
         from numba.core import caching, dispatcher
+        from numba.core.compiler_lock import global_compiler_lock
     except ImportError:
         return
     compile_ = getattr(dispatcher.Dispatcher, "compile", None)
@@ -57,14 +57,21 @@ def _compile_once_across_workers() -> None:
     folder = Path(tempfile.gettempdir()) / "edgemoe-numba-compile-locks"
     folder.mkdir(exist_ok=True)
 
+    held = set()  # keys this process holds: a recursive function compiles itself again inside its own compile
+
     def locked_compile(self, sig):
-        if isinstance(getattr(self, "_cache", None), caching.NullCache):
-            return compile_(self, sig)
         func = self.py_func
         key = f"{getattr(func, '__code__', None) and func.__code__.co_filename}:{func.__qualname__}"
-        with open(folder / (hashlib.sha1(key.encode()).hexdigest() + ".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or the process ends)
+        if isinstance(getattr(self, "_cache", None), caching.NullCache) or key in held:
             return compile_(self, sig)
+        # numba's own lock first (as compile takes it), so that threads of one process never wait on each other here
+        with global_compiler_lock, open(folder / (hashlib.sha1(key.encode()).hexdigest() + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or the process ends)
+            held.add(key)
+            try:
+                return compile_(self, sig)
+            finally:
+                held.discard(key)
 
     locked_compile._edgemoe_locked = True
     dispatcher.Dispatcher.compile = locked_compile
