@@ -146,11 +146,28 @@ BACKLOG_NOTE = ("The queue-aware look-ahead (OrderMoEPolicy backlog=) on more sc
                 "numba compiles: no timing.")
 
 
+def _backlog_parts(doc: dict) -> dict:
+    """{command: part} of a backlog_scenarios document; a file from before the parts (rows assembled by hand,
+    each naming its script as `bench/studies/backlog_X.py ARGS`) gives one part per command, with no
+    environment and `legacy` set, so its rows stay until a run of the same script and model replaces them."""
+    if "parts" in doc:
+        return dict(doc["parts"])
+    parts: dict = {}
+    for r in doc.get("rows") or []:
+        cmd = r.get("command", "")
+        key = cmd.replace("bench/", "", 1).replace(".py", "", 1).replace("/", ".", 1) + " (by hand)"
+        part = parts.setdefault(key, {"environment": None, "legacy": True, "code": r.get("code"), "rows": []})
+        part["rows"].append({k: v for k, v in r.items() if k not in ("command", "code")})
+    return parts
+
+
 def write_backlog_part(rows: list[dict], argv: list[str] | None = None) -> Path:
     """Put `rows` into bench/results/backlog_scenarios.json as the part of the command that made them (the
     script and its arguments, `sys.argv` by default), with that run's environment; the other commands' parts
-    stay. The file's own `environment` is the newest part's, its `cpu_s` the sum over the parts, and `rows`
-    every part's rows in turn (each with its `command`). Written atomically."""
+    stay, except older hand-made parts of the same script and model, which it replaces. The file's own
+    `environment` is the newest part's, with `part_commits` (every part's commit, "" where not recorded) and
+    `cpu_s` the sum over the parts (None while some part does not record it); `rows` holds every part's rows
+    in turn, each with its `command`. Written atomically."""
     import json
     import sys
 
@@ -161,11 +178,14 @@ def write_backlog_part(rows: list[dict], argv: list[str] | None = None) -> Path:
     module = (".".join(script.relative_to(RESULTS.parent).with_suffix("").parts)
               if script.is_relative_to(RESULTS.parent) else script.stem)
     command = " ".join([module, *argv[1:]])
-    doc = json.loads(BACKLOG_FILE.read_text()) if BACKLOG_FILE.is_file() else {}
-    parts = doc.get("parts") or {}
+    same = " ".join([module, *argv[1:2]]) + " "  # script and model
+    parts = _backlog_parts(json.loads(BACKLOG_FILE.read_text()) if BACKLOG_FILE.is_file() else {})
+    parts = {c: p for c, p in parts.items() if not (p.get("legacy") and c.startswith(same))}
     parts[command] = {"environment": environment(), "rows": rows}
-    envs = [p["environment"] for p in parts.values()]
-    env = {**max(envs, key=lambda e: e["time_utc"]), "cpu_s": round(sum(e["cpu_s"] for e in envs), 1),
+    envs = [p.get("environment") or {} for p in parts.values()]
+    cpu = [e.get("cpu_s") for e in envs]
+    env = {**max((e for e in envs if e), key=lambda e: e["time_utc"]),
+           "cpu_s": None if None in cpu else round(sum(cpu), 1),
            "part_commits": sorted({(e.get("git_commit") or "")[:7] for e in envs})}
     flat = [{**r, "command": f"python -m bench.{c}"} for c, p in parts.items() for r in p["rows"]]
     return atomic_write_json(BACKLOG_FILE, jsonable({"benchmark": "backlog_scenarios", "issue": "21 item 3",

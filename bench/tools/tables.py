@@ -112,6 +112,8 @@ def provenance() -> list[str]:
         env = doc.get("environment") or {}
         commit = env.get("git_commit")
         commit = NOT_RECORDED if not commit else commit[:7] + (" (dirty tree)" if env.get("git_dirty") else "")
+        if len(env.get("part_commits") or ()) > 1:  # a file made in parts (backlog_scenarios.json)
+            commit = " + ".join(c or NOT_RECORDED for c in env["part_commits"])
         load, cpu, wall = _load_average(doc), _cpu_s(doc), _wall_s(doc)
         if cpu is not None:  # a folder's summary.json holds the whole run: its parts are not added again
             cpu_total += cpu if path.parent not in summed or path.name == "summary.json" else 0.0
