@@ -63,7 +63,8 @@ def _load_average(doc: dict) -> list[float]:
     """Every 1-minute load average the file records, wherever its writer put it (older files used several keys)."""
     env = doc.get("environment") or {}
     found = []
-    parts = [p.get("environment") or {} for p in (doc.get("parts") or {}).values() if isinstance(p, dict)]
+    parts = doc.get("parts") if isinstance(doc.get("parts"), dict) else {}  # a file made in parts (backlog_scenarios)
+    parts = [p.get("environment") or {} for p in parts.values() if isinstance(p, dict)]
     for holder in (env, doc, doc.get("timing") or {}, doc.get("summary") or {}, *parts):
         for key in ("load_average_1_5_15", "load_average", "load_average_start", "load_average_end"):
             v = holder.get(key) if isinstance(holder, dict) else None
