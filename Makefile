@@ -31,6 +31,7 @@ lint: $(STAMP)
 BENCH := speed.simulator speed.sim_scale speed.policies speed.planners speed.profile_speed speed.ordermoe_scale \
 	studies.ordermoe_placement studies.scaling studies.adaptive studies.lookahead studies.slim_sweeps studies.upcycle studies.ladder studies.equal_quality \
 	ray.ray_sweep ray.ray_failover speed.serving ray.serving_ray tools.exact_stop
+BACKLOG_PAPER := ordermoe-H0,ordermoe-H2,ordermoe-H2-now,ordermoe-H2-mean,oracle
 results: $(STAMP)
 	$(BIN)/edgemoe demo --out bench/results/demo
 	$(BIN)/edgemoe demo --backend ray --out bench/results/demo-ray
@@ -66,4 +67,10 @@ results: $(STAMP)
 	$(BIN)/python -m bench.speed.policies --setups L=32,generate --policies 'ordermoe(H=2)' --rows 1,64 \
 		--out policies_decode_large.json
 	$(BIN)/python -m bench.studies.out_of_sample --ilp-nodes 0 --ilp-from bench/results/out_of_sample.json
+	# bench/results/backlog_scenarios.json, one part per command
+	$(BIN)/python -m bench.studies.backlog_paper qwen1.5-moe-a2.7b olmoe $(BACKLOG_PAPER)
+	$(BIN)/python -m bench.studies.backlog_paper mixtral-8x7b mixtral $(BACKLOG_PAPER)
+	$(BIN)/python -m bench.studies.backlog_demo default migrate,home
+	$(BIN)/python -m bench.studies.backlog_demo default-upcycled migrate,home
+	$(BIN)/python -m bench.studies.backlog_scaling default-upcycled 4,8,16,32
 	$(BIN)/python -m bench.tools.tables --write

@@ -112,9 +112,9 @@ BACKLOG_VARIANTS = (("H0", {"horizon": 0}), ("H2", {"horizon": 2}), ("H2-now", {
                     ("H2-mean", {"horizon": 2, "backlog": "mean"}))
 
 
-def compare_backlogs(ctx, trace, workload, budget: float, row: dict) -> dict:
+def compare_backlogs(ctx, trace, workload, budget: float, row: dict) -> list[dict]:
     """Simulate ordermoe in every BACKLOG_VARIANTS setting on one scenario; print one JSON line per variant
-    (`row` plus budget, method, mean and p99 ms, CPU s, load) and return {variant: mean ms}."""
+    (`row` plus budget, method, mean and p99 ms, CPU s, load) and the ratios to H0; return the rows."""
     import json
     import os
     import time
@@ -122,15 +122,72 @@ def compare_backlogs(ctx, trace, workload, budget: float, row: dict) -> dict:
     from edgemoe.runtime import make_policy
     from edgemoe.runtime.sim.simulate import simulate
 
-    means = {}
+    rows, means = [], {}
     for name, params in BACKLOG_VARIANTS:
         c0 = time.process_time()
         m = simulate(ctx, make_policy("ordermoe", ctx, budget=budget, **params), trace, workload)
         means[name] = m.latency_ms["mean"]
-        print(json.dumps({**row, "budget": budget, "method": name, "mean_ms": m.latency_ms["mean"],
-                          "p99_ms": m.latency_ms["p99"], "cpu_s": round(time.process_time() - c0, 1),
-                          "load": os.getloadavg()[0]}), flush=True)
+        rows.append({**row, "budget": budget, "method": name, "mean_ms": m.latency_ms["mean"],
+                     "p99_ms": m.latency_ms["p99"], "cpu_s": round(time.process_time() - c0, 1),
+                     "load": os.getloadavg()[0]})
+        print(json.dumps(rows[-1]), flush=True)
     h0 = means["H0"]
     print(f"# {' '.join(str(v) for v in row.values())}: H2/H0 {means['H2'] / h0:.3f}  now/H0 {means['H2-now'] / h0:.3f}  "
           f"mean/H0 {means['H2-mean'] / h0:.3f}", flush=True)
-    return means
+    return rows
+
+
+BACKLOG_FILE = RESULTS / "backlog_scenarios.json"
+BACKLOG_NOTE = ("The queue-aware look-ahead (OrderMoEPolicy backlog=) on more scenario sets, one part per command "
+                "of bench/studies/backlog_{paper,demo,scaling}.py (each run replaces its own part). Paper-scale "
+                "rows: ordermoe placement on testbed8, budget 0.05, the paper-scale workload; demo rows: edge8, "
+                "the demo's operating-point budgets and workload (64 requests, 20 req/s); scaling rows: "
+                "bench.studies.scaling's generated clusters, ordermoe placements only. cpu_s per row includes "
+                "numba compiles: no timing.")
+
+
+def _backlog_parts(doc: dict) -> dict:
+    """{command: part} of a backlog_scenarios document; a file from before the parts (rows assembled by hand,
+    each naming its script as `bench/studies/backlog_X.py ARGS`) gives one part per command, with no
+    environment and `legacy` set, so its rows stay until a run of the same script and model replaces them."""
+    if "parts" in doc:
+        return dict(doc["parts"])
+    parts: dict = {}
+    for r in doc.get("rows") or []:
+        cmd = r.get("command", "")
+        key = cmd.replace("bench/", "", 1).replace(".py", "", 1).replace("/", ".", 1) + " (by hand)"
+        part = parts.setdefault(key, {"environment": None, "legacy": True, "code": r.get("code"), "rows": []})
+        part["rows"].append({k: v for k, v in r.items() if k not in ("command", "code")})
+    return parts
+
+
+def write_backlog_part(rows: list[dict], argv: list[str] | None = None) -> Path:
+    """Put `rows` into bench/results/backlog_scenarios.json as the part of the command that made them (the
+    script and its arguments, `sys.argv` by default), with that run's environment; the other commands' parts
+    stay, except older hand-made parts of the same script and model, which it replaces. The file's own
+    `environment` is the newest part's, with `part_commits` (every part's commit, "" where not recorded) and
+    `cpu_s` the sum over the parts (None while some part does not record it); `rows` holds every part's rows
+    in turn, each with its `command`. Written atomically."""
+    import json
+    import sys
+
+    from edgemoe.io import atomic_write_json, jsonable
+
+    argv = list(sys.argv if argv is None else argv)
+    script = Path(argv[0]).resolve()
+    module = (".".join(script.relative_to(RESULTS.parent).with_suffix("").parts)
+              if script.is_relative_to(RESULTS.parent) else script.stem)
+    command = " ".join([module, *argv[1:]])
+    same = " ".join([module, *argv[1:2]]) + " "  # script and model
+    parts = _backlog_parts(json.loads(BACKLOG_FILE.read_text()) if BACKLOG_FILE.is_file() else {})
+    parts = {c: p for c, p in parts.items() if not (p.get("legacy") and c.startswith(same))}
+    parts[command] = {"environment": environment(), "rows": rows}
+    envs = [p.get("environment") or {} for p in parts.values()]
+    cpu = [e.get("cpu_s") for e in envs]
+    env = {**max((e for e in envs if e), key=lambda e: e["time_utc"]),
+           "cpu_s": None if None in cpu else round(sum(cpu), 1),
+           "part_commits": sorted({(e.get("git_commit") or "")[:7] for e in envs})}
+    flat = [{**r, "command": f"python -m bench.{c}"} for c, p in parts.items() for r in p["rows"]]
+    return atomic_write_json(BACKLOG_FILE, jsonable({"benchmark": "backlog_scenarios", "issue": "21 item 3",
+                                                     "note": BACKLOG_NOTE, "environment": env, "parts": parts,
+                                                     "rows": flat}))

@@ -29,6 +29,54 @@ if _THREADS is not None:
         os.environ.setdefault(_var, str(_THREADS))  # a value set by the caller wins; child processes inherit it
 
 
+# --- one compile per function for all xdist workers -----------------------------------------------------------------
+
+def _compile_once_across_workers() -> None:
+    """(xdist worker) makes each `njit(cache=True)` compile wait for a file lock of its function, shared by every
+    process compiling from this checkout.
+
+    Why: on a fresh clone the workers meet the same compiled functions at nearly the same time (both start
+    with OrderMoE tests that call the decode kernel) and each compiled its own copy. With the lock the second worker waits for the first and then finds the function in numba's
+    on-disk cache (numba reads the cache index again on every compile), so it loads instead of compiling.
+    Nothing changes but who compiles: the lock is keyed by the source file and function, released by the
+    kernel if a worker dies, and a function without a disk cache (numba's own overloads) is not locked.
+    A call graph is acyclic, so two workers each holding a caller's lock cannot wait for each other.
+    """
+    try:
+        from numba.core import caching, dispatcher
+        from numba.core.compiler_lock import global_compiler_lock
+    except ImportError:
+        return
+    compile_ = getattr(dispatcher.Dispatcher, "compile", None)
+    if compile_ is None or getattr(compile_, "_edgemoe_locked", False):
+        return
+    import fcntl
+    import hashlib
+    import tempfile
+
+    folder = Path(tempfile.gettempdir()) / "edgemoe-numba-compile-locks"
+    folder.mkdir(exist_ok=True)
+
+    held = set()  # keys this process holds: a recursive function compiles itself again inside its own compile
+
+    def locked_compile(self, sig):
+        func = self.py_func
+        key = f"{getattr(func, '__code__', None) and func.__code__.co_filename}:{func.__qualname__}"
+        if isinstance(getattr(self, "_cache", None), caching.NullCache) or key in held:
+            return compile_(self, sig)
+        # numba's own lock first (as compile takes it), so that threads of one process never wait on each other here
+        with global_compiler_lock, open(folder / (hashlib.sha1(key.encode()).hexdigest() + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or the process ends)
+            held.add(key)
+            try:
+                return compile_(self, sig)
+            finally:
+                held.discard(key)
+
+    locked_compile._edgemoe_locked = True
+    dispatcher.Dispatcher.compile = locked_compile
+
+
 # --- numba's cache filled once for all xdist workers (tests/numba_warm.py says why) ---------------------------------
 
 NUMBA_WARM = Path(__file__).with_name("numba_warm.py")
@@ -66,8 +114,11 @@ def _numba_cache_is_cold() -> bool:
 
 
 def pytest_configure(config):
-    """On the xdist controller with a cold cache: start the warm-up groups side by side, and mark a file when
-    all have exited (whatever their exit status: a failed group only leaves its compiles to the workers)."""
+    """(xdist worker) compiles once across workers (`_compile_once_across_workers`); on the xdist controller with a
+    cold cache: starts the warm-up groups side by side, and marks a file when all have exited (whatever their
+    exit status: a failed group only leaves its compiles to the workers)."""
+    if hasattr(config, "workerinput") and os.name == "posix" and os.environ.get("EDGEMOE_TEST_NUMBA_LOCK", "1") != "0":
+        _compile_once_across_workers()  # EDGEMOE_TEST_NUMBA_LOCK=0: each worker compiles on its own, as numba does
     if hasattr(config, "workerinput") or config.getoption("dist", "no") == "no" or not _numba_cache_is_cold():
         return
     import subprocess

@@ -1,12 +1,18 @@
 # ruff: noqa: E402 - imports after the sys.path line that lets the script import the bench package
-"""Issue 21 item 3, the queue-aware look-ahead checked on one more scenario set: demo scenarios (edge8 migrate / home, a shipped model): ordermoe H0 / H2 static / H2 backlog, oracle."""
+"""Issue 21 item 3, the queue-aware look-ahead checked on one more scenario set: demo scenarios (edge8 migrate /
+home, a shipped model): ordermoe H0 / H2 static / H2 backlog.
+
+    python -m bench.studies.backlog_demo MODEL MODES      # e.g. default migrate,home
+
+Prints a JSON line per run and writes its rows into bench/results/backlog_scenarios.json (its own part).
+"""
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere: the bench package
 
-from bench.common import compare_backlogs
+from bench.common import compare_backlogs, write_backlog_part
 from bench.studies.ordermoe_placement import demo_inputs
 from bench.studies.scaling import operating_budgets
 from edgemoe.cluster import load_cluster
@@ -15,17 +21,26 @@ from edgemoe.plan import plan, plan_problem
 from edgemoe.runtime.context import context_from_problem
 from edgemoe.runtime.sim.workload import Workload
 
-model = sys.argv[1]
-modes = sys.argv[2].split(",")
-budgets = operating_budgets(model)
-profile, topk, gates, cfg = demo_inputs(ROOT / "runs" / "cache", model)
-cluster = load_cluster("edge8")
-fallback = any(u.domain not in profile.meta.domains for u in cluster.users)
-problem = plan_problem(profile, cluster, domain_fallback=fallback)
-wl = Workload(num_requests=64, prompt_tokens=cfg.prompt_tokens, gen_tokens=cfg.gen_tokens, rate_per_s=20.0, seed=cfg.seed)
-for mode in modes:
-    for point, b in budgets.items():
-        pl = plan(problem, "ordermoe", mode=mode, budget=b)
-        ctx = context_from_problem(problem, pl, mode=mode, dense=True)
-        trace = eval_trace(topk, gates, ctx.user_domain, cfg.block_len)
-        compare_backlogs(ctx, trace, wl, b, {"model": model, "mode": mode, "point": point})
+
+def main(argv: list[str]) -> int:
+    model, modes = argv[0], argv[1].split(",")
+    budgets = operating_budgets(model)
+    profile, topk, gates, cfg = demo_inputs(ROOT / "runs" / "cache", model)
+    cluster = load_cluster("edge8")
+    fallback = any(u.domain not in profile.meta.domains for u in cluster.users)
+    problem = plan_problem(profile, cluster, domain_fallback=fallback)
+    wl = Workload(num_requests=64, prompt_tokens=cfg.prompt_tokens, gen_tokens=cfg.gen_tokens, rate_per_s=20.0,
+                  seed=cfg.seed)
+    rows = []
+    for mode in modes:
+        for point, b in budgets.items():
+            pl = plan(problem, "ordermoe", mode=mode, budget=b)
+            ctx = context_from_problem(problem, pl, mode=mode, dense=True)
+            trace = eval_trace(topk, gates, ctx.user_domain, cfg.block_len)
+            rows += compare_backlogs(ctx, trace, wl, b, {"model": model, "mode": mode, "point": point})
+    print("wrote", write_backlog_part(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

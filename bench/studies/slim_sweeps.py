@@ -132,6 +132,7 @@ def main() -> None:
         results["sweeps"][name] = {"xs": xs, "points": points,
                                    "largest_gain_at": {b: xs[int(np.argmax(g))] for b, g in gains.items()}}
     results["total_seconds"] = time.perf_counter() - start
+    results["environment"] = environment()  # now, so that its cpu_s covers the run
     suffix = "-quick" if args.quick else ""
     atomic_write_json(args.out / f"slim_sweeps{suffix}.json", results)
     plot(results, args.out / f"slim_sweeps{suffix}.png")

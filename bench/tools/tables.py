@@ -63,7 +63,9 @@ def _load_average(doc: dict) -> list[float]:
     """Every 1-minute load average the file records, wherever its writer put it (older files used several keys)."""
     env = doc.get("environment") or {}
     found = []
-    for holder in (env, doc, doc.get("timing") or {}, doc.get("summary") or {}):
+    parts = doc.get("parts") if isinstance(doc.get("parts"), dict) else {}  # a file made in parts (backlog_scenarios)
+    parts = [p.get("environment") or {} for p in parts.values() if isinstance(p, dict)]
+    for holder in (env, doc, doc.get("timing") or {}, doc.get("summary") or {}, *parts):
         for key in ("load_average_1_5_15", "load_average", "load_average_start", "load_average_end"):
             v = holder.get(key) if isinstance(holder, dict) else None
             if isinstance(v, list) and v:
@@ -111,6 +113,8 @@ def provenance() -> list[str]:
         env = doc.get("environment") or {}
         commit = env.get("git_commit")
         commit = NOT_RECORDED if not commit else commit[:7] + (" (dirty tree)" if env.get("git_dirty") else "")
+        if len(env.get("part_commits") or ()) > 1:  # a file made in parts (backlog_scenarios.json)
+            commit = " + ".join(c or NOT_RECORDED for c in env["part_commits"])
         load, cpu, wall = _load_average(doc), _cpu_s(doc), _wall_s(doc)
         if cpu is not None:  # a folder's summary.json holds the whole run: its parts are not added again
             cpu_total += cpu if path.parent not in summed or path.name == "summary.json" else 0.0
@@ -122,10 +126,19 @@ def provenance() -> list[str]:
     return ["**Where each results file was made** (`bench/results/`; commit, the 1-minute load averages it "
             "records, CPU and wall seconds of the run where the file has them):\n",
             _table(["file", "commit", "load", "CPU s", "wall s", "date (UTC)"], rows),
-            f"\n`make results` regenerates every file above, one after another. The files that record their CPU "
-            f"time add up to {cpu_total / 60:.0f} min of CPU; {len(unknown)} files do not record it "
-            f"({', '.join(f'`{u}`' for u in unknown)}), so the total time is not known until they have been made "
-            f"once by writers that record it (they all do now).\n"]
+            f"\n`make results` regenerates every file above, one after another. {_results_time(cpu_total, unknown)}\n"]
+
+
+def _results_time(cpu_total: float, unknown: list[str]) -> str:
+    """What the files say about the time `make results` takes: the sum of their CPU seconds, and which files
+    do not record theirs."""
+    if not unknown:
+        return (f"The files' CPU times add up to {cpu_total / 60:.0f} min of CPU, each file's own run on the host "
+                "load recorded beside it (the wall time depends on that load; runs that found runs/cache or "
+                "numba's cache filled spent less than a fresh clone would).")
+    return (f"The files that record their CPU time add up to {cpu_total / 60:.0f} min of CPU; {len(unknown)} files "
+            f"do not record it ({', '.join(f'`{u}`' for u in unknown)}), so the total time is not known until "
+            "they have been made once by writers that record it (they all do now).")
 
 
 # --- the model ------------------------------------------------------------------------------------------------
