@@ -332,9 +332,16 @@ def demo(
     shared_data: Annotated[Path, typer.Option(help="with --scenario paper-scale: the shared data folder")] = SHARED_DATA,
     dilation: Annotated[str, typer.Option(help="with --backend ray: time dilation k of the emulated cluster, a number "
                                                ">= 1 for every method, or 'auto' (calibrated per method)")] = "auto",
+    workers: Annotated[int | None, typer.Option(min=1, help="processes running the comparisons side by side (default: "
+                                                       "one per core, at most 3; the results are the same with any)")] = None,
 ):
     """The main job: the default model on edge8 (OrderMoE's comparison) and device-edge-cloud (SlimCaching's),
-    every method side by side; writes results JSON, plots and a Markdown/HTML report."""
+    every method side by side; writes results JSON, plots, a Markdown/HTML report and summary.json (its wall and
+    CPU time and the load)."""
+    import os
+    import time
+
+    t0, load_start = time.perf_counter(), [round(x, 2) for x in os.getloadavg()]
     if scenario == "paper-scale":
         _demo_paper_scale(out, quick, shared_data)
         return
@@ -342,6 +349,8 @@ def demo(
         _fail(EdgeMoEError(f"--scenario {scenario!r}: expected 'default' or 'paper-scale'"))
     from edgemoe.eval.experiment import (
         ExperimentConfig,
+        demo_summary,
+        demo_workers,
         run_demo,
     )
     from edgemoe.io import Output, check_outputs, write_into_dir
@@ -355,8 +364,10 @@ def demo(
     if quick:
         cfg = ExperimentConfig(eval_data=eval_data, calib_tokens=4096, eval_tokens=2048, num_requests=16,
                                prompt_tokens=8, gen_tokens=8, calib_quality_tokens=1024, ray_dilation=k)
+    workers = 1 if backend == "ray" else workers or demo_workers()  # Ray's actors are the parallel part there
     try:
         from edgemoe.eval.experiment import ordermoe_comparison, slimcaching_comparison
+        from edgemoe.io import atomic_write_json
 
         ordermoe, slimcaching = ordermoe_comparison(), slimcaching_comparison()
         names: list[str] = []
@@ -366,9 +377,11 @@ def demo(
             # moved in only once every comparison and the report are done; a failure leaves --out as it was
             # the progress bar counts OrderMoE's comparison once per model, SlimCaching's once
             with _experiment_log([ordermoe] * max(1, len(cfg.models)) + [slimcaching]) as log:
-                staged = run_demo(cfg, stage, backend=backend, log=log, ordermoe=ordermoe, slimcaching=slimcaching)
+                staged = run_demo(cfg, stage, backend=backend, log=log, ordermoe=ordermoe, slimcaching=slimcaching,
+                                  workers=workers)
             render_report(staged, stage, shown_dir=out)
             names.extend(p.name for p in staged)
+            atomic_write_json(stage / "summary.json", demo_summary(staged, time.perf_counter() - t0, load_start, workers, backend))
 
         folder = write_into_dir(out, write, "report", REPORT_FILES, recognise=_is_report_folder)
     except EdgeMoEError as exc:

@@ -666,15 +666,14 @@ def load_eval_text(adapter, tokenizer, cfg: ExperimentConfig, eval_spec: str, ca
     calibration blocks the operating points are calibrated on (the start of the calibration text)."""
     from edgemoe.data import resolve, tokenize_blocks
     from edgemoe.models.scoring import token_scores
-    from edgemoe.runtime.local import routing_trace
+    from edgemoe.runtime.local import exact_scores_and_routing
 
     blocks = tokenize_blocks(resolve(eval_spec), tokenizer, cfg.block_len, max_tokens_per_source=cfg.eval_tokens)
     if blocks.num_tokens < cfg.block_len:
         raise EdgeMoEError(f"evaluation data {eval_spec!r} gives fewer than {cfg.block_len} tokens")
     ids = blocks.ids[: max(1, cfg.eval_tokens // cfg.block_len)]
     log(f"evaluation text: {ids.size:,} tokens of {eval_spec}")
-    nll, top1 = token_scores(adapter, ids)
-    topk, gates = routing_trace(adapter, ids)
+    nll, top1, topk, gates = exact_scores_and_routing(adapter, ids)
     calib_ids = calib_nll = None
     if calib_spec is not None:
         cal = tokenize_blocks(resolve(calib_spec), tokenizer, cfg.block_len, max_tokens_per_source=cfg.calib_quality_tokens)
@@ -685,16 +684,20 @@ def load_eval_text(adapter, tokenizer, cfg: ExperimentConfig, eval_spec: str, ca
 
 
 def run_experiment(cfg: ExperimentConfig, comparisons: list[Comparison], out_dir: str | Path,
-                   log: Callable[[str], None] = print, backend: str = "simulate", suffix: str = "") -> list[Path]:
-    """Load cfg.model, profile (cached), evaluate every comparison; write one results file per comparison
-    (`<comparison name><suffix>.json`)."""
+                   log: Callable[[str], None] = print, backend: str = "simulate", suffix: str = "",
+                   profile_lock=None) -> list[Path]:
+    """Load cfg.model, profile (cached; under `profile_lock` when processes share the cache), evaluate every
+    comparison; write one results file per comparison (`<comparison name><suffix>.json`)."""
+    from contextlib import nullcontext
+
     from edgemoe.models import load_moe, load_tokenizer
     from edgemoe.results import write_document
 
     out_dir = Path(out_dir)
     adapter, tokenizer = load_moe(cfg.model), load_tokenizer(cfg.model)
     eval_spec, calib_spec = default_specs(cfg)
-    profile = cached_profile(adapter, tokenizer, calib_spec, cfg, log)
+    with profile_lock or nullcontext():
+        profile = cached_profile(adapter, tokenizer, calib_spec, cfg, log)
     need_calib = any(c.operating_points for c in comparisons)
     text = load_eval_text(adapter, tokenizer, cfg, eval_spec, calib_spec if need_calib else None, log)
     paths = []
@@ -720,10 +723,14 @@ def model_available(name: str) -> bool:
 
 def run_demo(cfg: ExperimentConfig, out_dir: str | Path, log: Callable[[str], None] = print,
              backend: str = "simulate", ordermoe: Comparison | None = None,
-             slimcaching: Comparison | None = None) -> list[Path]:
+             slimcaching: Comparison | None = None, workers: int = 1) -> list[Path]:
     """The demo: OrderMoE's comparison on every model of cfg.models that is installed (results file per model:
     `ordermoe-edge8.json` for the first, `ordermoe-edge8-<model>.json` for the others; config.model names it),
-    and SlimCaching's comparison on the first."""
+    and SlimCaching's comparison on the first.
+
+    workers > 1 (backend simulate): the comparisons run side by side in that many worker processes
+    (`run_parallel`), each with its share of the cores as torch threads; the results are those of one process
+    bit for bit (every comparison reads only its model, its text and its own placements and policies)."""
     ordermoe = ordermoe or ordermoe_comparison()
     slimcaching = slimcaching or slimcaching_comparison()
     models = [m for m in (cfg.models or (cfg.model,)) if model_available(m)]
@@ -732,15 +739,114 @@ def run_demo(cfg: ExperimentConfig, out_dir: str | Path, log: Callable[[str], No
             log(f"model {m!r} is not installed: its OrderMoE comparison is skipped")
     if not models:
         raise EdgeMoEError(f"none of the demo's models {list(cfg.models)} is installed")
-    paths = []
-    for i, model in enumerate(models):
-        comps = [ordermoe, slimcaching] if i == 0 else [ordermoe]
-        if backend == "ray" and i > 0:
-            # Ray measures the first model's comparisons only (the Ray demo's wall time is about k x each run's
-            # nominal makespan, docs/distributed.md "The demo on Ray"); the plain demo simulates every model
+    if backend == "ray" and len(models) > 1:
+        # Ray measures the first model's comparisons only (the Ray demo's wall time is about k x each run's
+        # nominal makespan, docs/distributed.md "The demo on Ray"); the plain demo simulates every model
+        for model in models[1:]:
             log(f"model {model!r}: skipped on Ray (the Ray backend measures the first model, {models[0]!r}; "
                 f"`edgemoe demo` simulates it)")
-            continue
+        models = models[:1]
+    jobs = demo_jobs(models, ordermoe, slimcaching)
+    if workers > 1 and backend == "simulate" and len(jobs) > 1:
+        return run_parallel(cfg, jobs, out_dir, log, workers)
+    paths = []
+    for i, model in enumerate(models):  # one process: each model loaded once for all its comparisons
+        comps = [c for m, c, _ in jobs if m == model]
         paths += run_experiment(replace(cfg, model=model), comps, out_dir, log, backend,
                                 suffix="" if i == 0 else f"-{Path(model).name}")
     return paths
+
+
+def demo_summary(paths: list[Path], wall_s: float, load_start: list[float], workers: int, backend: str) -> dict:
+    """What `edgemoe demo` writes beside its results as summary.json: the whole command's wall time, CPU time
+    (this process and its worker processes; Ray actors are not counted) and the load at its start and end."""
+    import os
+
+    from edgemoe.results import environment
+
+    env = environment()
+    return {"what": "edgemoe demo: the whole command's time, every comparison and worker process included",
+            "timing": {"wall_s": round(wall_s, 1), "cpu_s": env["cpu_s"], "load_average_start": load_start,
+                       "load_average_end": env["load_average_1_5_15"], "cpu_count": os.cpu_count(),
+                       "workers": workers, "backend": backend},
+            "files": [Path(p).name for p in paths], "environment": env}
+
+
+def demo_jobs(models: list[str], ordermoe: Comparison, slimcaching: Comparison) -> list[tuple[str, Comparison, str]]:
+    """(model, comparison, results-file suffix) of every comparison of the demo, in the order of its results
+    files: OrderMoE's and SlimCaching's on the first model, then OrderMoE's on each other model."""
+    first, *rest = models
+    return [(first, ordermoe, ""), (first, slimcaching, "")] + [(m, ordermoe, f"-{Path(m).name}") for m in rest]
+
+
+def demo_workers() -> int:
+    """Worker processes `edgemoe demo` uses by default: one per core, at most the demo's three comparisons."""
+    import os
+
+    return max(1, min(3, os.cpu_count() or 1))
+
+
+def run_parallel(cfg: ExperimentConfig, jobs: list[tuple[str, Comparison, str]], out_dir: str | Path,
+                 log: Callable[[str], None], workers: int, job: Callable | None = None) -> list[Path]:
+    """Every job of `demo_jobs` in a pool of `workers` spawned processes; returns the results files in the
+    jobs' order. The comparisons with the most methods are started first: the OrderMoE ones at once, SlimCaching's
+    (the shortest) on the first worker that is free. A job's log lines come back through a queue, tagged with its model; jobs of one
+    model profile it one at a time (`cached_profile` under a lock), so the second finds it cached. The first
+    failure stops the other workers and is raised. `job(cfg, comparison, out_dir, suffix)` runs one job in a
+    worker (default `_demo_job`; a module-level function, since workers are spawned)."""
+    import multiprocessing as mp
+    import os
+    import queue as queue_mod
+    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+
+    mpc = mp.get_context("spawn")  # fork would copy torch's thread pools into the children
+    lines = mpc.Queue()
+    locks = {m: mpc.Lock() for m in {m for m, _, _ in jobs}}
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    order = sorted(range(len(jobs)), key=lambda j: -len(jobs[j][1].methods))  # most methods first (stable)
+    pool = ProcessPoolExecutor(workers, mp_context=mpc, initializer=_init_worker, initargs=(lines, locks, threads))
+    try:
+        futures = {j: pool.submit(job or _demo_job, replace(cfg, model=jobs[j][0]), jobs[j][1], str(out_dir), jobs[j][2])
+                   for j in order}
+        pending = set(futures.values())
+        while pending:
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
+            _drain(lines, log, queue_mod)
+            failed = [f for f in done if f.exception() is not None]
+            if failed:
+                for proc in list(getattr(pool, "_processes", {}).values()):  # no public way to stop running jobs
+                    proc.terminate()
+                raise failed[0].exception()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    # a worker's queue is flushed when it exits, which may be after its job's result came back
+    _drain(lines, log, queue_mod)
+    return [p for j in range(len(jobs)) for p in futures[j].result()]
+
+
+def _drain(lines, log: Callable[[str], None], queue_mod) -> None:
+    """Log every line the workers have queued so far."""
+    while True:
+        try:
+            tag, line = lines.get_nowait()
+        except queue_mod.Empty:
+            return
+        indent = len(line) - len(line.lstrip(" "))
+        log(f"{line[:indent]}[{tag}] {line[indent:]}")
+
+
+_WORKER: dict = {}  # in a worker process of `run_parallel`: its log queue and the per-model profile locks
+
+
+def _init_worker(lines, locks: dict, threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    _WORKER.update(lines=lines, locks=locks)
+
+
+def _demo_job(cfg: ExperimentConfig, comp: Comparison, out_dir: str, suffix: str) -> list[Path]:
+    """One comparison of the demo in a worker process (`run_parallel`)."""
+    lines = _WORKER["lines"]
+    return run_experiment(cfg, [comp], out_dir, lambda line: lines.put((cfg.model, line)), "simulate", suffix,
+                          profile_lock=_WORKER["locks"][cfg.model])

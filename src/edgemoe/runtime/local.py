@@ -143,14 +143,35 @@ def score_local(adapter: MoEAdapter, policy: Policy, ids: np.ndarray, row_users:
 
 def routing_trace(adapter: MoEAdapter, ids: np.ndarray, batch_size: int = 8) -> tuple[np.ndarray, np.ndarray]:
     """The model's own routing on ids [B, S] -> (topk [B*S, L, K], gates [B*S, L, K])."""
-    topk: list[list[np.ndarray]] = [[] for _ in range(adapter.num_layers)]
-    gates: list[list[np.ndarray]] = [[] for _ in range(adapter.num_layers)]
+    rec, stacked = _routing_recorder(adapter.num_layers)
+    with adapter.record(rec), torch.no_grad():
+        for i in range(0, len(ids), batch_size):
+            adapter.forward_logits(torch.from_numpy(ids[i:i + batch_size]))
+    return stacked()
+
+
+def exact_scores_and_routing(adapter: MoEAdapter, ids: np.ndarray, batch_size: int = 8):
+    """Exact execution on ids [B, S] in one pass: (nll [B, S-1], top1 [B, S-1], topk [B*S, L, K], gates [B*S, L, K]),
+    bit for bit `token_scores` and `routing_trace` (the recorder only reads the routing, and the batches are the
+    same), at the cost of one forward pass instead of two."""
+    from edgemoe.models.scoring import token_scores
+
+    rec, stacked = _routing_recorder(adapter.num_layers)
+    with adapter.record(rec):
+        nll, top1 = token_scores(adapter, ids, batch_size=batch_size)
+    return (nll, top1, *stacked())
+
+
+def _routing_recorder(num_layers: int):
+    """(a recorder of every MoE layer's routing, a function returning what it saw as [T, L, K] topk and gates)."""
+    topk: list[list[np.ndarray]] = [[] for _ in range(num_layers)]
+    gates: list[list[np.ndarray]] = [[] for _ in range(num_layers)]
 
     def rec(call: LayerCall) -> None:
         topk[call.layer].append(call.topk.cpu().numpy().astype(np.int64))
         gates[call.layer].append(call.gates.float().cpu().numpy().astype(np.float64))
 
-    with adapter.record(rec), torch.no_grad():
-        for i in range(0, len(ids), batch_size):
-            adapter.forward_logits(torch.from_numpy(ids[i:i + batch_size]))
-    return (np.stack([np.concatenate(t) for t in topk], 1), np.stack([np.concatenate(g) for g in gates], 1))
+    def stacked() -> tuple[np.ndarray, np.ndarray]:
+        return (np.stack([np.concatenate(t) for t in topk], 1), np.stack([np.concatenate(g) for g in gates], 1))
+
+    return rec, stacked
