@@ -13,7 +13,11 @@ latency and perplexity to come from the same decisions):
 - `reroute` at the budget of its `paper` point in equal_quality_ladder_finegrained.json (0.481);
 and, at the small budgets of the `strict` point, `ordermoe-full` (H = 2, steered) against the same with
 H = 0 (myopic, unsteered), both with the logits replayed, beside `random-local` (the best baseline at `strict`
-there) at its own small budgets (`STRICT_SWEEP`).
+there) at its own small budgets (`STRICT_SWEEP`); and, at two of those budgets, the ablations that split the
+steered policy's loss (`STEER_ABLATIONS`): H = 2 unsteered (the look-ahead only prices the budget kept), H = 2
+looked up at budget level 0 (`pace_share` 0: the tables price exact execution ahead), steered and unsteered,
+H = 2 with no quality price, and H = 2 / H = 0 both without the logits (the tables' co-selection fallback then
+prices the decisions' substitutes too).
 Writes bench/results/equal_quality_diagnosis.json (commit, load, CPU s).
 """
 
@@ -21,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import os
+
+import numpy as np
 import time
 from pathlib import Path
 
@@ -42,6 +48,22 @@ REPO = Path(__file__).resolve().parents[2]
 REROUTE_BUDGET = 0.4809355398685445  # reroute's paper point on finegrained-shared (equal_quality_ladder_finegrained.json)
 STRICT_SWEEP = {"ordermoe-full": (0.003, 0.0041, 0.006), "ordermoe-full-h0": (0.003, 0.0041, 0.006),
                 "random-local": (0.12, 0.186, 0.25)}  # around each method's strict point there (nats / gate share)
+ABLATION_BUDGETS = (0.003, 0.006)
+# name: (params over the full policy's, replay the logits, pace_share override or None)
+STEER_ABLATIONS = {"h2-unsteered": ({"steer": False}, True, None),
+                   "h2-exact-ahead": ({}, True, 0.0),
+                   "h2-unsteered-exact-ahead": ({"steer": False}, True, 0.0),
+                   "h2-no-quality-price": ({"quality_price": 0.0}, True, None),
+                   "h2-without-logits": ({}, False, None),
+                   "h0-without-logits": ({"horizon": 0}, False, None)}
+
+
+def with_share(policy, share: float | None):
+    """The policy with its look-ahead looked up at `share` of the remaining budget (`pace_share` replaced;
+    share 0: budget level 0, the tables' exact-execution values), or as made (None). A diagnosis, not an option."""
+    if share is not None:
+        policy.pace_share = lambda layer: np.full(np.shape(layer), share, float)
+    return policy
 
 
 def main() -> None:
@@ -79,16 +101,23 @@ def main() -> None:
                 *((f"{name} at a strict budget", "random-local" if name == "random-local" else "ordermoe",
                    {"seed": 0} if name == "random-local" else {**full, "horizon": 0 if name.endswith("h0") else 2}, b,
                    name != "random-local") for name, bs in STRICT_SWEEP.items() for b in bs))
+    variants = tuple((*v, None) for v in variants) + tuple(
+        (f"ordermoe-full-{name} at a strict budget", "ordermoe", {**full, **extra}, b, replay, share)
+        for name, (extra, replay, share) in STEER_ABLATIONS.items() for b in ABLATION_BUDGETS)
     rows = []
-    for name, policy, params, budget, replay in variants:
-        nll, _, dec = score_local(adapter, make_policy(policy, ctx, **params, budget=budget), text.calib_ids, users)
-        sim = simulate(ctx, simulated_policy(policy, ctx, params, budget, logits if replay else None), trace, workload)
+    for name, policy, params, budget, replay, share in variants:
+        nll, _, dec = score_local(adapter, with_share(make_policy(policy, ctx, **params, budget=budget), share),
+                                  text.calib_ids, users)
+        sim = simulate(ctx, with_share(simulated_policy(policy, ctx, params, budget, logits if replay else None), share),
+                       trace, workload)
         sub = dec.substituted()
         rows.append({"variant": name, "policy": policy, "budget": budget, "replayed_logits": replay,
+                     "pace_share_override": share,
                      "ppl_rel_increase": rise_with_bound(nll, text.calib_nll)[0],
                      "latency_ms_mean": sim.latency_ms["mean"], "local_slots_substituted": float(sub.mean()),
                      "local_slots_dropped_or_zeroed": float((dec.experts < 0).mean()),
                      "sim_substitution_ratio": sim.substitution_ratio, "sim_drop_ratio": sim.drop_ratio,
+                     "sim_budget_used_fraction": sim.budget_used_fraction, "sim_remote_ratio": sim.remote_ratio,
                      "local_substituted_per_layer": sub.mean(axis=(0, 2)).tolist()})
         r = rows[-1]
         print(f"{name:<44} +{100 * r['ppl_rel_increase']:.2f}% {r['latency_ms_mean']:.2f} ms; substituted local "
