@@ -826,7 +826,7 @@ class DecodePath:
         self.cap, self.om = cap, om
         self.tab = _decode_tables(ex, ex_scratch, decision_buffers(cap, K), om, _work_arrays(K, N, J, G),
                                   decision_buffers(cap, K), (np.empty(cap), np.empty((cap, K), np.bool_)),
-                                  np.arange(cap, dtype=_I), np.ascontiguousarray(ctx.xfer_s, float), int(L))
+                                  np.arange(cap, dtype=_I), np.array(ctx.xfer_s, float), int(L))
 
     def __call__(self, pol, layer, topk, gates, state, load_s):
         from ..policy import Decision
