@@ -14,13 +14,10 @@ sys.path.insert(0, str(ROOT))  # run as a script from anywhere: the bench packag
 
 from bench.common import compare_backlogs, write_backlog_part
 from bench.studies.ordermoe_placement import demo_inputs
-from bench.studies.scaling import RATE_PER_USER, REQUESTS_PER_USER, USERS_PER_SERVER, operating_budgets
-from edgemoe.cluster.presets import generate
+from bench.studies.scaling import operating_budgets, size_setting
 from edgemoe.eval.experiment import eval_trace
-from edgemoe.plan import plan, plan_problem
-from edgemoe.profile.groups import groups_for
+from edgemoe.plan import plan
 from edgemoe.runtime import make_context
-from edgemoe.runtime.sim.workload import Workload
 
 
 def main(argv: list[str]) -> int:
@@ -29,13 +26,7 @@ def main(argv: list[str]) -> int:
     profile, topk, gates, cfg = demo_inputs(ROOT / "runs" / "cache", model)
     rows = []
     for servers in sizes:
-        users = USERS_PER_SERVER * servers
-        cluster = generate(servers, users, seed=0, topology="internet")
-        fallback = any(u.domain not in profile.meta.domains for u in cluster.users)
-        problem = plan_problem(profile, cluster, domain_fallback=fallback)
-        groups = groups_for(profile)
-        wl = Workload(num_requests=REQUESTS_PER_USER * users, prompt_tokens=cfg.prompt_tokens,
-                      gen_tokens=cfg.gen_tokens, rate_per_s=RATE_PER_USER * users, seed=cfg.seed)
+        cluster, fallback, problem, groups, wl = size_setting(profile, cfg, servers)
         for point, b in budgets.items():
             pl = plan(problem, "ordermoe", mode="migrate", budget=b)
             ctx = make_context(profile, cluster, pl, mode="migrate", groups=groups, domain_fallback=fallback)

@@ -47,22 +47,30 @@ def operating_budgets(model: str) -> dict[str, float]:
     return {p: float(points[p]["budget"]) for p in POINTS}
 
 
-def run_size(profile, topk, gates, cfg, servers: int, budgets: dict[str, float], log) -> dict:
+def size_setting(profile, cfg, servers: int):
+    """The setting of one size: (cluster, domain_fallback, problem, groups, workload), with the same users per
+    server, request rate per user and requests per user at every size (so the same load per server)."""
     from edgemoe.cluster.presets import generate
-    from edgemoe.eval.experiment import eval_trace
-    from edgemoe.plan import plan, plan_problem
+    from edgemoe.plan import plan_problem
     from edgemoe.profile.groups import groups_for
-    from edgemoe.runtime import make_context, make_policy
-    from edgemoe.runtime.sim.simulate import simulate
     from edgemoe.runtime.sim.workload import Workload
 
     users = USERS_PER_SERVER * servers
     cluster = generate(servers, users, seed=0, topology="internet")
     fallback = any(u.domain not in profile.meta.domains for u in cluster.users)
     problem = plan_problem(profile, cluster, domain_fallback=fallback)
-    groups = groups_for(profile)
     workload = Workload(num_requests=REQUESTS_PER_USER * users, prompt_tokens=cfg.prompt_tokens,
                         gen_tokens=cfg.gen_tokens, rate_per_s=RATE_PER_USER * users, seed=cfg.seed)
+    return cluster, fallback, problem, groups_for(profile), workload
+
+
+def run_size(profile, topk, gates, cfg, servers: int, budgets: dict[str, float], log) -> dict:
+    from edgemoe.eval.experiment import eval_trace
+    from edgemoe.plan import plan
+    from edgemoe.runtime import make_context, make_policy
+    from edgemoe.runtime.sim.simulate import simulate
+
+    cluster, fallback, problem, groups, workload = size_setting(profile, cfg, servers)
     rows, plan_s, contexts = {}, {}, {}
     # the exact-execution placements, then one OrderMoE placement per operating point, planned for its budget
     plans = [(m, m, {"mode": "migrate"} if m == "ordermoe" else {}) for m in EXACT]
@@ -84,7 +92,7 @@ def run_size(profile, topk, gates, cfg, servers: int, budgets: dict[str, float],
                       "latency_ms": {"mean": m.latency_ms["mean"], "p99": m.latency_ms["p99"]},
                       "substitution_ratio": m.substitution_ratio, "remote_ratio": m.remote_ratio}
         log(f"{servers:3d} servers  {name:<22} mean {m.latency_ms['mean']:7.2f} ms  p99 {m.latency_ms['p99']:7.2f} ms")
-    return derive({"servers": servers, "users": users, "cluster": cluster.name, "requests": workload.num_requests,
+    return derive({"servers": servers, "users": cluster.num_users, "cluster": cluster.name, "requests": workload.num_requests,
                    "rate_per_s": workload.rate_per_s, "plan_seconds": plan_s, "methods": rows})
 
 
