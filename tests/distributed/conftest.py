@@ -44,6 +44,23 @@ def lab3():
     return lab3_context
 
 
+def lab3_home_engine(tiny_path, transport_cls=None):
+    """An in-process HomeEngine at node 0 of lab3 (home mode, fp32 wire, links off) whose servers are
+    `ServerCore`s reached through `transport_cls` (a `LocalTransport` subclass; LocalTransport itself by default)."""
+    from edgemoe.distributed.server import HomeEngine, LocalTransport, ServerConfig, ServerCore
+
+    ctx = lab3_context("home")
+    cfg = ServerConfig(ctx, str(tiny_path), wire="fp32", links_enabled=False, call_timeout_s=5.0)
+    servers = {n: ServerCore(n, cfg.model_path, ctx, cfg.links(32), cfg.make_clock()) for n in range(ctx.num_nodes)}
+    return HomeEngine(cfg, 0, (transport_cls or LocalTransport)(servers))
+
+
+@pytest.fixture(scope="session")
+def lab3_home():
+    """The `lab3_home_engine(tiny_path, transport_cls=None)` builder."""
+    return lab3_home_engine
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """A local Ray instance (127.0.0.1, token auth) declaring lab3's server resources."""

@@ -12,15 +12,11 @@ from edgemoe.distributed.batching import HomeBatcher, StreamRequest
 from edgemoe.distributed.health import EVENTS_KEPT, Membership
 from edgemoe.distributed.ledger import RequestLedger
 from edgemoe.distributed.sampling import SamplingParams
-from edgemoe.distributed.server import HomeEngine, LocalTransport, ServerConfig, ServerCore
 
 
 @pytest.fixture(scope="module")
-def home(tiny_path, lab3):
-    ctx = lab3("home")
-    cfg = ServerConfig(ctx, str(tiny_path), wire="fp32", links_enabled=False, call_timeout_s=5.0)
-    servers = {n: ServerCore(n, cfg.model_path, ctx, cfg.links(32), cfg.make_clock()) for n in range(ctx.num_nodes)}
-    return HomeEngine(cfg, 0, LocalTransport(servers))
+def home(tiny_path, lab3_home):
+    return lab3_home(tiny_path)
 
 
 def finish(batcher: HomeBatcher, rid: str) -> list[int]:

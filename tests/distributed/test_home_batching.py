@@ -26,11 +26,8 @@ class CountingTransport(LocalTransport):
 
 
 @pytest.fixture(scope="module")
-def home(tiny_path, lab3):
-    ctx = lab3("home")
-    cfg = ServerConfig(ctx, str(tiny_path), wire="fp32", links_enabled=False, call_timeout_s=5.0)
-    servers = {n: ServerCore(n, cfg.model_path, ctx, cfg.links(32), cfg.make_clock()) for n in range(ctx.num_nodes)}
-    return HomeEngine(cfg, 0, CountingTransport(servers))
+def home(tiny_path, lab3_home):
+    return lab3_home(tiny_path, CountingTransport)
 
 
 def run(batcher: HomeBatcher, reqs: list[StreamRequest]) -> list[list[int]]:
