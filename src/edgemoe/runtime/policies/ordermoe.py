@@ -419,6 +419,12 @@ class LookAhead:
     Built once per (context, budget grid, H) by the truncated recursion of ALGORITHMS.md §3.4.4 with static
     costs (no queues); `phi(l)` is zero for l >= L and for H = 0.
 
+    home_trip: also build home[l] [Nh, N, C, m], the same cost-to-go for a token whose home is the h-th of the
+    users' homes (`homes`, sorted): a window that reaches the last layer then charges the trip from the last
+    meeting node to the token's real home, as the decision at the last layer does. Without it the tables take
+    the token's home to be its node at the last layer, so ending that window away from home looks free. Only
+    the tables of windows that reach the last layer depend on the home; the others are copied into every home.
+
     backlog: also build exposure[l] [N, C, N], the expected number of layers l .. l+H-1 whose slowest output
     (the one that sets the layer's time) is computed on node n, for the same token, along the actions the
     tables choose at budget level `backlog_level` (one level for every row: a per-level exposure would be m
@@ -431,9 +437,12 @@ class LookAhead:
                  max_enum_k: int = MAX_ENUM_K, kinds: tuple[str, ...] = KINDS, steer: bool = False,
                  steer_replicas: int = STEER_REPLICAS, power: float = QUALITY_POWER, min_set_count: int = MIN_SET_COUNT,
                  subs_fn=None, calib: KindCalibration | None = None, backlog: bool = False,
-                 backlog_level: int = 0):
+                 backlog_level: int = 0, home_trip: bool = False):
         self.ctx, self.grid, self.horizon = ctx, grid, int(horizon)
         self.backlog = bool(backlog) and self.horizon > 0
+        self.home_trip = bool(home_trip) and self.horizon > 0
+        if self.backlog and self.home_trip:  # the exposure would need a home axis too
+            raise EdgeMoEError("ordermoe: backlog and home_trip cannot be combined")
         self.backlog_level = int(np.clip(backlog_level, 0, grid.levels - 1))
         self.subs_fn = subs_fn  # (layer [R], location [R], topk [R, K]) -> per-token substitutes; None: the groups
         self.calib = calib  # measured nats per kind and layer (`KindCalibration`), None: predicted errors alone
@@ -446,6 +455,12 @@ class LookAhead:
         self.stacked = np.zeros((L + 1, N, C, grid.levels))  # [L+1, N, C, m]: phi(l) for every l
         # [L+1, N, C, N] exposure(l) for every l (`backlog`; a [1, 1, 1, 1] zero placeholder without it)
         self.exposure = np.zeros((L + 1, N, C, N) if self.backlog else (1, 1, 1, 1))
+        # home_trip: [L+1, Nh, N, C, m] phi(l) per home (`home_index` maps a node to its home row; a [1, ...] zero
+        # placeholder without it)
+        self.homes = np.unique(ctx.user_home) if self.home_trip else np.zeros(0, np.int64)
+        self.home_index = np.full(N, -1, np.int64)
+        self.home_index[self.homes] = np.arange(len(self.homes))
+        self.home = np.zeros((L + 1, len(self.homes), N, C, grid.levels) if self.home_trip else (1, 1, 1, 1, 1))
         if self.horizon <= 0 or L < 2:
             return
         stats = {layer: set_stats(ctx.profile_topk, ctx.profile_gates, layer, E, sets_per_prev, self.keys)
@@ -463,6 +478,9 @@ class LookAhead:
             prev_depth, prev_expo = cur, cur_expo
         self.tables = prev_depth
         for layer, table in self.tables.items():
+            if self.home_trip:
+                self.home[layer] = table  # (a home-free table [N, C, m] broadcasts into every home)
+                table = table if table.ndim == 3 else self.home[layer, 0]  # `stacked`: the first home's
             self.stacked[layer] = table
             if self.backlog:
                 self.exposure[layer] = prev_expo[layer]
@@ -470,6 +488,17 @@ class LookAhead:
     def phi(self, layer: int) -> np.ndarray:
         """[N, C, m] table for decisions that start at `layer` (zeros past the end or with H = 0)."""
         return self.tables.get(layer, self.zero)
+
+    def flat_index(self, layer: np.ndarray, home: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """(table, base [T], node stride): the flat table a decision at `layer` [T] reads and each row's index in
+        it for the tables of layer + 1, its home [T] (home_trip) and key [T], less the next node x stride and
+        the budget level, which the caller adds."""
+        _, N, C, m = self.stacked.shape
+        if not self.home_trip:
+            return self.stacked.reshape(-1), ((layer + 1) * (N * C * m) + key * m), C * m
+        Nh = len(self.homes)
+        base = ((layer + 1) * Nh + self.home_index[home]) * (N * C * m) + key * m
+        return self.home.reshape(-1), base, C * m
 
     def _actions(self, ctx: RuntimeContext) -> int:
         """Actions per row (an upper bound): subsets x meeting choices."""
@@ -491,9 +520,13 @@ class LookAhead:
 
     def _layer_table(self, layer: int, stats: SetStats, phi_next: np.ndarray, max_enum_k: int,
                      expo_next: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """(phi[layer] [N, C, m], exposure[layer] [N, C, N] or None without `backlog`)."""
+        """(phi[layer] [N, C, m], or [Nh, N, C, m] per home when it depends on the home (`home_trip`: phi_next
+        does, or `layer` is the last); exposure[layer] [N, C, N] or None without `backlog`)."""
         ctx, grid = self.ctx, self.grid
         N, M = ctx.num_nodes, stats.experts.shape[0]
+        last = layer == ctx.num_layers - 1
+        per_home = self.home_trip and (last or phi_next.ndim == 4)
+        H = len(self.homes) if per_home else 1
         loc = np.repeat(np.arange(N), M)  # rows = (node, set)
         experts = np.tile(stats.experts, (N, 1))
         gates = np.tile(stats.gates, (N, 1))
@@ -502,28 +535,35 @@ class LookAhead:
         usable = ~is_device[None, :] | (np.arange(N)[None, :] == loc[:, None])
         t1_all = self.keys.keys(layer, experts, gates)  # [R] context key for the next layer
         b = grid.values  # [m]
-        best = np.empty((len(loc), grid.levels))
+        best = np.empty((H, len(loc), grid.levels))
         expo = np.zeros((len(loc), N)) if self.backlog else None
         per = max(1, TABLE_CHUNK_CELLS // (self._actions(ctx) * grid.levels))  # rows per block: bounded memory
         for lo in range(0, len(loc), per):
             r = slice(lo, lo + per)
             lr = np.full(len(loc[r]), layer)
             subs = None if self.subs_fn is None else self.subs_fn(lr, loc[r], experts[r])
-            opt = layer_options(ctx, lr, loc[r], loc[r], usable[r], experts[r], gates[r],
-                                np.zeros(N), max_enum_k, self.kinds, self.steer, self.steer_replicas, self.power,
-                                subs=subs, calib=self.calib)
-            quality = opt.quality
-            left = b[None, None, :] - quality[:, :, None]  # [R, A, m]
-            feasible = opt.valid[:, :, None] & (left >= -1e-12)
-            future = phi_next[opt.next_location[:, :, None], t1_all[r][:, None, None], grid.index(np.maximum(left, 0.0))]
-            value = opt.latency_s[:, :, None] + EPS_S_PER_Q * quality[:, :, None] + future
-            value = np.where(feasible, value, np.inf)
-            best[r] = value.min(axis=1)  # [R, m]
+            opt = None
+            for h in range(H):
+                # the last layer's seconds end at the token's home: its real one per home, else its node
+                if opt is None or (per_home and last):
+                    home = np.full(len(lr), self.homes[h]) if per_home else loc[r]
+                    opt = layer_options(ctx, lr, loc[r], home, usable[r], experts[r], gates[r],
+                                        np.zeros(N), max_enum_k, self.kinds, self.steer, self.steer_replicas,
+                                        self.power, subs=subs, calib=self.calib)
+                phi = phi_next[h] if phi_next.ndim == 4 else phi_next
+                quality = opt.quality
+                left = b[None, None, :] - quality[:, :, None]  # [R, A, m]
+                feasible = opt.valid[:, :, None] & (left >= -1e-12)
+                future = phi[opt.next_location[:, :, None], t1_all[r][:, None, None], grid.index(np.maximum(left, 0.0))]
+                value = opt.latency_s[:, :, None] + EPS_S_PER_Q * quality[:, :, None] + future
+                value = np.where(feasible, value, np.inf)
+                best[h, r] = value.min(axis=1)  # [R, m]
             if self.backlog:
                 expo[r] = self._exposure(opt, value[:, :, self.backlog_level].argmin(axis=1), loc[r], lr,
                                          t1_all[r], expo_next)
-        best = best.reshape(N, M, grid.levels)
-        table = np.einsum("cs,nsm->ncm", stats.prob, best)
+        best = best.reshape(H, N, M, grid.levels)
+        table = np.stack([np.einsum("cs,nsm->ncm", stats.prob, best[h]) for h in range(H)])
+        table = table if per_home else table[0]
         if not self.backlog:
             return table, None
         return table, np.einsum("cs,nsk->nck", stats.prob, expo.reshape(N, M, N))
@@ -559,30 +599,32 @@ _LOOKAHEADS: dict[int, dict[tuple, LookAhead]] = {}  # id(ctx) -> the context's 
 
 def lookahead_tables(ctx: RuntimeContext, grid: BudgetGrid, horizon: int, sets_per_prev: int, max_enum_k: int,
                      kinds: tuple[str, ...], steer: bool, steer_replicas: int, power: float, min_set_count: int,
-                     subs_fn, calib: KindCalibration | None, backlog: bool, backlog_level: int) -> LookAhead:
+                     subs_fn, calib: KindCalibration | None, backlog: bool, backlog_level: int,
+                     home_trip: bool = False) -> LookAhead:
     """`LookAhead(...)` of these arguments, built once per context and kept while the context lives (a policy
     is made anew for every run; the tables depend only on the context and these numbers, and nothing writes
     them after they are built). Per-token substitutes (subs_fn) and calibrations are built every time."""
     args = (horizon, sets_per_prev, max_enum_k, kinds, steer, steer_replicas, power, min_set_count)
     if subs_fn is not None or calib is not None:
-        return LookAhead(ctx, grid, *args, subs_fn, calib, backlog, backlog_level)
-    key = (grid.levels, grid.step, *args, bool(backlog), int(backlog_level))
+        return LookAhead(ctx, grid, *args, subs_fn, calib, backlog, backlog_level, home_trip)
+    key = (grid.levels, grid.step, *args, bool(backlog), int(backlog_level), bool(home_trip))
     tables = _LOOKAHEADS.get(id(ctx))
     if tables is None:
         tables = _LOOKAHEADS[id(ctx)] = {}
         weakref.finalize(ctx, _LOOKAHEADS.pop, id(ctx), None)
     if key not in tables:
-        tables[key] = LookAhead(ctx, grid, *args, None, None, backlog, backlog_level)
+        tables[key] = LookAhead(ctx, grid, *args, None, None, backlog, backlog_level, home_trip)
     return tables[key]
 
 
 def compiled_loop_supported(policy) -> bool:
     """Whether the simulator's compiled loop (`edgemoe.runtime.sim.ordermoe_loop`) decides exactly as `policy`
     (an OrderMoEPolicy): all 2^K subsets enumerated (K <= max_enum_k), top-1 look-ahead keys (no frequent-set
-    keys), quality power 1 or 2 (numpy's power for other exponents may round otherwise). Kept here, not in the
+    keys), quality power 1 or 2 (numpy's power for other exponents may round otherwise), tables without a home
+    axis (no `home_trip`). Kept here, not in the
     loop's module, so that the policy's `compiled_rule` needs nothing from the simulator (no import circle)."""
     K = policy.ctx.top_k
-    return (K <= policy.max_enum_k and K <= 4 and not policy.lookahead.keys.enabled
+    return (K <= policy.max_enum_k and K <= 4 and not policy.lookahead.keys.enabled and not policy.lookahead.home_trip
             and policy.power in (1.0, 2.0) and getattr(policy, "calib", None) is None and not getattr(policy, "accrue", False))
 
 
@@ -606,7 +648,10 @@ class OrderMoEPolicy(Policy):
     `bench.studies.calibration` writes one per model under models[i].calibration): predicted costs and the budget are then in nats per token-layer, the
     kinds are compared on what they were measured to cost, quality_power is the calibration's, and a layer
     left with no expert output is allowed at its measured cost where the calibration has one; accrue: a row
-    may spend by layer l at most its allowance x (l + 1) (default False: all it has left, at any layer).
+    may spend by layer l at most its allowance x (l + 1) (default False: all it has left, at any layer);
+    home_trip: the look-ahead charges the trip to the token's real home in the window that reaches the last layer
+    (`LookAhead`, home_trip; None, the default: on with stand_in_choice "token", off otherwise, so that the
+    default policy's decisions stay as they were).
     """
 
     name = "ordermoe"
@@ -619,7 +664,7 @@ class OrderMoEPolicy(Policy):
                  steer_replicas: int = STEER_REPLICAS, ewma: float = 0.1, adapt_gain: float = 0.5,
                  spend_target: float = 0.5, quality_power: float = QUALITY_POWER, min_set_count: int = MIN_SET_COUNT,
                  pace: bool = True, stand_in_choice: str = "group", router_weight: float = ROUTER_WEIGHT,
-                 calibration: str | dict | None = None, accrue: bool = False):
+                 calibration: str | dict | None = None, accrue: bool = False, home_trip: bool | None = None):
         kinds = check_kinds(substitutes)
         calib = load_calibration(calibration, ctx.num_layers)
         if calib is not None:
@@ -638,7 +683,8 @@ class OrderMoEPolicy(Policy):
                          pace=bool(pace), **({} if stand_in_choice == "group" else
                                              {"stand_in_choice": stand_in_choice, "router_weight": float(router_weight)}),
                          **({} if calib is None else {"calibration": calib.to_dict()}),
-                         **({"accrue": True} if accrue else {}))
+                         **({"accrue": True} if accrue else {}),
+                         **({} if home_trip is None else {"home_trip": bool(home_trip)}))
         self.calib = calib
         self.accrue = bool(accrue)
         self.stand_in_choice, self.router_weight = stand_in_choice, float(router_weight)
@@ -669,7 +715,8 @@ class OrderMoEPolicy(Policy):
         self.lookahead = lookahead_tables(ctx, self.grid, self.horizon, sets_per_prev, max_enum_k, kinds,
                                           self.steer and ctx.num_nodes <= STEER_ALL_NODES, self.steer_replicas,
                                           self.power, min_set_count, self.token_subs if self.per_token else None,
-                                          calib, backlog != "off", int(self.grid.index(self.horizon * mean_allowance)))
+                                          calib, backlog != "off", int(self.grid.index(self.horizon * mean_allowance)),
+                                          self.per_token if home_trip is None else bool(home_trip))
         # the cost-to-go adds the queue waits the tables are exposed to: "now" the current ones, "mean" node_wait
         self.backlog = backlog if self.lookahead.backlog else "off"
         self.node_wait = np.zeros(ctx.num_nodes)  # [N] EWMA (weight ewma per call) of each node's queue wait
@@ -819,13 +866,16 @@ class OrderMoEPolicy(Policy):
         feasible = opt.valid_m & (spendable >= -1e-12) & (~opt.mask.any(axis=2) | has_budget[:, None])
         _, N, C, m = self.lookahead.stacked.shape
         part = None
+        table, stride = self.lookahead.stacked.reshape(-1), C * m  # the flat tables read and a next node's stride
         if self.horizon > 0:  # (with H = 0 the tables are zeros: adding them changes no bit)
             key = self.lookahead.keys.keys(layer, topk, gates)
-            # flat index (((l + 1) N + next) C + key) m + level, split into its per-subset and per-node terms
+            # flat index (((l + 1) N + next) C + key) m + level (with home_trip, (l + 1) Nh + home for l + 1),
+            # split into its per-subset and per-node terms
             ahead = np.maximum(left, 0.0)
             if self.pace:  # the next H layers are priced with their paced share of what is left, not all of it
                 ahead = ahead * self.pace_share(layer)[:, None]
-            part = ((layer + 1) * (N * C * m) + key * m)[:, None] + self.grid.index(ahead)  # [T, M]
+            table, base, stride = self.lookahead.flat_index(np.broadcast_to(layer, key.shape), state.home, key)
+            part = base[:, None] + self.grid.index(ahead)  # [T, M]
         beta = self.beta(layer, state)
         alpha = self.alpha[state.user]
         qterm = (beta + EPS_S_PER_Q)[:, None] * quality  # [T, M]
@@ -834,14 +884,14 @@ class OrderMoEPolicy(Policy):
             meets = opt.meet if opt.meet is not None else opt.next_mg[:, :, 0]
             wait = self.lookahead.backlog_s(layer, key, meets, load if self.backlog == "now" else self.node_wait)
         if opt.latency_mg is None:  # steered, compiled: the same sums and argmin, row by row
-            pick, lat, node = steered_pick(opt, part, C * m, self.lookahead.stacked.reshape(-1), loc, state.home,
+            pick, lat, node = steered_pick(opt, part, stride, table, loc, state.home,
                                            layer == ctx.num_layers - 1, feasible, qterm, alpha, wait)
             self._track(load)
             return pick_decision(opt, pick, loc, lat, node)
         T, M, G = opt.latency_mg.shape
         seconds = opt.latency_mg
         if part is not None:
-            seconds = seconds + self.lookahead.stacked.reshape(-1).take(part[:, :, None] + opt.next_mg * (C * m))
+            seconds = seconds + table.take(part[:, :, None] + opt.next_mg * stride)
             if wait is not None:
                 seconds = seconds + (wait[:, None, :] if opt.meet is not None else wait[:, :, None])
         cost = alpha[:, None, None] * seconds + qterm[:, :, None]
