@@ -1,0 +1,89 @@
+"""OrderMoE's look-ahead with the trip to the token's real home (`home_trip`): a window that reaches the last
+layer charges the trip from its last meeting node to the token's home, not to the node it is at there.
+Brute force (two layers, one routing: the tables are then exact, so the steered path is the oracle's), the
+tables' known answers, and the default policy left as it was."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgemoe.errors import EdgeMoEError
+from edgemoe.runtime import make_policy
+from edgemoe.runtime.local import replay_decisions
+
+from ..conftest import CALL, XFER, tiny_cluster, tiny_context, tiny_profile
+
+
+def random_setting(seed: int, homes=("a",)):
+    """3-4 edge nodes with links of 5, 10 or 30 ms, two layers of fixed routing (1-2 of 4 experts) and every
+    expert of a layer on 1-2 random nodes; migrate mode."""
+    rng = np.random.default_rng(seed)
+    N, E, K = int(rng.integers(3, 5)), 4, int(rng.integers(1, 3))
+    routes = np.array([rng.choice(E, K, replace=False) for _ in range(2)])
+    names = tuple("abcd"[:N])
+    latency = {(names[i], names[j]): float(rng.choice([0.005, 0.01, 0.03])) for i in range(N) for j in range(i + 1, N)}
+    held = {n: [] for n in names}
+    for layer in range(2):
+        for e in range(E):
+            for n in rng.choice(names, int(rng.integers(1, 3)), replace=False):
+                held[n].append((layer, e))
+    profile = tiny_profile(routes, num_experts=E)
+    return profile, tiny_context(profile, tiny_cluster(names, homes=homes, latency=latency), held, mode="migrate")
+
+
+def path_s(ctx, profile, **kw) -> float:
+    users, topk, gates = np.array([0]), profile.topk[:1].astype(np.int64), profile.gates[:1]
+    return float(replay_decisions(make_policy("ordermoe", ctx, budget=0.0, **kw), users, topk, gates).token_latency_s[0])
+
+
+def test_two_layer_steered_path_is_the_oracles_with_the_home_trip():
+    """Two layers, every calibration token routed alike, budget 0, H = 1: the tables hold the last layer's exact
+    cost (the trip home included) from every node, so the steered path is optimal; without the home trip the
+    tables price ending away from home as free and some paths are longer."""
+    longer = 0
+    for seed in range(40):
+        profile, ctx = random_setting(seed)
+        users, topk, gates = np.array([0]), profile.topk[:1].astype(np.int64), profile.gates[:1]
+        oracle = replay_decisions(make_policy("oracle", ctx, budget=0.0, routing=(topk, gates)), users, topk, gates)
+        best = float(oracle.token_latency_s[0])
+        assert path_s(ctx, profile, horizon=1, home_trip=True) == pytest.approx(best, abs=1e-12), seed
+        longer += path_s(ctx, profile, horizon=1, home_trip=False) > best + 1e-12
+    assert longer > 0  # the case exists: the brute force above tells the two tables apart
+
+
+def test_home_tables_known_answers():
+    """Three layers routing experts 0, 1, 1; layers 1 and 2 run expert 1 only on c; every link XFER; users at a
+    and b. With H = 1 the last layer's table from c is a call and the trip home, from a or b a trip there too;
+    without the home trip, ending at c looks free. Where the home is the token's node, and for a window that
+    ends before the last layer, the tables are the home-free ones (same bits)."""
+    profile = tiny_profile([[0], [1], [1]], num_experts=2)
+    ctx = tiny_context(profile, tiny_cluster(("a", "b", "c"), homes=("a", "b")),
+                       {"a": [(0, 1), (1, 0), (2, 0)], "b": [(0, 0)], "c": [(0, 0), (1, 1), (2, 1)]}, mode="migrate")
+    free = make_policy("ordermoe", ctx, budget=0.0, horizon=1, home_trip=False).lookahead
+    home = make_policy("ordermoe", ctx, budget=0.0, horizon=1, home_trip=True).lookahead
+    assert home.homes.tolist() == [0, 1] and home.home.shape[:3] == (4, 2, 3)
+    np.testing.assert_allclose(free.stacked[2], np.array([2 * XFER + CALL, 2 * XFER + CALL, CALL])[:, None, None]
+                               * np.ones(free.stacked.shape[2:]), rtol=1e-12)
+    for i, h in enumerate(home.homes):
+        expect = np.array([2 * XFER + CALL, 2 * XFER + CALL, XFER + CALL])  # from a, b, c to home a or b
+        np.testing.assert_allclose(home.home[2, i], expect[:, None, None] * np.ones(home.home.shape[3:]), rtol=1e-12)
+        np.testing.assert_array_equal(home.home[2, i, h], free.stacked[2, h])
+        np.testing.assert_array_equal(home.home[1, i], free.stacked[1])  # window of layer 1 only
+    assert not home.home[0].any() and not home.home[3].any()
+
+
+def test_default_policy_keeps_its_tables_and_compiled_paths():
+    profile, ctx = random_setting(41)
+    default = make_policy("ordermoe", ctx, budget=0.05, horizon=2)
+    assert not default.lookahead.home_trip and "home_trip" not in default.params
+    assert default.compiled_rule() == "ordermoe"
+    on = make_policy("ordermoe", ctx, budget=0.05, horizon=2, home_trip=True)
+    assert on.lookahead.home_trip and on.params["home_trip"] is True
+    assert on.compiled_rule() is None and on.decode_path() is None  # the compiled paths read the home-free tables
+    token = make_policy("ordermoe", ctx, budget=0.05, horizon=2, stand_in_choice="token")
+    assert token.lookahead.home_trip  # on by default with per-token stand-ins
+    assert not make_policy("ordermoe", ctx, horizon=2, stand_in_choice="token", home_trip=False).lookahead.home_trip
+    assert not make_policy("ordermoe", ctx, horizon=0, stand_in_choice="token").lookahead.home_trip  # no tables
+    with pytest.raises(EdgeMoEError, match="home_trip"):
+        make_policy("ordermoe", ctx, horizon=2, backlog="now", home_trip=True)
