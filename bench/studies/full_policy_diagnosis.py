@@ -14,8 +14,9 @@ latency and perplexity to come from the same decisions):
 and, at the small budgets of the `strict` point, `ordermoe-full` (H = 2, steered) against the same with
 H = 0 (myopic, unsteered), both with the logits replayed, beside `random-local` (the best baseline at `strict`
 there) at its own small budgets (`STRICT_SWEEP`); and, at two of those budgets, the ablations that split the
-steered policy's loss (`STEER_ABLATIONS`): H = 2 unsteered (the look-ahead only prices the budget kept), H = 2
-looked up at budget level 0 (`pace_share` 0: the tables price exact execution ahead), steered and unsteered,
+steered policy's loss (`STEER_ABLATIONS`): H = 2 without the trip home in its tables (`home_trip` False: the
+window that reaches the last layer then ends at the token's node), H = 2 unsteered (the look-ahead only
+prices the budget kept), H = 2 looked up at budget level 0 (`pace_share` 0: the tables price exact execution ahead), steered and unsteered,
 H = 2 with no quality price, and H = 2 / H = 0 both without the logits (the tables' co-selection fallback then
 prices the decisions' substitutes too).
 Writes bench/results/equal_quality_diagnosis.json (commit, load, CPU s).
@@ -50,7 +51,8 @@ STRICT_SWEEP = {"ordermoe-full": (0.003, 0.0041, 0.006), "ordermoe-full-h0": (0.
                 "random-local": (0.12, 0.186, 0.25)}  # around each method's strict point there (nats / gate share)
 ABLATION_BUDGETS = (0.003, 0.006)
 # name: (params over the full policy's, replay the logits, pace_share override or None)
-STEER_ABLATIONS = {"h2-unsteered": ({"steer": False}, True, None),
+STEER_ABLATIONS = {"h2-no-home-trip": ({"home_trip": False}, True, None),
+                   "h2-unsteered": ({"steer": False}, True, None),
                    "h2-exact-ahead": ({}, True, 0.0),
                    "h2-unsteered-exact-ahead": ({"steer": False}, True, 0.0),
                    "h2-no-quality-price": ({"quality_price": 0.0}, True, None),
