@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import argparse
 import os
-
-import numpy as np
 import time
 from pathlib import Path
+
+import numpy as np
 
 from bench.common import RESULTS
 from bench.studies.equal_quality import model_calibration, router_logits_of, scoring_setting, simulated_policy

@@ -486,7 +486,9 @@ class LookAhead:
                 self.exposure[layer] = prev_expo[layer]
 
     def phi(self, layer: int) -> np.ndarray:
-        """[N, C, m] table for decisions that start at `layer` (zeros past the end or with H = 0)."""
+        """[N, C, m] table for decisions that start at `layer` (zeros past the end or with H = 0); with
+        `home_trip`, [Nh, N, C, m] where the window reaches the last layer (`home`; `stacked` then holds the
+        first home's)."""
         return self.tables.get(layer, self.zero)
 
     def flat_index(self, layer: np.ndarray, home: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
@@ -621,8 +623,8 @@ def compiled_loop_supported(policy) -> bool:
     """Whether the simulator's compiled loop (`edgemoe.runtime.sim.ordermoe_loop`) decides exactly as `policy`
     (an OrderMoEPolicy): all 2^K subsets enumerated (K <= max_enum_k), top-1 look-ahead keys (no frequent-set
     keys), quality power 1 or 2 (numpy's power for other exponents may round otherwise), tables without a home
-    axis (no `home_trip`). Kept here, not in the
-    loop's module, so that the policy's `compiled_rule` needs nothing from the simulator (no import circle)."""
+    axis (no `home_trip`). Kept here, not in the loop's module, so that the policy's `compiled_rule` needs
+    nothing from the simulator (no import circle)."""
     K = policy.ctx.top_k
     return (K <= policy.max_enum_k and K <= 4 and not policy.lookahead.keys.enabled and not policy.lookahead.home_trip
             and policy.power in (1.0, 2.0) and getattr(policy, "calib", None) is None and not getattr(policy, "accrue", False))
