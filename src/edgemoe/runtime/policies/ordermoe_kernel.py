@@ -742,13 +742,13 @@ def ordermoe_tables(policy, budget_total, budget_used, eps_s_per_q: float, steer
 if HAVE_NUMBA:
     # A `DecodePath`'s tables as one numba StructRef: one argument whose type numba reads off the object,
     # where the ~70 arrays of the tables passed as tuples cost the dispatcher a type check each, every call.
-    from numba.core import types as _nb_types
     from numba.experimental import structref as _structref
 
+    from edgemoe.jit import UnliteralStructRef
+
     @_structref.register
-    class DecodeTablesType(_nb_types.StructRef):
-        def preprocess_fields(self, fields):
-            return tuple((name, _nb_types.unliteral(typ)) for name, typ in fields)
+    class DecodeTablesType(UnliteralStructRef):
+        pass
 
     class DecodeTables(_structref.StructRefProxy):
         """ex, ex_scratch (`RuleTables`), scratch_out, out (`DecisionBuffers`), om (`OrderMoETables`), work
