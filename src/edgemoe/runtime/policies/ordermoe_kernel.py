@@ -331,7 +331,8 @@ def _work_arrays(K, N, J, G):  # pragma: no cover - compiled
             np.empty((M, K)), np.empty((M, K)), np.empty(M), np.empty(M, np.bool_), np.empty(M, np.bool_), np.empty(M),
             np.empty(M, _I), np.empty(M), np.empty(K), np.empty(K), np.empty(K), np.empty((K, J), _I), np.empty((K, J)),
             np.empty(G, _I), np.empty((K, G)), np.empty((M, G)), np.empty(G), np.zeros(G), np.zeros(G, np.bool_),
-            np.full(N, -1, _I), np.empty(K, _I), np.empty(max(G, K + 1)))
+            np.full(N, -1, _I), np.empty(K, _I), np.empty(max(G, K + 1)), np.empty((K, J), _I),
+            np.zeros(K, _I))
 
 
 @njit(cache=True, inline="always")
@@ -400,7 +401,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
     G = (1 + N if all_nodes else 1 + K * J) if steer else 1
     Cm = C * levels
     (g, sub, q_sub, q_zero, err, kind, p, q_alt, quality, valid, feasible, qterm, part, sub_ready, ready_x, ready_sub, w,
-     cand, base, meet, arrive, kept_max, to_meet, home_leg, dup, seen, nodes_m, wait) = work
+     cand, base, meet, arrive, kept_max, to_meet, home_leg, dup, seen, nodes_m, wait, vj, nv) = work
     for n in range(N):
         seen[n] = -1
     for t in range(T):
@@ -419,16 +420,24 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                 sub[k] = -1
                 q_sub[k] = np.inf
             q_zero[k] = g[k] if has_zero else np.inf
-            for j in range(K):
-                err[k, j] = subst_err[lv, e, topk_tab[tok, lv, j]]
         drop_on = has_drop and K > 1
+        if drop_on:
+            for k in range(K):
+                e = topk_tab[tok, lv, k]
+                for j in range(K):
+                    err[k, j] = subst_err[lv, e, topk_tab[tok, lv, j]]
         for m in range(M):
             wsum = -0.0
-            for j in range(K):
-                w[j] = 0.0 if (m >> j) & 1 else g[j]
-                wsum += w[j]
-            all_gone = K > 0
+            if drop_on and m:
+                for j in range(K):
+                    w[j] = 0.0 if (m >> j) & 1 else g[j]
+                    wsum += w[j]
+            # only the replaced slots (the bits of m) are priced: a kept slot's kind, p and q_alt are never read;
+            # every slot replaced and none by a substitute: the layer has no expert output left
+            all_gone = m == M - 1 and K > 0
             for k in range(K):
+                if not (m >> k) & 1:
+                    continue
                 qd = np.inf
                 if drop_on and wsum > 0:
                     # np.einsum's order for K <= 4 (numpy 2.x, tested): even and odd j summed apart, then added
@@ -443,7 +452,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                 take_drop = (qd < q_sz) or (qd == q_sz and not sub_first)
                 kind[m, k] = 1 if take_drop else (0 if sub_first else 2)
                 p[m, k] = qd if take_drop else q_sz
-                if not ((m >> k) & 1 and kind[m, k] != 0):
+                if kind[m, k] == 0:
                     all_gone = False
             if all_gone:
                 for k in range(K):
@@ -455,11 +464,10 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                 for k in range(K):
                     if (m >> k) & 1:
                         q_alt[m, k] = p[m, k] * layer_p if np.isfinite(layer_p) else np.inf
-                    else:
-                        q_alt[m, k] = p[m, k] * p[m, k]
             else:
                 for k in range(K):
-                    q_alt[m, k] = p[m, k]
+                    if (m >> k) & 1:
+                        q_alt[m, k] = p[m, k]
             ok = True
             qs = -0.0
             for k in range(K):
@@ -496,7 +504,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
             left = left_b - quality[m]
             feasible[m] = valid[m] and left >= -1e-12 and (m == 0 or has_budget)
             qterm[m] = (beta + eps) * quality[m]
-            if horizon > 0:
+            if horizon > 0 and feasible[m]:  # an infeasible action's look-ahead is never read
                 ahead = left if left > 0.0 else 0.0
                 if pace:
                     ahead = ahead * share
@@ -576,6 +584,8 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
         else:
             # -- steered (`_steered_inputs` + `_steered_pick`)
             for k in range(K):
+                nv[k] = 0
+            for k in range(K):
                 e = topk_tab[tok, lv, k]
                 flat = (loc * L + lv) * E + e
                 for j in range(J):
@@ -585,6 +595,15 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                         n = x_node[t, k]
                     cand[k, j] = n
                     base[k, j] = xfer[loc, n] + load[n] + compute[n, lv, e] if ok else np.inf
+                    # the slot's distinct usable candidates (vj[k, :nv[k]], in order): an unusable one (inf) or a
+                    # node named again (the same sums) never reaches a meeting node strictly first
+                    fresh = ok
+                    for i in range(nv[k]):
+                        if cand[k, vj[k, i]] == n:
+                            fresh = False
+                    if fresh:
+                        vj[k, nv[k]] = j
+                        nv[k] += 1
             meet[0] = loc
             if all_nodes:
                 for n in range(N):
@@ -606,7 +625,8 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                     if dup[gi]:
                         continue
                     best = np.inf
-                    for j in range(J):
+                    for i in range(nv[k]):
+                        j = vj[k, i]
                         v = base[k, j] + xfer[cand[k, j], meet[gi]]
                         if v < best:
                             best = v
@@ -650,7 +670,8 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                     continue
                 best = np.inf
                 bj = 0
-                for j in range(J):
+                for i in range(nv[k]):
+                    j = vj[k, i]
                     v = base[k, j] + xfer[cand[k, j], meet[gi]]
                     if v < best:
                         best, bj = v, j
@@ -721,13 +742,13 @@ def ordermoe_tables(policy, budget_total, budget_used, eps_s_per_q: float, steer
 if HAVE_NUMBA:
     # A `DecodePath`'s tables as one numba StructRef: one argument whose type numba reads off the object,
     # where the ~70 arrays of the tables passed as tuples cost the dispatcher a type check each, every call.
-    from numba.core import types as _nb_types
     from numba.experimental import structref as _structref
 
+    from edgemoe.jit import UnliteralStructRef
+
     @_structref.register
-    class DecodeTablesType(_nb_types.StructRef):
-        def preprocess_fields(self, fields):
-            return tuple((name, _nb_types.unliteral(typ)) for name, typ in fields)
+    class DecodeTablesType(UnliteralStructRef):
+        pass
 
     class DecodeTables(_structref.StructRefProxy):
         """ex, ex_scratch (`RuleTables`), scratch_out, out (`DecisionBuffers`), om (`OrderMoETables`), work

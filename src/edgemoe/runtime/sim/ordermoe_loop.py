@@ -227,13 +227,13 @@ def _drive_ordermoe(tab, chunk_rows, every, stamp, b, wave):  # pragma: no cover
 if HAVE_NUMBA:
     # The loop's tables as one numba StructRef: one argument whose type numba reads off the object, where
     # the ~150 arrays of the groups passed as tuples cost the dispatcher a type check each, every call.
-    from numba.core import types as _nb_types
     from numba.experimental import structref as _structref
 
+    from edgemoe.jit import UnliteralStructRef
+
     @_structref.register
-    class LoopTablesType(_nb_types.StructRef):
-        def preprocess_fields(self, fields):
-            return tuple((name, _nb_types.unliteral(typ)) for name, typ in fields)
+    class LoopTablesType(UnliteralStructRef):
+        pass
 
     class LoopTables(_structref.StructRefProxy):
         """ex, ex_scratch (`RuleTables`), scratch_out, out (`DecisionBuffers`), om (`OrderMoETables`), work
