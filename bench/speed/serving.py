@@ -2,14 +2,15 @@
 
 Each stream is a closed loop of streamed completions (`stream: true`, `logprobs: 0` so every chunk says how
 many tokens it carries) sent by an asyncio httpx client in a separate load process (its own GIL) to a real
-uvicorn server on loopback in this process; the default model on edge8
+uvicorn server on loopback, run as `edgemoe serve` runs it: the engine in this process, uvicorn and the API in a
+front process of their own (edgemoe.serve.front); the default model on edge8
 with the placement `edgemoe serve` plans itself (cached in runs/cache). Per level: TTFT and inter-token
 latency (p50, p99) as the client sees them, and aggregate generated tokens per second (all tokens over the
 level's wall time). At one stream the same requests also run through the Python client (the engine
-directly, no HTTP), paired request by request: the difference of the mean inter-token latencies is what
+directly in this process, no HTTP), paired request by request: the difference of the mean inter-token latencies is what
 HTTP adds per token (the target's figure; the median over the pairs of each pair's difference is recorded
 beside it, less moved by the other jobs of a shared machine), and so is the difference of the server
-process's CPU seconds per token on the two sides (what the HTTP layer costs, whatever the machine's load;
+processes' CPU seconds per token on the two sides (the engine's and the front's: what the HTTP layer costs, whatever the machine's load;
 on a busy host the wall figure is that CPU stretched by the wait for a core).
 
 Targets (issue 20): at 16 streams aggregate tokens/s >= 3x the 1-stream figure; HTTP adds <= 2 ms per token.
