@@ -12,7 +12,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from edgemoe.serve.engine import Engine, GenerationRequest
-from edgemoe.serve.front import FrontProcess, event_from_wire, event_to_wire, request_from_wire, request_to_wire
+from edgemoe.serve.front import (
+    FrontProcess,
+    event_from_wire,
+    event_to_wire,
+    request_from_wire,
+    request_to_wire,
+)
 from edgemoe.serve.telemetry import Telemetry
 
 
