@@ -321,8 +321,11 @@ def front_main(conn, status, settings: dict) -> None:
         app = create_app(remote, settings["model_name"], api_key=settings["api_key"], limits=Limits(**settings["limits"]),
                          default_user=settings["default_user"])
         host = settings["host"]
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        # proto IPPROTO_TCP, as asyncio's own listeners have: asyncio sets TCP_NODELAY only on connections of
+        # such sockets, and without it a keep-alive connection's small writes wait out the peer's delayed ACK
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((host, settings["port"]))
     except Exception as exc:  # noqa: BLE001 - the parent reports it
         status.send({"error": f"{type(exc).__name__}: {exc}"})
