@@ -14,6 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from edgemoe.serve.engine import Engine, GenerationRequest
 from edgemoe.serve.front import (
     FrontProcess,
+    _encode,
+    _lines,
     event_from_wire,
     event_to_wire,
     request_from_wire,
@@ -43,6 +45,9 @@ def test_wire_round_trip():
     d = Delta("ab", [TokenInfo(5, -0.5, [(5, -0.5), (7, -1.25)])])
     for ev in (d, Finished("length", {"a": 1}), Failed(503, "gone")):
         assert event_from_wire(event_to_wire(3, ev, [1, 2])) == ev
+    one, two = _encode({"t": "a\nb"}), _encode({"k": 2})  # a newline inside a string stays escaped
+    lines, rest = _lines(b"", one + two[:3])  # a read may end inside a message
+    assert lines == [one[:-1]] and _lines(rest, two[3:]) == ([two[:-1]], b"")
 
 
 def test_same_answer_as_the_in_thread_app(client, remote_client):

@@ -12,7 +12,8 @@ SSE framing and the sockets run in the front's process, beside it.
       sink(event) ---------------> {"k": "d"|"f"|"x"} -> the request's asyncio queue (read in the event loop)
       cancel, state, metrics   <-> their replies         /health, /metrics, a client that went away
 
-Messages are JSON objects, one per `Connection.send_bytes`. The front holds its own tokenizer (loaded from
+Messages are JSON objects, one per line, over a Unix socket pair (no pickles; the front reads it as an asyncio
+protocol: one read per wake-up however many lines it brings). The front holds its own tokenizer (loaded from
 the model spec) for prompts, chat templates and logprob token texts; the engine sends text pieces and token
 ids exactly as it hands them to an in-process sink. Metrics: the front counts HTTP requests and 429s in its
 own registry, and `/metrics` appends the engine's families, fetched over the pipe at each scrape.
@@ -29,6 +30,7 @@ import asyncio
 import itertools
 import json
 import multiprocessing
+import os
 import secrets
 import socket
 import threading
@@ -72,7 +74,14 @@ def event_from_wire(m: dict):
 
 
 def _encode(obj) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
+    """One message: a JSON line (json.dumps escapes newlines inside strings)."""
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+def _lines(buf: bytes, data: bytes) -> tuple[list[bytes], bytes]:
+    """Complete lines of buf + data, and the incomplete rest."""
+    *lines, rest = (buf + data).split(b"\n")
+    return lines, rest
 
 
 # ---- the engine process's side -------------------------------------------------------------------------------
@@ -80,8 +89,8 @@ class EngineHost:
     """Serves one front's connection from a thread of the engine process: submits its requests to `engine`
     and sends each request's events back from the engine thread (the sink)."""
 
-    def __init__(self, engine, conn):
-        self.engine, self.conn = engine, conn
+    def __init__(self, engine, sock: socket.socket):
+        self.engine, self.sock = engine, sock
         self._lock = threading.Lock()  # the engine thread (events) and this thread (replies) both send
         self._seqs: dict[int, object] = {}  # stream id -> the engine's Sequence
         self._thread = threading.Thread(target=self._serve, name="edgemoe-front-host", daemon=True)
@@ -96,7 +105,7 @@ class EngineHost:
     def _send(self, obj) -> None:
         data = _encode(obj)
         with self._lock:
-            self.conn.send_bytes(data)
+            self.sock.sendall(data)
 
     def _sink(self, sid: int):
         def sink(ev):  # engine thread; an exception (front gone) cancels the sequence (Sequence.emit)
@@ -112,15 +121,14 @@ class EngineHost:
         return sink
 
     def _serve(self) -> None:
-        while True:
-            try:
-                msg = json.loads(self.conn.recv_bytes())
-            except (EOFError, OSError):
-                break
-            try:
-                self._handle(msg)
-            except (BrokenPipeError, OSError):
-                break
+        buf = b""
+        try:
+            while data := self.sock.recv(1 << 16):
+                lines, buf = _lines(buf, data)
+                for line in lines:
+                    self._handle(json.loads(line))
+        except OSError:
+            pass
         for seq in list(self._seqs.values()):  # the front is gone: nobody reads these streams
             seq.cancelled = True
         self._seqs.clear()
@@ -184,13 +192,16 @@ class RemoteSequence:
 
 
 class RemoteEngine:
-    """The engine as create_app sees it, in the front process: requests and events over `conn`, read by the
-    event loop itself (add_reader), so an event reaches its request's queue without a thread hop."""
+    """The engine as create_app sees it, in the front process: requests and events over `sock`, read by the
+    event loop itself (an asyncio protocol), so an event reaches its request's queue without a thread hop."""
 
     remote = True
 
-    def __init__(self, conn, info: dict, tokenizer, telemetry):
-        self.conn = conn
+    def __init__(self, sock: socket.socket, info: dict, tokenizer, telemetry):
+        self.sock = sock
+        self.transport: asyncio.Transport | None = None
+        self._buf = b""
+        self._gone = False
         self.ctx = SimpleNamespace(**info["ctx"])
         self.dep = SimpleNamespace(**info["dep"])
         self.policy_name = info["policy_name"]
@@ -206,9 +217,10 @@ class RemoteEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.on_lost = lambda: None  # called once when the engine process is gone (front_main stops the server)
 
-    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        loop.add_reader(self.conn.fileno(), self._readable)
+    async def attach(self) -> None:
+        """Start reading the engine's messages in the running event loop."""
+        self._loop = asyncio.get_running_loop()
+        await self._loop.connect_accepted_socket(lambda: _EngineLink(self), self.sock)
 
     def new_request_id(self, prefix: str = "cmpl") -> str:
         return f"{prefix}-{self._run_id}{next(self._ids):06d}"
@@ -217,10 +229,10 @@ class RemoteEngine:
         return dict(self._load)
 
     def send(self, obj) -> None:
-        try:
-            self.conn.send_bytes(_encode(obj))
-        except OSError:
+        if self.transport is None or self.transport.is_closing():
             self._lost()
+        else:
+            self.transport.write(_encode(obj))
 
     async def _call(self, msg: dict) -> dict:
         fut = self._loop.create_future()
@@ -263,12 +275,10 @@ class RemoteEngine:
         reply = await self._call({"op": "metrics", "id": next(self._ids)})
         return reply.get("text", "").encode()
 
-    def _readable(self) -> None:
-        try:
-            while self.conn.poll():
-                self._dispatch(json.loads(self.conn.recv_bytes()))
-        except (EOFError, OSError):
-            self._lost()
+    def received(self, data: bytes) -> None:
+        lines, self._buf = _lines(self._buf, data)
+        for line in lines:
+            self._dispatch(json.loads(line))
 
     def _dispatch(self, m: dict) -> None:
         kind = m.get("k")
@@ -287,13 +297,11 @@ class RemoteEngine:
         seq.sink(event_from_wire(m))
 
     def _lost(self) -> None:
-        if not self.alive and self._loop is None:
+        if self._gone:
             return
+        self._gone = True
         self.failure = self.failure or "the engine process is gone"
         self.alive = False
-        if self._loop is not None:
-            self._loop.remove_reader(self.conn.fileno())
-            self._loop = None
         for seq in list(self._streams.values()):
             seq.done = True
             seq.sink(Failed(503, self.failure))
@@ -303,6 +311,22 @@ class RemoteEngine:
                 fut.set_result({"op": "refused", "status": 503, "message": self.failure})
         self._calls.clear()
         self.on_lost()
+
+
+class _EngineLink(asyncio.Protocol):
+    """The front's end of the socket pair: lines to RemoteEngine.received."""
+
+    def __init__(self, remote: RemoteEngine):
+        self.remote = remote
+
+    def connection_made(self, transport) -> None:
+        self.remote.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.remote.received(data)
+
+    def connection_lost(self, exc) -> None:
+        self.remote._lost()
 
 
 def front_main(conn, status, settings: dict) -> None:
@@ -317,7 +341,8 @@ def front_main(conn, status, settings: dict) -> None:
         from .telemetry import HttpTelemetry
 
         tokenizer = load_tokenizer(settings["model"])
-        remote = RemoteEngine(conn, settings["info"], tokenizer, HttpTelemetry())
+        remote = RemoteEngine(socket.socket(fileno=os.dup(conn.fileno())), settings["info"], tokenizer, HttpTelemetry())
+        conn.close()
         app = create_app(remote, settings["model_name"], api_key=settings["api_key"], limits=Limits(**settings["limits"]),
                          default_user=settings["default_user"])
         host = settings["host"]
@@ -334,7 +359,7 @@ def front_main(conn, status, settings: dict) -> None:
     server = uvicorn.Server(config)
 
     async def main() -> None:
-        remote.attach(asyncio.get_running_loop())
+        await remote.attach()
         remote.on_lost = lambda: setattr(server, "should_exit", True)
         serving = asyncio.ensure_future(server.serve(sockets=[sock]))
         while not server.started and not serving.done():
@@ -375,8 +400,9 @@ class FrontProcess:
         self.proc.start()
         theirs.close()
         status_out.close()
-        self.conn = mine
-        self.host_thread = EngineHost(self.engine, mine).start()
+        self.sock = socket.socket(fileno=os.dup(mine.fileno()))
+        mine.close()
+        self.host_thread = EngineHost(self.engine, self.sock).start()
         end = time.monotonic() + timeout_s
         while not status_in.poll(0.1):
             if not self.proc.is_alive() or time.monotonic() > end:
@@ -395,8 +421,6 @@ class FrontProcess:
 
     def cpu_s(self) -> float:
         """CPU seconds the front process has used (Linux: /proc; 0.0 elsewhere or once it has ended)."""
-        import os
-
         try:
             with open(f"/proc/{self.proc.pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
@@ -417,7 +441,7 @@ class FrontProcess:
                 self.proc.join(timeout_s)
         if self.host_thread is not None:
             self.host_thread.join(timeout_s)  # the front's end of the pipe closed with it: the host's recv ended
-            self.conn.close()
+            self.sock.close()
             self.host_thread = None
 
     def __enter__(self) -> FrontProcess:
