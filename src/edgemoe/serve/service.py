@@ -1,5 +1,6 @@
-"""One in-process service: deployment + engine + HTTP app, and uvicorn running it (in the foreground for
-`edgemoe serve`, or in a thread for tests and benchmarks).
+"""One in-process service: deployment + engine + HTTP app. `edgemoe serve` and the serving benchmark run the app
+in a front process of its own (edgemoe.serve.front.FrontProcess.of(svc)); ServerThread runs it in a thread of
+this process (the tests, and the Ray backend's ingress).
 
     svc = make_service(DeploymentSpec(policy="ordermoe"))
     with ServerThread(svc.app) as server:          # 127.0.0.1, a free port
