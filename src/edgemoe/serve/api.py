@@ -16,6 +16,7 @@ or `exact: true`, `explain: true`, `allow_degraded: true` (the ray backend: a fa
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import secrets
@@ -279,7 +280,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
             if not seq.done:
                 seq.cancelled = True
 
-    def token_text(t: int) -> str:
+    @functools.lru_cache(maxsize=1 << 16)
+    def token_text(t: int) -> str:  # a token's text never changes: decode each id once (logprobs ask per token)
         return tokenizer.decode([t])
 
     def completion_logprobs(infos, offset0: int = 0) -> dict:
