@@ -2,14 +2,15 @@
 
 Each stream is a closed loop of streamed completions (`stream: true`, `logprobs: 0` so every chunk says how
 many tokens it carries) sent by an asyncio httpx client in a separate load process (its own GIL) to a real
-uvicorn server on loopback in this process; the default model on edge8
+uvicorn server on loopback, run as `edgemoe serve` runs it: the engine in this process, uvicorn and the API in a
+front process of their own (edgemoe.serve.front); the default model on edge8
 with the placement `edgemoe serve` plans itself (cached in runs/cache). Per level: TTFT and inter-token
 latency (p50, p99) as the client sees them, and aggregate generated tokens per second (all tokens over the
 level's wall time). At one stream the same requests also run through the Python client (the engine
-directly, no HTTP), paired request by request: the difference of the mean inter-token latencies is what
+directly in this process, no HTTP), paired request by request: the difference of the mean inter-token latencies is what
 HTTP adds per token (the target's figure; the median over the pairs of each pair's difference is recorded
 beside it, less moved by the other jobs of a shared machine), and so is the difference of the server
-process's CPU seconds per token on the two sides (what the HTTP layer costs, whatever the machine's load;
+processes' CPU seconds per token on the two sides (the engine's and the front's: what the HTTP layer costs, whatever the machine's load;
 on a busy host the wall figure is that CPU stretched by the wait for a core).
 
 Targets (issue 20): at 16 streams aggregate tokens/s >= 3x the 1-stream figure; HTTP adds <= 2 ms per token.
@@ -34,7 +35,8 @@ from edgemoe.distributed.sampling import SamplingParams
 from edgemoe.io import atomic_write_json
 from edgemoe.results import environment
 from edgemoe.serve.engine import Delta, Finished, GenerationRequest
-from edgemoe.serve.service import ServerThread, make_service
+from edgemoe.serve.front import FrontProcess
+from edgemoe.serve.service import make_service
 from edgemoe.serve.setup import DeploymentSpec, load_deployment
 
 OUT = RESULTS / "serving.json"
@@ -129,18 +131,20 @@ def python_once(engine, prompt: list[int], tokens: int, seed: int) -> dict:
             return {"sent": sent, "arrivals": arrivals}
 
 
-def http_vs_python(pool, url: str, engine, ps: list[list[int]], count: int, tokens: int) -> dict:
+def http_vs_python(pool, front: FrontProcess, engine, ps: list[list[int]], count: int, tokens: int) -> dict:
     """One stream, paired: request i through HTTP (from the load process), then the same request (prompt, seed)
     through the Python client, so that a change of the machine's load hits both sides alike. Beside the wall
     times, the CPU seconds this (the server's) process spent per generated token on each side: the engine
-    thread, the HTTP thread and this thread together (the load process's own CPU is the client's, not counted)."""
+    thread and this thread, plus the front process (uvicorn, the API) on the HTTP side; the load process's own CPU
+    is the client's, not counted."""
+    url = front.url
     http, py = [], []
     t_http = t_py = cpu_http = cpu_py = 0.0
     load0 = list(os.getloadavg())
     for i in range(count):
-        c0 = time.process_time()
+        c0, f0 = time.process_time(), front.cpu_s()
         (rec,), wall = pool.apply(client_level, (url, 1, 1, [ps[i % len(ps)]], tokens))
-        cpu_http += time.process_time() - c0
+        cpu_http += time.process_time() - c0 + front.cpu_s() - f0
         # client_level seeds stream 0's first request with 0: give the Python client the same seed
         http.append(rec)
         t_http += wall
@@ -178,13 +182,13 @@ def main() -> None:
         dep = replace(base, spec=replace(base.spec, policy=policy, policy_params=()))
         svc = make_service(dep.spec, deployment=dep, max_running=max(levels), max_queue=max(levels))
         try:
-            with ServerThread(svc.app) as server:
+            with FrontProcess.of(svc) as server:
                 run_level(pool, server.url, 1, 1, ps, 8)  # warm-up
                 rows = {}
                 for c in levels:
                     rows[str(c)] = run_level(pool, server.url, c, max(1, n_requests // c), ps, args.tokens)
                     print(f"{policy:>9} {c:>3} streams: {rows[str(c)]}")
-                paired = http_vs_python(pool, server.url, svc.engine, ps, max(1, n_requests), args.tokens)
+                paired = http_vs_python(pool, server, svc.engine, ps, max(1, n_requests), args.tokens)
                 rows["1_paired_http"], rows["1_paired_python"] = paired["http"], paired["python"]
                 rows["1_paired_median_itl_diff_ms"] = paired["median_paired_itl_diff_ms"]
                 rows["1_paired_load_average"] = paired["load_average"]

@@ -16,6 +16,7 @@ or `exact: true`, `explain: true`, `allow_degraded: true` (the ray backend: a fa
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import secrets
@@ -242,15 +243,16 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
                                  bool(opts and opts.explain), engine.new_request_id(prefix),
                                  bool(opts and opts.allow_degraded))
 
-    def submit(req: GenerationRequest):
-        loop = asyncio.get_running_loop()
+    remote = getattr(engine, "remote", False)  # the engine runs in another process (edgemoe.serve.front)
+
+    async def submit(req: GenerationRequest):
         queue: asyncio.Queue = asyncio.Queue()
-
-        def sink(event):
-            loop.call_soon_threadsafe(queue.put_nowait, event)
-
         try:
-            seq = engine.submit(req, sink)
+            if remote:  # its events are read in this event loop: straight into the queue
+                seq = await engine.submit_async(req, queue.put_nowait)
+            else:  # the engine thread's events hop into the loop
+                loop = asyncio.get_running_loop()
+                seq = engine.submit(req, lambda event: loop.call_soon_threadsafe(queue.put_nowait, event))
         except Busy as exc:
             if tele is not None:
                 tele.rejected.inc()
@@ -278,7 +280,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
             if not seq.done:
                 seq.cancelled = True
 
-    def token_text(t: int) -> str:
+    @functools.lru_cache(maxsize=1 << 16)
+    def token_text(t: int) -> str:  # a token's text never changes: decode each id once (logprobs ask per token)
         return tokenizer.decode([t])
 
     def completion_logprobs(infos, offset0: int = 0) -> dict:
@@ -357,7 +360,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
         max_tokens = 16 if body.max_tokens is None else body.max_tokens
         check_prompt(ids, max_tokens)
         req = generation(body, ids, max_tokens, body.logprobs)
-        seq, queue = submit(req)
+        seq, queue = await submit(req)
         base = {"id": req.request_id, "object": "text_completion", "created": created, "model": model_name}
         if body.stream:
             def chunk(ev: Delta):
@@ -395,7 +398,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
         check_prompt(ids, max_tokens)
         top = (body.top_logprobs or 0) if body.logprobs else None
         req = generation(body, ids, max_tokens, top, chat_stop, prefix="chatcmpl")
-        seq, queue = submit(req)
+        seq, queue = await submit(req)
         base = {"id": req.request_id, "object": "chat.completion", "created": created, "model": model_name}
         if body.stream:
             chunk_base = dict(base, object="chat.completion.chunk")
@@ -433,6 +436,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
 
     @app.get("/health")
     async def health():
+        if remote:
+            await engine.refresh()
         if engine.failure or not engine.alive:
             return error_response(503, engine.failure or "the engine is not running")
         return {"status": "ok", **engine.load()}
@@ -442,7 +447,10 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
         check_key(request)
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        return Response(tele.render() if tele is not None else b"", media_type=CONTENT_TYPE_LATEST)
+        if tele is None:
+            return Response(b"", media_type=CONTENT_TYPE_LATEST)
+        text = tele.render(await engine.metrics_text()) if remote else tele.render()
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     return app
 

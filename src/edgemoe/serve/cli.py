@@ -123,17 +123,27 @@ def serve_command(
 
 
 def _run_http(svc, host: str, port: int, api_key: str | None) -> None:
-    import uvicorn
+    """Serve `svc` until Ctrl-C: the engine in this process, uvicorn and the API in a front process of their own
+    (edgemoe.serve.front: HTTP work never holds the engine's GIL)."""
+    from .front import FrontProcess
 
     ctx = svc.deployment.ctx
     for what, info in svc.deployment.sources.items():
         typer.echo(f"{what}: {info['path']}{' (cached)' if info.get('cached') else ''}")
     typer.echo(f"serving {svc.model_name!r} on {ctx.cluster_name} ({ctx.num_nodes} nodes, {ctx.num_users} users), "
                f"placement {ctx.placement_method}, policy {svc.engine.policy_name}, mode {ctx.mode}")
-    typer.echo(f"OpenAI API at http://{host}:{port}/v1{' (API key required)' if api_key else ''}; Ctrl-C stops")
+    front = FrontProcess.of(svc, host=host, port=port)
     try:
-        uvicorn.run(svc.app, host=host, port=port, log_level="warning", lifespan="off", timeout_graceful_shutdown=5)
+        front.start()
+        typer.echo(f"OpenAI API at {front.url}/v1{' (API key required)' if api_key else ''}; Ctrl-C stops")
+        front.wait()
+    except EdgeMoEError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=2) from None
+    except KeyboardInterrupt:
+        pass
     finally:
+        front.stop()
         svc.close()
 
 

@@ -1,5 +1,6 @@
-"""One in-process service: deployment + engine + HTTP app, and uvicorn running it (in the foreground for
-`edgemoe serve`, or in a thread for tests and benchmarks).
+"""One in-process service: deployment + engine + HTTP app. `edgemoe serve` and the serving benchmark run the app
+in a front process of its own (edgemoe.serve.front.FrontProcess.of(svc)); ServerThread runs it in a thread of
+this process (the tests, and the Ray backend's ingress).
 
     svc = make_service(DeploymentSpec(policy="ordermoe"))
     with ServerThread(svc.app) as server:          # 127.0.0.1, a free port
@@ -28,8 +29,11 @@ from .telemetry import Telemetry
 class Service:
     deployment: Deployment
     engine: Engine
-    app: object  # FastAPI
+    app: object  # FastAPI (the in-thread front: ServerThread(app))
     model_name: str
+    api_key: str | None = None
+    limits: Limits = Limits()
+    default_user: int = 0
 
     def close(self) -> None:
         self.engine.close()
@@ -47,7 +51,7 @@ def make_service(spec: DeploymentSpec, api_key: str | None = None, limits: Limit
     engine = Engine(dep, max_running=max_running, max_queue=max_queue, telemetry=tele, log_routing=log_routing)
     name = model_name or dep.spec.model
     app = create_app(engine, name, api_key=api_key, limits=limits or Limits(), default_user=default_user)
-    return Service(dep, engine, app, name)
+    return Service(dep, engine, app, name, api_key, limits or Limits(), default_user)
 
 
 def default_user_index(ctx, user: str | int | None) -> int:

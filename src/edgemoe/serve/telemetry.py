@@ -20,16 +20,34 @@ LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
-class Telemetry:
+class HttpTelemetry:
+    """The HTTP side's metrics (requests by endpoint and status, 429s), in a registry of their own: with the
+    front in its own process (edgemoe.serve.front) they live there and the engine's families are appended."""
+
+    def __init__(self):
+        self.http_registry = CollectorRegistry()
+        r = self.http_registry
+        self.requests = Counter("edgemoe_requests", "HTTP requests by endpoint and status code",
+                                ["endpoint", "status"], registry=r)
+        self.rejected = Counter("edgemoe_rejected_requests", "requests refused at admission (queue full)", registry=r)
+
+    def request(self, endpoint: str, status: int) -> None:
+        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
+
+    def render(self, engine_text: bytes = b"") -> bytes:
+        """Prometheus text: these families, then the engine's (engine_text, rendered elsewhere)."""
+        return generate_latest(self.http_registry) + engine_text
+
+
+class Telemetry(HttpTelemetry):
     """The server's metrics. node_names: [N] the cluster's nodes (labels of the per-node counters); policies: the
     policy labels whose series exist from the start."""
 
     def __init__(self, node_names, policies=("exact",)):
+        super().__init__()
         self.registry = CollectorRegistry()
         r = self.registry
         self.node_names = tuple(node_names)
-        self.requests = Counter("edgemoe_requests", "HTTP requests by endpoint and status code",
-                                ["endpoint", "status"], registry=r)
         self.ttft = Histogram("edgemoe_time_to_first_token_seconds", "arrival to first generated token",
                               buckets=LATENCY_BUCKETS_S, registry=r)
         self.itl = Histogram("edgemoe_inter_token_latency_seconds", "time between a sequence's generated tokens",
@@ -52,7 +70,6 @@ class Telemetry:
                                     registry=r)
         self.finished_count = Counter("edgemoe_finished_sequences", "sequences by finish reason", ["reason"],
                                       registry=r)
-        self.rejected = Counter("edgemoe_rejected_requests", "requests refused at admission (queue full)", registry=r)
         self.exclusions = Counter("edgemoe_exclusions", "nodes excluded after a failure, by who excluded them",
                                   ["by", "node"], registry=r)
         self.readmissions = Counter("edgemoe_readmissions", "excluded nodes readmitted after a probe, by who readmitted "
@@ -106,11 +123,12 @@ class Telemetry:
         """One exclusion ("excluded") or readmission ("readmitted") of `node` by `by`."""
         (self.exclusions if kind == "excluded" else self.readmissions).labels(by=by, node=node).inc()
 
-    # ---- HTTP side ------------------------------------------------------------------------------
-    def request(self, endpoint: str, status: int) -> None:
-        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
-
-    def render(self) -> bytes:
+    # ---- rendering ------------------------------------------------------------------------------
+    def render_engine(self) -> bytes:
+        """The engine's families only (the front process asks for these)."""
         if self.before_render is not None:
             self.before_render()
         return generate_latest(self.registry)
+
+    def render(self, engine_text: bytes | None = None) -> bytes:
+        return super().render(self.render_engine() if engine_text is None else engine_text)
