@@ -751,7 +751,8 @@ def targets() -> list[str]:
 
 def _demo_time(t: dict) -> str:
     """A demo's summary.json timing in words: wall and CPU minutes, the load at its start and end, the processes."""
-    return (f"{t['wall_s'] / 60:.1f} min wall, {t['cpu_s'] / 60:.1f} min CPU on {t['cpu_count']} cores, "
+    ray = f" ({t['ray_cpu_s'] / 60:.1f} of them in the Ray processes)" if "ray_cpu_s" in t else ""
+    return (f"{t['wall_s'] / 60:.1f} min wall, {t['cpu_s'] / 60:.1f} min CPU{ray} on {t['cpu_count']} cores, "
             f"{t['workers']} process{'es' if t['workers'] > 1 else ''}, 1-minute load {t['load_average_start'][0]:.1f} at "
             f"the start and {t['load_average_end'][0]:.1f} at the end")
 
