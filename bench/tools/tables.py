@@ -135,7 +135,8 @@ def _results_time(cpu_total: float, unknown: list[str]) -> str:
     if not unknown:
         return (f"The files' CPU times add up to {cpu_total / 60:.0f} min of CPU, each file's own run on the host "
                 "load recorded beside it (the wall time depends on that load; runs that found runs/cache or "
-                "numba's cache filled spent less than a fresh clone would).")
+                "numba's cache filled spent less than a fresh clone would; the Ray benchmarks' files count their "
+                "driver's CPU, not their actors', except `demo-ray/summary.json`, which adds them).")
     files = "1 file does" if len(unknown) == 1 else f"{len(unknown)} files do"
     return (f"The files that record their CPU time add up to {cpu_total / 60:.0f} min of CPU; {files} "
             f"not record it ({', '.join(f'`{u}`' for u in unknown)}), so the total time is not known until "
