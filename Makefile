@@ -40,6 +40,9 @@ results: $(STAMP)
 		--report bench/results/default_model
 	$(BIN)/edgemoe profile --model default-upcycled --data shared:../shared/data --tokens 50000 --out runs/prof-upcycled \
 		--report bench/results/default_upcycled_model
+	# calibration.json first: the ordermoe-full methods read it (studies.equal_quality and every equal_quality
+	# run below, full_policy_diagnosis)
+	$(BIN)/python -m bench.studies.calibration
 	for m in $(BENCH); do $(BIN)/python -m bench.$$m || exit 1; done
 	$(BIN)/python -m bench.ray.runtime --quick
 	$(BIN)/python -m bench.ray.serving_soak --streams 64 --minutes 10 --warmup-s 60
@@ -60,7 +63,6 @@ results: $(STAMP)
 	$(BIN)/python -m bench.studies.latency_floor
 	$(BIN)/python -m bench.studies.full_policy_diagnosis
 	$(BIN)/python -m bench.studies.ladder --curve
-	$(BIN)/python -m bench.studies.calibration
 	$(BIN)/python -m bench.studies.lookahead --quick --budgets 0.05,0.2 --clusters testbed8,edge8
 	$(BIN)/python -m bench.speed.policies --setups L=16 --policies 'ordermoe(H=0),ordermoe(H=2),ordermoe(H=3)'
 	$(BIN)/python -m bench.speed.policies --setups 'edge8 L=8' --rows 1,64 --out policies_decode.json

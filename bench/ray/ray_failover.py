@@ -3,7 +3,10 @@ link loses half its messages; latency per phase; crashed servers restart and rej
 
     python -m bench.ray.ray_failover [--users 64] [--seconds 60] [--seed 0]
 
-edge8, default model, ordermoe placement, exact policy, home mode, links emulated, per-call timeout 2 s.
+edge8, default model, ordermoe placement, exact policy, home mode, links emulated, per-call timeout 2 s. Every
+request allows degradation (`allow_degraded`): a slot whose every replica is down is dropped and counted,
+instead of the request failing as an exact request would (that refusal is tests/distributed's to check; here
+the question is whether every request is answered exactly once).
 Run 1 (crashes): `--users` concurrent users in a closed loop for `--seconds`; three of the eight server actors,
 drawn at random, are killed at random moments: first one alone, later the other two at once. Ray restarts
 each; homes probe and readmit them.
@@ -62,6 +65,16 @@ def rejoin_times(dep, nodes, t_kill: dict, timeout_s: float = 180.0) -> dict:
     return {dep.cfg.ctx.node_names[n]: out.get(n, float("nan")) for n in nodes}
 
 
+def degrading(client_cls):
+    """`client_cls` whose requests allow degradation (module docstring)."""
+
+    class DegradingClient(client_cls):
+        def generate(self, *args, **kwargs):
+            return super().generate(*args, **{**kwargs, "allow_degraded": True})
+
+    return DegradingClient
+
+
 def load_run(dep, client_cls, users, prompts, gen, seconds, schedule, name) -> dict:
     """Closed loop while `schedule` [(t, fn, label)] fires in a side thread; returns the run's figures."""
     from edgemoe.distributed.loadrun import CpuMeter, ray_pids
@@ -103,10 +116,12 @@ def main() -> None:
 
     from bench.common import environment, setup
     from edgemoe.distributed.cli import load_prompts
-    from edgemoe.distributed.serve import Client, Deployment, start_ray, stop_ray
+    from edgemoe.distributed.serve import Client as ExactClient
+    from edgemoe.distributed.serve import Deployment, start_ray, stop_ray
     from edgemoe.distributed.server import ServerConfig
     from edgemoe.io import atomic_write_json
 
+    Client = degrading(ExactClient)
     rng = np.random.default_rng(args.seed)
     ctx, path = setup("exact")
     prompts = load_prompts("default", 32, 16)

@@ -313,7 +313,6 @@ def main() -> None:
     results = {
         "schema": "edgemoe.bench.planners/1", "mode": "quick" if args.quick else "full",
         "command": "python -m bench.speed.planners" + (" --quick" if args.quick else ""),
-        "environment": {**environment(), "processor": platform.processor()},
         "objective": "expected per-token MoE latency (s), edgemoe.plan.objective.expected_latency",
         "base_problem": BASE, "planners": list(labels) + list(LP_START),
         "sweeps": {name: run_sweep(name, xs, make, labels) for name, (xs, make) in sweeps(args.quick).items()},
@@ -323,6 +322,8 @@ def main() -> None:
     results["targets"] = targets(args.quick)
     results["preset"] = preset({**labels, **LP_START})
     results["total_seconds"] = time.perf_counter() - start
+    # made last, so that its cpu_s is the whole run's
+    results["environment"] = {**environment(), "processor": platform.processor()}
     suffix = "-quick" if args.quick else ""
     atomic_write_json(args.out / f"planners{suffix}.json", results)
     plot(results, args.out / f"planners{suffix}.png")

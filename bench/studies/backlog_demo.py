@@ -12,12 +12,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere: the bench package
 
-from bench.common import compare_backlogs, write_backlog_part
+from bench.common import backlog_sweep, write_backlog_part
 from bench.studies.ordermoe_placement import demo_inputs
 from bench.studies.scaling import operating_budgets
 from edgemoe.cluster import load_cluster
-from edgemoe.eval.experiment import eval_trace
-from edgemoe.plan import plan, plan_problem
+from edgemoe.plan import plan_problem
 from edgemoe.runtime.context import context_from_problem
 from edgemoe.runtime.sim.workload import Workload
 
@@ -31,14 +30,9 @@ def main(argv: list[str]) -> int:
     problem = plan_problem(profile, cluster, domain_fallback=fallback)
     wl = Workload(num_requests=64, prompt_tokens=cfg.prompt_tokens, gen_tokens=cfg.gen_tokens, rate_per_s=20.0,
                   seed=cfg.seed)
-    rows = []
-    for mode in modes:
-        for point, b in budgets.items():
-            pl = plan(problem, "ordermoe", mode=mode, budget=b)
-            ctx = context_from_problem(problem, pl, mode=mode, dense=True)
-            trace = eval_trace(topk, gates, ctx.user_domain, cfg.block_len)
-            rows += compare_backlogs(ctx, trace, wl, b, {"model": model, "mode": mode, "point": point})
-    print("wrote", write_backlog_part(rows))
+    scenarios = (({"mode": mode}, problem, mode, wl,
+                  lambda pl, mode=mode: context_from_problem(problem, pl, mode=mode, dense=True)) for mode in modes)
+    print("wrote", write_backlog_part(backlog_sweep(scenarios, budgets, topk, gates, cfg.block_len, model)))
     return 0
 
 

@@ -12,26 +12,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere: the bench package
 
-from bench.common import compare_backlogs, write_backlog_part
+from bench.common import backlog_sweep, write_backlog_part
 from bench.studies.ordermoe_placement import demo_inputs
 from bench.studies.scaling import operating_budgets, size_setting
-from edgemoe.eval.experiment import eval_trace
-from edgemoe.plan import plan
 from edgemoe.runtime import make_context
+
+
+def scenarios(profile, cfg, sizes: list[int]):
+    """backlog_sweep's scenarios: scaling's generated setting of each size, migrate mode."""
+    for servers in sizes:
+        cluster, fallback, problem, groups, wl = size_setting(profile, cfg, servers)
+        yield ({"servers": servers}, problem, "migrate", wl,
+               lambda pl, cluster=cluster, groups=groups, fallback=fallback: make_context(
+                   profile, cluster, pl, mode="migrate", groups=groups, domain_fallback=fallback))
 
 
 def main(argv: list[str]) -> int:
     model, sizes = argv[0], [int(s) for s in argv[1].split(",")]
     budgets = operating_budgets(model)
     profile, topk, gates, cfg = demo_inputs(ROOT / "runs" / "cache", model)
-    rows = []
-    for servers in sizes:
-        cluster, fallback, problem, groups, wl = size_setting(profile, cfg, servers)
-        for point, b in budgets.items():
-            pl = plan(problem, "ordermoe", mode="migrate", budget=b)
-            ctx = make_context(profile, cluster, pl, mode="migrate", groups=groups, domain_fallback=fallback)
-            trace = eval_trace(topk, gates, ctx.user_domain, cfg.block_len)
-            rows += compare_backlogs(ctx, trace, wl, b, {"model": model, "servers": servers, "point": point})
+    rows = backlog_sweep(scenarios(profile, cfg, sizes), budgets, topk, gates, cfg.block_len, model)
     print("wrote", write_backlog_part(rows))
     return 0
 

@@ -43,3 +43,43 @@ def test_ray_measures_the_first_model_only(tmp_path, monkeypatch):
                         lambda cfg, comps, out, log, backend, suffix="": seen.append((cfg.model, backend, len(comps))) or [])
     experiment.run_demo(ExperimentConfig(models=("a", "b")), tmp_path, log=lambda _m: None, backend="ray")
     assert seen == [("a", "ray", 2)]  # the other models are the plain demo's (simulated) work
+
+
+def test_ray_demo_summary_adds_the_ray_processes_cpu(tmp_path):
+    import json
+
+    paths = []
+    for name, ray_s in (("a.json", 12.5), ("b.json", 30.0)):
+        paths.append(tmp_path / name)
+        paths[-1].write_text(json.dumps({"environment": {"cpu_s": 1.0, "ray_cpu_s": ray_s}}))
+    t = experiment.demo_summary(paths, 100.0, [1.0, 1.0, 1.0], 1, "ray")["timing"]
+    assert t["ray_cpu_s"] == 42.5 and t["cpu_s"] == round(t["driver_cpu_s"] + 42.5, 1)
+    plain = experiment.demo_summary(paths, 100.0, [1.0, 1.0, 1.0], 2, "simulate")["timing"]
+    assert "ray_cpu_s" not in plain and plain["cpu_s"] < t["cpu_s"]
+
+
+def test_ray_cpu_s_counts_the_ray_processes_not_the_driver():
+    import os
+    import subprocess
+    import sys
+
+    from edgemoe.distributed.loadrun import ray_cpu_s
+
+    # a stand-in actor: burns 0.3 s of CPU, says so, then waits to be read
+    child = subprocess.Popen([sys.executable, "-c", "import time, sys\nwhile time.process_time() < 0.3: pass\n"
+                              "print('ready', flush=True)\nsys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+
+        class Dep:
+            def __init__(self, pids):
+                self._pids = pids
+
+            def pids(self):
+                return self._pids
+
+        assert ray_cpu_s(Dep([os.getpid()])) == 0.0  # the driver is not a Ray process
+        assert ray_cpu_s(Dep([os.getpid(), child.pid])) >= 0.25  # /proc counts whole clock ticks
+    finally:
+        child.communicate("")

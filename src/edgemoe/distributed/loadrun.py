@@ -73,6 +73,13 @@ def ray_pids(dep) -> list[int]:
     return sorted(pids)
 
 
+def ray_cpu_s(dep) -> float:
+    """CPU seconds the deployment's Ray processes (its actors and this session's daemons, the driver not
+    included) have used since they started: what the driver's own CPU time leaves out. Processes that have
+    already exited are not counted, so call it before the deployment shuts down."""
+    return float(sum(_proc_cpu_s(p) for p in ray_pids(dep) if p != os.getpid()))
+
+
 class CpuMeter:
     """Host and Ray CPU use over an interval (Linux /proc): cores busy, and its share of the machine."""
 

@@ -300,6 +300,7 @@ class ComparisonRun:
         self.own: dict = {}  # self-calibrated method -> its own budget facts
         self.memo: dict = {}
         self.ray_state: dict = {}
+        self.ray_cpu_s: float | None = None  # CPU seconds of this comparison's Ray processes (set by close)
 
     def context_for(self, placement: str, params: dict, label: str | None = None, record: bool = True):
         """The context of a placement (planned once per params); `record` lists it in the results' placements
@@ -473,8 +474,11 @@ class ComparisonRun:
     def close(self) -> None:
         """Shut the Ray deployment down, if one was started."""
         if self.ray_state:
+            from edgemoe.distributed.loadrun import ray_cpu_s
             from edgemoe.distributed.serve import stop_ray
 
+            # the actors' CPU time is not the driver's: read it while they are alive (the results' ray_cpu_s)
+            self.ray_cpu_s = ray_cpu_s(self.ray_state["deployment"])
             self.ray_state["deployment"].shutdown()
             # Each comparison's Ray instance carries its own cluster's node resources: stop it, so the next
             # comparison (another cluster) starts one with the resources its actors need.
@@ -492,6 +496,8 @@ class ComparisonRun:
                   "methods": [asdict(s) for s in comp.methods], "profile": {"model": profile.meta.model, "data": profile.meta.data,
                   "tokens": profile.num_tokens, "weights_hash": profile.meta.weights_hash}}
         doc = results_dict(config, methods)
+        if self.ray_cpu_s is not None:  # the driver's cpu_s leaves the Ray actors and daemons out
+            doc["environment"]["ray_cpu_s"] = round(self.ray_cpu_s, 1)
         doc["ppl_exact"] = perplexity(self.text.nll)
         doc["budget_sweep"] = sweeps
         if "ordermoe-H0" in sweeps and len(sweeps) > 1:
@@ -759,16 +765,24 @@ def run_demo(cfg: ExperimentConfig, out_dir: str | Path, log: Callable[[str], No
 
 def demo_summary(paths: list[Path], wall_s: float, load_start: list[float], workers: int, backend: str) -> dict:
     """What `edgemoe demo` writes beside its results as summary.json: the whole command's wall time, CPU time
-    (this process and its worker processes; Ray actors are not counted) and the load at its start and end."""
+    and the load at its start and end. cpu_s is this process's and its worker processes' CPU time plus, on
+    Ray, what each comparison's Ray processes used (`ray_cpu_s`, the sum of the results files' own; the
+    driver's part alone is `driver_cpu_s`)."""
+    import json
     import os
 
     from edgemoe.results import environment
 
     env = environment()
+    timing = {"wall_s": round(wall_s, 1), "cpu_s": env["cpu_s"], "load_average_start": load_start,
+              "load_average_end": env["load_average_1_5_15"], "cpu_count": os.cpu_count(),
+              "workers": workers, "backend": backend}
+    if backend == "ray":
+        ray = [(json.loads(Path(p).read_text()).get("environment") or {}).get("ray_cpu_s") for p in paths]
+        ray_s = round(sum(x for x in ray if x is not None), 1)
+        timing.update(cpu_s=round(env["cpu_s"] + ray_s, 1), driver_cpu_s=env["cpu_s"], ray_cpu_s=ray_s)
     return {"what": "edgemoe demo: the whole command's time, every comparison and worker process included",
-            "timing": {"wall_s": round(wall_s, 1), "cpu_s": env["cpu_s"], "load_average_start": load_start,
-                       "load_average_end": env["load_average_1_5_15"], "cpu_count": os.cpu_count(),
-                       "workers": workers, "backend": backend},
+            "timing": timing,
             "files": [Path(p).name for p in paths], "environment": env}
 
 
