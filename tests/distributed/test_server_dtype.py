@@ -41,7 +41,7 @@ def test_a_bf16_home_serves_a_stream_and_its_servers_hold_half(tiny_path, lab3):
         assert 2 * cores["bfloat16"][n].memory()["expert_bytes"] == planned_expert_bytes(ctx, n)
     home = HomeEngine(cfgs["bfloat16"], 0, LocalTransport(cores["bfloat16"]))
     assert next(home.adapter.model.parameters()).dtype == torch.bfloat16
-    batcher = HomeBatcher(lambda: home)
+    batcher = HomeBatcher(lambda: home, orphan_s=3600.0)  # never forgets within a test, however slow the host
     try:
         batcher.start(StreamRequest("b", 0, np.array([5, 6, 7, 8]), 4, SamplingParams(temperature=0.0)))
         p = batcher.poll("b", 0, 60.0)

@@ -137,7 +137,7 @@ class PathModel(LayerRule, ChangeReach, IncrementalReplay):
         finite = self.rt[np.isfinite(self.rt)].max() + self.compute.max()
         self.miss_s = MISS_PENALTY_FACTOR * float(finite)  # SlimCaching objective's penalty for a miss
         self.subs = np.zeros((L, E, 0), np.int64) if substitutes is None else np.asarray(substitutes, dtype=np.int64)
-        self.subst_err = np.asarray(prof.subst_err, dtype=np.float64)
+        self.subst_err = np.array(prof.subst_err, dtype=np.float64)  # writable: one compiled propagate_rows signature
         # rows_with[l][e]: rows whose Top-K set at layer l contains e (the rows a change of (l, e) touches)
         self._touched: dict = {}
         self.rows_with = [[np.flatnonzero((self.topk[:, layer] == e).any(axis=1)) for e in range(E)]

@@ -487,7 +487,9 @@ class WaveEngine:
         )
         roofline = (np.ascontiguousarray(ctx.expert_flops, float), np.ascontiguousarray(ctx.expert_bytes, float),
                     np.asarray(ctx.peak_flops, float), np.asarray(ctx.mem_bw_Bps, float), np.asarray(ctx.overhead_s, float))
-        self.cost_args = Cost(np.ascontiguousarray(ctx.xfer_s, float), one_token_calls(*roofline), *roofline,
+        # xfer_s as a writable copy: make_context's is read-only and distributed/measure's writable, and numba
+        # compiles the wave loops once per distinct signature (read-only is part of an array's type)
+        self.cost_args = Cost(np.array(ctx.xfer_s, float), one_token_calls(*roofline), *roofline,
                               int(ctx.num_layers))
         self.node_free = np.zeros(N)
         self.load = np.zeros(N)
