@@ -75,4 +75,5 @@ results: $(STAMP)
 	$(BIN)/python -m bench.studies.backlog_demo default migrate,home
 	$(BIN)/python -m bench.studies.backlog_demo default-upcycled migrate,home
 	$(BIN)/python -m bench.studies.backlog_scaling default-upcycled 4,8,16,32
+	$(BIN)/python -m bench.tools.test_time
 	$(BIN)/python -m bench.tools.tables --write

@@ -747,6 +747,13 @@ def targets() -> list[str]:
     if prof:
         rows.append(["profiling: 50k tokens in under 2 min", f"{prof['seconds_per_50k_tokens']:.1f} s per 50k tokens "
                      "(`profile_speed.json`)", "met" if prof["met"] else "missed"])
+    tt = _load(RESULTS / "test_time.json")
+    if tt:
+        rows.append([f"`make test` <= {tt['target_s'] / 60:g} min on 2 cores", f"{tt['wall_s'] / 60:.2f} min wall, "
+                     f"{tt['cpu_s_children']:.0f} CPU s, 1-minute load {tt['load_1_before']:.1f} at the start and "
+                     f"{tt['load_1_after']:.1f} at the end, numba caches "
+                     f"{'cleared' if tt['numba_cache_cleared_files'] else 'kept'}: {tt['summary']} (`test_time.json`)",
+                     "met" if tt["met"] else "missed"])
     return ["**Targets: met and missed** (every figure from the file named in its row; the targets with no figure "
             "behind them, such as exactness against the HF forward and bad-input handling, are pinned by tests, not "
             "measured: see the list below the block)\n",
