@@ -51,8 +51,10 @@ def run(keep_cache: bool) -> dict:
     lines = [ln for ln in proc.stdout.strip().splitlines() if ln.strip()]
     last = lines[-1].strip("= ") if lines else ""
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"command": " ".join(["python", *COMMAND[1:]]), "numba_cache_cleared_files": cleared,
-            "returncode": proc.returncode, "summary": last, "counts": summary_counts(last),
+    failed = [ln.split(" - ")[0][len("FAILED "):] for ln in lines if ln.startswith(("FAILED ", "ERROR "))]
+    return {"command": " ".join(["python", *COMMAND[1:]]), "numba_cache": "kept" if keep_cache else "cleared",
+            "numba_cache_cleared_files": cleared, "returncode": proc.returncode, "summary": last,
+            "counts": summary_counts(last), "failed": failed,
             "wall_s": wall, "cpu_s_children": cpu, "load_1_before": load0, "load_1_after": os.getloadavg()[0],
             "target_s": TARGET_S, "met": proc.returncode == 0 and wall <= TARGET_S}
 
@@ -66,6 +68,8 @@ def main() -> None:
     atomic_write_json(args.out, {"benchmark": "make test", **row, "environment": environment()})
     print(f"{row['summary']}: {row['wall_s']:.0f} s wall, {row['cpu_s_children']:.0f} CPU s, load "
           f"{row['load_1_before']:.1f} -> {row['load_1_after']:.1f}; wrote {args.out}")
+    for name in row["failed"]:
+        print(f"failed: {name}")
     if row["returncode"] != 0:
         sys.exit(row["returncode"])
 
