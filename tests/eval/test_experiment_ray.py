@@ -58,12 +58,15 @@ def test_ray_demo_summary_adds_the_ray_processes_cpu(tmp_path):
     assert "ray_cpu_s" not in plain and plain["cpu_s"] < t["cpu_s"]
 
 
-def test_ray_cpu_s_counts_the_ray_processes_not_the_driver():
+def test_ray_cpu_s_counts_the_ray_processes_not_the_driver(monkeypatch):
     import os
     import subprocess
     import sys
 
     from edgemoe.distributed.loadrun import ray_cpu_s
+
+    # no Ray session's daemons: an earlier test in this worker may have left one running, whose CPU would count
+    monkeypatch.setitem(sys.modules, "ray", None)
 
     # a stand-in actor: burns 0.3 s of CPU, says so, then waits to be read
     child = subprocess.Popen([sys.executable, "-c", "import time, sys\nwhile time.process_time() < 0.3: pass\n"
