@@ -92,6 +92,9 @@ class EngineHost:
     def __init__(self, engine, sock: socket.socket):
         self.engine, self.sock = engine, sock
         self._lock = threading.Lock()  # the engine thread (events) and this thread (replies) both send
+        # held across a submit and the recording of its Sequence, so that a sink ending the stream finds it
+        # recorded (the engine emits events outside its own lock: no lock-order cycle)
+        self._recording = threading.Lock()
         self._seqs: dict[int, object] = {}  # stream id -> the engine's Sequence
         self._thread = threading.Thread(target=self._serve, name="edgemoe-front-host", daemon=True)
 
@@ -111,10 +114,8 @@ class EngineHost:
         def sink(ev):  # engine thread; an exception (front gone) cancels the sequence (Sequence.emit)
             generated: list[int] = []
             if not isinstance(ev, Delta):
-                end = time.monotonic() + 1.0
-                while sid not in self._seqs and time.monotonic() < end:  # submit has not returned to _handle yet
-                    time.sleep(0.0005)
-                seq = self._seqs.pop(sid, None)
+                with self._recording:  # waits until _handle has recorded the sequence its submit returned
+                    seq = self._seqs.pop(sid, None)
                 generated = list(seq.generated) if seq is not None else []
             self._send(event_to_wire(sid, ev, generated))
 
@@ -136,17 +137,18 @@ class EngineHost:
     def _handle(self, msg: dict) -> None:
         op, cid = msg["op"], msg.get("id")
         if op == "submit":
-            try:
-                req = request_from_wire(msg["req"])
-                seq = self.engine.submit(req, self._sink(cid))
-            except Busy as exc:
-                return self._send({"op": "refused", "id": cid, "status": 429, "message": str(exc),
-                                   "retry_after": exc.retry_after_s})
-            except Closed as exc:
-                return self._send({"op": "refused", "id": cid, "status": 503, "message": str(exc)})
-            except EdgeMoEError as exc:
-                return self._send({"op": "refused", "id": cid, "status": 400, "message": str(exc)})
-            self._seqs[cid] = seq  # its sink forgets it at its end (and waits for this line if the end comes first)
+            with self._recording:
+                try:
+                    req = request_from_wire(msg["req"])
+                    seq = self.engine.submit(req, self._sink(cid))
+                except Busy as exc:
+                    return self._send({"op": "refused", "id": cid, "status": 429, "message": str(exc),
+                                       "retry_after": exc.retry_after_s})
+                except Closed as exc:
+                    return self._send({"op": "refused", "id": cid, "status": 503, "message": str(exc)})
+                except EdgeMoEError as exc:
+                    return self._send({"op": "refused", "id": cid, "status": 400, "message": str(exc)})
+                self._seqs[cid] = seq  # its sink forgets it at its end
             self._send({"op": "submitted", "id": cid})
         elif op == "cancel":
             seq = self._seqs.get(cid)
