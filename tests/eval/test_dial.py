@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edgemoe.errors import EdgeMoEError
-from edgemoe.eval.dial import QualityDial, calibrate_dial
+from edgemoe.eval.dial import QualityDial, calibrate_dial, isotonic
 
 
 def test_known_answers():
@@ -67,3 +67,51 @@ def test_the_budget_is_monotone_in_the_asked_increase_and_fits(rise, asked):
     # the interpolated envelope at the granted budget never exceeds what was asked (when anything fits)
     env_at = np.interp(b, grid, dial.envelope)
     assert (env_at <= np.maximum(asked, dial.envelope[0]) + 1e-9).all()
+
+
+def test_isotonic_known_answers():
+    np.testing.assert_allclose(isotonic(np.array([0.0, 0.0037, 0.0045, 0.002, 0.0037, 0.0056])),
+                               [0.0, 0.0034, 0.0034, 0.0034, 0.0037, 0.0056])
+    np.testing.assert_allclose(isotonic(np.array([1.0, 2.0, 3.0])), [1.0, 2.0, 3.0])  # monotone: unchanged
+    np.testing.assert_allclose(isotonic(np.array([3.0, 1.0, 2.0])), [2.0, 2.0, 2.0])
+
+
+@given(st.lists(st.floats(-1.0, 1.0), min_size=1, max_size=9))
+def test_isotonic_is_the_minimax_of_block_means(y):
+    """Isotonic regression's closed form: x_k = max over i <= k of min over j >= k of mean(y[i..j])."""
+    y = np.array(y)
+    n = len(y)
+    brute = [max(min(y[i:j + 1].mean() for j in range(k, n)) for i in range(k + 1)) for k in range(n)]
+    x = isotonic(y)
+    np.testing.assert_allclose(x, brute, atol=1e-12)
+    assert (np.diff(x) >= -1e-12).all()
+    assert x.sum() == pytest.approx(y.sum(), abs=1e-9)
+
+
+def test_an_isotonic_curve_averages_a_noisy_point_instead_of_lifting_everything_after_it():
+    rise = np.array([0.0, 0.0037, 0.0045, 0.002, 0.0056, 0.0078])  # budget 0.005 measured high by noise
+    grid = np.array([0.0, 0.002, 0.005, 0.01, 0.02, 0.05])
+    run, iso = QualityDial(grid, rise), QualityDial(grid, rise, curve="isotonic")
+    np.testing.assert_allclose(run.envelope, [0.0, 0.0037, 0.0045, 0.0045, 0.0056, 0.0078])
+    np.testing.assert_allclose(iso.envelope, [0.0, 0.0034, 0.0034, 0.0034, 0.0056, 0.0078])
+    # asked 0.4%: the running maximum stops inside the first step, the isotonic fit reaches into the fourth
+    assert run.budget(0.004) == pytest.approx(0.002 + 0.003 * (0.004 - 0.0037) / (0.0045 - 0.0037))
+    assert iso.budget(0.004) == pytest.approx(0.01 + 0.01 * (0.004 - 0.0034) / (0.0056 - 0.0034))
+    assert iso.to_dict()["curve"] == "isotonic"
+    with pytest.raises(EdgeMoEError, match="curve must be one of"):
+        QualityDial(grid, rise, curve="max")
+
+
+@given(rise=st.lists(st.floats(-0.01, 5.0), min_size=2, max_size=8),
+       asked=st.lists(st.floats(0.0, 6.0), min_size=2, max_size=6))
+def test_the_isotonic_dial_is_monotone_in_the_asked_increase_and_fits(rise, asked):
+    grid = np.arange(len(rise), dtype=float) / 10
+    dial = QualityDial(grid, np.array(rise), curve="isotonic")
+    asked = np.sort(np.array(asked))
+    b = dial.budget(asked)
+    assert (np.diff(b) >= -1e-12).all()
+    assert ((b >= 0) & (b <= grid[-1] + 1e-12)).all()
+    env_at = np.interp(b, grid, dial.envelope)
+    assert (env_at <= np.maximum(asked, dial.envelope[0]) + 1e-9).all()
+    # never credited with more harm than the running maximum credits
+    assert (dial.envelope <= QualityDial(grid, np.array(rise)).envelope + 1e-12).all()

@@ -33,6 +33,7 @@ class QualityDial:
     rise: np.ndarray  # [G] measured relative perplexity increase on calibration text at each budget
     policy: str = ""
     calib_tokens: int = 0
+    curve: str = "running-max"  # how the measured rise is made monotone: "running-max" or "isotonic"
 
     def __post_init__(self):
         b, r = np.asarray(self.budgets, float), np.asarray(self.rise, float)
@@ -40,11 +41,15 @@ class QualityDial:
             raise EdgeMoEError("dial: budgets must be [G >= 2] ascending from 0, with one rise per budget")
         if not np.isfinite(r).all():
             raise EdgeMoEError("dial: every calibration rise must be finite")
+        if self.curve not in CURVES:
+            raise EdgeMoEError(f"dial: curve must be one of {CURVES}, got {self.curve!r}")
 
     @property
     def envelope(self) -> np.ndarray:
-        """[G] the running maximum of the calibrated rise (what a budget is credited with), from 0."""
-        return np.maximum.accumulate(np.maximum(np.asarray(self.rise, float), 0.0))
+        """[G] the monotone curve a budget is credited with, from 0: the running maximum of the calibrated rise,
+        or its isotonic (least-squares non-decreasing) fit, floored at 0."""
+        r = np.maximum(np.asarray(self.rise, float), 0.0)
+        return np.maximum.accumulate(r) if self.curve == "running-max" else isotonic(r)
 
     @property
     def raw_monotone(self) -> bool:
@@ -75,12 +80,33 @@ class QualityDial:
         state.budget_total[rows] = np.broadcast_to(self.budget(max_ppl_increase), rows.shape) * num_layers
 
     def to_dict(self) -> dict:
-        return {"policy": self.policy, "calib_tokens": self.calib_tokens, "budgets": np.asarray(self.budgets).tolist(),
-                "calib_ppl_rel_increase": np.asarray(self.rise).tolist(), "raw_monotone": self.raw_monotone}
+        return {"policy": self.policy, "calib_tokens": self.calib_tokens, "curve": self.curve,
+                "budgets": np.asarray(self.budgets).tolist(), "calib_ppl_rel_increase": np.asarray(self.rise).tolist(),
+                "credited": self.envelope.tolist(), "raw_monotone": self.raw_monotone}
 
 
-def calibrate_dial(rise_at: Callable[[float], float], budgets, policy: str = "", calib_tokens: int = 0) -> QualityDial:
+CURVES = ("running-max", "isotonic")
+
+
+def isotonic(y: np.ndarray) -> np.ndarray:
+    """[G] the non-decreasing sequence nearest to y [G] in squared error (pool adjacent violators, equal weights).
+    Unlike a running maximum, one grid point measured high by noise is averaged with its neighbours instead of
+    lifting every larger budget to it."""
+    vals: list[float] = []
+    sizes: list[int] = []
+    for v in np.asarray(y, float):
+        vals.append(float(v))
+        sizes.append(1)
+        while len(vals) > 1 and vals[-2] > vals[-1]:  # merge the last two blocks into their mean
+            n = sizes[-2] + sizes[-1]
+            vals[-2:] = [(vals[-2] * sizes[-2] + vals[-1] * sizes[-1]) / n]
+            sizes[-2:] = [n]
+    return np.repeat(vals, sizes)
+
+
+def calibrate_dial(rise_at: Callable[[float], float], budgets, policy: str = "", calib_tokens: int = 0,
+                   curve: str = "running-max") -> QualityDial:
     """The dial of a policy from `rise_at(budget)` (its perplexity increase on calibration text) on the grid
     `budgets` (0 is added when missing)."""
     grid = np.unique(np.concatenate([[0.0], np.asarray(budgets, float)]))
-    return QualityDial(grid, np.array([float(rise_at(float(b))) for b in grid]), policy, calib_tokens)
+    return QualityDial(grid, np.array([float(rise_at(float(b))) for b in grid]), policy, calib_tokens, curve)
