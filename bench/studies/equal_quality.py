@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import RESULTS
-from edgemoe.eval.dial import calibrate_dial
+from edgemoe.eval.dial import calibrate_dial, rise_interval
 from edgemoe.eval.experiment import (
     OPERATING_POINTS,
     ORDERMOE_BUDGET,
@@ -88,8 +88,16 @@ VARIANTS = {"ordermoe": "equal_quality", "ordermoe-calibrated": "equal_quality_c
 BASELINES = ("ordermoe-error-groups", "skip", "reroute", "random-local")  # what "the best baseline" is chosen from
 FIELD = ("skip", "reroute", "random-local")  # the field's own answers (not OrderMoE's machinery)
 DIAL_ASKED = (0.01, 0.03, 0.078, 0.15)
-DIAL_GRID = (0.01, 0.02, 0.05, 0.08, 0.12, 0.16, 0.2, 0.3, 0.5, 1.0)  # joined by the bisection's trial budgets
-NATS_DIAL_GRID = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)  # the same for a calibrated method (nats per token-layer)
+DIAL_GRID = (0.01, 0.02, 0.05, 0.08, 0.12, 0.16, 0.2, 0.3, 0.5, 1.0)  # the dial's budgets (OrderMoE's unit)
+# the same for a calibrated method (nats per token-layer): dense where a per-token policy's curve turns steep
+# (0.3-1 nats), so that linear interpolation inside a step does not cross a knee; 2 is the operating points' top
+NATS_DIAL_GRID = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 2.0)
+# the dial's calibration text: the first DIAL_CALIB_TOKENS tokens of the calibration text, more than the operating
+# points' (their bound carries the noise; the dial's point estimate must be resolved at the 1% asked: at 2048 tokens
+# the curve's block bootstrap interval near +1% is about as wide as the value, bench/results/dial_diagnosis.json)
+DIAL_CALIB_TOKENS = 8192
+DIAL_EVAL_TOKENS = 16_384  # the dial's budgets measured again on this much evaluation text (the demo's size)
+DIAL_CURVE = "isotonic"  # the least-squares monotone fit of the noisy curve (edgemoe.eval.dial.isotonic)
 KIND_BUDGET = ORDERMOE_BUDGET  # budget of the per-kind calibration runs (section 2)
 CALIB_STEPS = 4  # bisection halvings per operating point (the demo: 6; fewer to fit the run in minutes)
 
@@ -109,6 +117,17 @@ def scoring_setting(profile, cluster, placement, adapter, text: EvalText, cfg: E
     eval_users = np.arange(len(text.ids)) % ctx.num_users
     calib_users = np.arange(len(text.calib_ids)) % ctx.num_users
     return ctx, workload, trace, eval_users, calib_users
+
+
+def dial_text(adapter, tokenizer, calib_spec: str, cfg: ExperimentConfig, tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """The dial's calibration blocks: the first `tokens` tokens of the calibration text ([B, S] ids, cut into
+    cfg.block_len blocks as the operating points' are) and exact execution's NLL on them [B, S-1]."""
+    from edgemoe.data import resolve, tokenize_blocks
+    from edgemoe.models.scoring import token_scores
+
+    ids = tokenize_blocks(resolve(calib_spec), tokenizer, cfg.block_len, max_tokens_per_source=tokens).ids
+    ids = ids[: max(1, tokens // cfg.block_len)]
+    return ids, token_scores(adapter, ids)[0]
 
 
 def router_logits_of(adapter, ids: np.ndarray, batch_size: int = 8) -> np.ndarray:
@@ -168,11 +187,14 @@ def check_reusable(entry: dict, out: dict, path: str) -> None:
 
 
 def run_model(model: str, cfg: ExperimentConfig, log, methods: set | None = None, reuse: dict | None = None,
-              dial_method: str = "ordermoe") -> dict:
+              dial_method: str = "ordermoe", dial_calib_tokens: int = 8192, dial_eval_tokens: int = 16384) -> dict:
     """One model's comparison. methods: the method names to run (None: all of METHODS and ordermoe-calibrated);
     reuse: (path, model entry) of an earlier results file whose other methods, measured on the same text and
-    placement (`check_reusable`), are copied in; dial_method: the method whose dial is measured."""
+    placement (`check_reusable`), are copied in; dial_method: the method whose dial is measured, calibrated on the
+    first dial_calib_tokens tokens of the calibration text and measured on the evaluation text and on its first
+    dial_eval_tokens tokens (0: not)."""
     from edgemoe.cluster.load import load_cluster
+    from edgemoe.errors import EdgeMoEError
     from edgemoe.models import load_moe, load_tokenizer
     from edgemoe.models.scoring import quality_metrics
     from edgemoe.plan import plan
@@ -217,7 +239,6 @@ def run_model(model: str, cfg: ExperimentConfig, log, methods: set | None = None
         return at
 
     exact = evaluate("exact", {}, 0.0)
-    dial_trials: dict = {}
     dial_policy = None
     out: dict = {"model": model, "placement": {"planner": "ordermoe", "budget": ORDERMOE_BUDGET, "plan_s": round(plan_s, 1),
                                                 "copies": placement.replicas().tolist()},
@@ -266,7 +287,7 @@ def run_model(model: str, cfg: ExperimentConfig, log, methods: set | None = None
         for pt in points.values():
             pt["eval"] = next(r for r in rows if r["budget"] == pt["budget"])
         if name == dial_method:
-            dial_trials, dial_policy = trials, (policy, params)
+            dial_policy = (policy, params)
         out["methods"][name] = {"policy": policy, "params": params, "points": points, "sweep": rows,
                                 "calib_trials": [{"budget": b, "ppl_rel_increase": r, "upper95": u}
                                                  for b, (r, u) in sorted(trials.items())],
@@ -285,19 +306,44 @@ def run_model(model: str, cfg: ExperimentConfig, log, methods: set | None = None
         log(f"  no dial: {dial_method} did not run here")
         out["seconds"] = round(time.perf_counter() - t_model, 1)
         return out
-    trials = dial_trials  # the method's own calibration trials (same policy, parameters and text) join the grid
-    at = calib_rise(*dial_policy, trials)
-    grid = sorted({*(NATS_DIAL_GRID if "calibration" in dial_policy[1] else DIAL_GRID), *trials})
-    dial = calibrate_dial(lambda b: at(b)[0], grid, policy=dial_method, calib_tokens=int(text.calib_ids.size))
+    dial_ids, dial_nll = dial_text(adapter, tokenizer, calib_spec, cfg, dial_calib_tokens)
+    dial_users = np.arange(len(dial_ids)) % ctx.num_users
+    trials = {}  # budget -> (increase, one-sided 95% upper bound) on the dial's calibration text
+
+    def dial_at(b: float) -> float:
+        nll, _, _ = score_local(adapter, make_policy(dial_policy[0], ctx, **dial_policy[1], budget=b), dial_ids, dial_users)
+        trials[b] = rise_with_bound(nll, dial_nll)
+        return trials[b][0]
+
+    grid = NATS_DIAL_GRID if "calibration" in dial_policy[1] else DIAL_GRID
+    dial = calibrate_dial(dial_at, grid, policy=dial_method, calib_tokens=int(dial_ids.size), curve=DIAL_CURVE)
+    # the same budgets also on a longer evaluation text (its first blocks are the evaluation text): how much of a
+    # miss is the evaluation sample's own noise (block bootstrap 90% intervals of both)
+    long_ids, long_nll = dial_text(adapter, tokenizer, eval_spec, cfg, dial_eval_tokens) if dial_eval_tokens else (None, None)
+    if long_ids is not None and not np.array_equal(long_ids[:len(text.ids)], text.ids):
+        raise EdgeMoEError(f"--dial-eval-tokens {dial_eval_tokens}: the longer evaluation text does not begin with the "
+                           "evaluation text (fewer tokens than --eval-tokens?)")
     rows = []
     for asked in DIAL_ASKED:
         b = float(dial.budget(asked))
         r = evaluate(*dial_policy, b)
-        rows.append({"asked": asked, "budget": b, "measured": r["ppl_rel_increase"],
-                     "ratio": r["ppl_rel_increase"] / asked, "latency_ms_mean": r["latency_ms_mean"],
-                     "in_target": bool(0.5 <= r["ppl_rel_increase"] / asked <= 1.2)})
-        log(f"  dial asked {100 * asked:.1f}% -> budget {b:.4g} -> measured {100 * r['ppl_rel_increase']:+.2f}%")
-    out["dial"] = {**dial.to_dict(), "method": dial_method, "asked_vs_measured": rows,
+        row = {"asked": asked, "budget": b, "measured": r["ppl_rel_increase"], "ratio": r["ppl_rel_increase"] / asked,
+               "latency_ms_mean": r["latency_ms_mean"], "in_target": bool(0.5 <= r["ppl_rel_increase"] / asked <= 1.2),
+               # asked more harm than the policy causes at the grid's top budget: the dial gives its fastest point
+               "saturated": bool(asked > dial.envelope[-1])}
+        if long_ids is not None:
+            nll, _, _ = score_local(adapter, make_policy(dial_policy[0], ctx, **dial_policy[1], budget=b), long_ids,
+                                    np.arange(len(long_ids)) % ctx.num_users)
+            d = (nll.astype(np.float64) - long_nll).mean(axis=1)  # [B] extra nats per block
+            short = len(text.ids)
+            row.update({"measured_boot90": list(rise_interval(d[:short])), "measured_long": float(np.expm1(d.mean())),
+                        "measured_long_boot90": list(rise_interval(d)), "ratio_long": float(np.expm1(d.mean())) / asked})
+        rows.append(row)
+        log(f"  dial asked {100 * asked:.1f}% -> budget {b:.4g} -> measured {100 * r['ppl_rel_increase']:+.2f}%"
+            + (f" ({100 * row['measured_long']:+.2f}% on {long_ids.size} tokens)" if long_ids is not None else ""))
+    out["dial"] = {**dial.to_dict(), "calib_upper95": [trials[b][1] if b in trials else 0.0 for b in dial.budgets],
+                   "method": dial_method, "asked_vs_measured": rows, "eval_long_tokens": int(long_ids.size) if long_ids is not None else 0,
+                   "calib_max_rise": float(dial.envelope[-1]),  # what the policy can cost at most (its fastest point)
                    "measured_monotone": bool(all(b["measured"] >= a["measured"] - 1e-4 for a, b in pairwise(rows))),
                    "target": "measured in [0.5x, 1.2x] of asked, on evaluation text", "seconds": round(time.perf_counter() - t0, 1)}
     out["seconds"] = round(time.perf_counter() - t_model, 1)
@@ -389,6 +435,10 @@ def main() -> None:
                                                         "other methods are copied in instead of run again")
     ap.add_argument("--merge", nargs="+", help="only join these results files' models into --out (runs made apart)")
     ap.add_argument("--dial-method", default="ordermoe", help="the method whose quality dial is measured")
+    ap.add_argument("--dial-calib-tokens", type=int, default=DIAL_CALIB_TOKENS,
+                    help="calibration tokens the dial's curve is measured on (the first of the calibration text)")
+    ap.add_argument("--dial-eval-tokens", type=int, default=DIAL_EVAL_TOKENS,
+                    help="evaluation tokens the dial's budgets are also measured on (0: only the evaluation text)")
     args = ap.parse_args()
     methods = None if not args.methods else set(args.methods.split(","))
     known = {m[0] for m in METHODS} | {"ordermoe-calibrated"}
@@ -417,7 +467,9 @@ def main() -> None:
     load0, c0, w0 = os.getloadavg(), time.process_time(), time.perf_counter()
     models = []
     for model in args.models.split(","):
-        models.append(run_model(model, replace(cfg, model=model), print, methods, reused.get(model), args.dial_method))
+        models.append(run_model(model, replace(cfg, model=model), print, methods, reused.get(model), args.dial_method,
+                                min(args.dial_calib_tokens, ca) if args.quick else args.dial_calib_tokens,
+                                0 if args.quick else args.dial_eval_tokens))
     doc = {"schema": "edgemoe.bench.equal_quality/1", "environment": environment(),
            "load_average_start": list(load0), "load_average_end": list(os.getloadavg()),
            "cpu_s": round(time.process_time() - c0, 1), "wall_s": round(time.perf_counter() - w0, 1),
@@ -426,7 +478,8 @@ def main() -> None:
                       "rate_per_s": cfg.rate_per_s, "operating_points": dict(OPERATING_POINTS),
                       "calibration_steps": CALIB_STEPS, "dial_grid": DIAL_GRID, "dial_asked": DIAL_ASKED,
                       "baselines": BASELINES, "field_baselines": FIELD, "methods_run": args.methods or "all",
-                      "reuse": args.reuse, "dial_method": args.dial_method},
+                      "reuse": args.reuse, "dial_method": args.dial_method,
+                      "dial_calib_tokens": args.dial_calib_tokens, "dial_eval_tokens": args.dial_eval_tokens, "dial_curve": DIAL_CURVE, "nats_dial_grid": NATS_DIAL_GRID},
            "models": models, **({"note": args.note} if args.note else {})}
     atomic_write_json(Path(args.out), doc)
     print_table(models)

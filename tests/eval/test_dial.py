@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edgemoe.errors import EdgeMoEError
-from edgemoe.eval.dial import QualityDial, calibrate_dial, isotonic
+from edgemoe.eval.dial import QualityDial, calibrate_dial, isotonic, rise_interval
 
 
 def test_known_answers():
@@ -115,3 +115,14 @@ def test_the_isotonic_dial_is_monotone_in_the_asked_increase_and_fits(rise, aske
     assert (env_at <= np.maximum(asked, dial.envelope[0]) + 1e-9).all()
     # never credited with more harm than the running maximum credits
     assert (dial.envelope <= QualityDial(grid, np.array(rise)).envelope + 1e-12).all()
+
+
+def test_rise_interval():
+    lo, hi = rise_interval(np.full(5, 0.01))  # every block the same: no spread
+    assert lo == pytest.approx(np.expm1(0.01)) and hi == pytest.approx(np.expm1(0.01))
+    d = np.array([0.0, 0.0, 0.0, 0.04])
+    lo, hi = rise_interval(d, level=0.9)
+    assert 0.0 <= lo <= np.expm1(d.mean()) <= hi <= np.expm1(0.04)
+    assert rise_interval(d, seed=3) == rise_interval(d, seed=3)
+    with pytest.raises(EdgeMoEError, match="rise_interval"):
+        rise_interval(np.zeros((2, 2)))

@@ -104,6 +104,18 @@ def isotonic(y: np.ndarray) -> np.ndarray:
     return np.repeat(vals, sizes)
 
 
+def rise_interval(block_extra_nats, level: float = 0.9, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Block bootstrap interval of a relative perplexity increase from the per-block mean extra NLL [B] of blocks
+    of equal length (blocks, not tokens, are resampled: tokens within a block are correlated)."""
+    d = np.asarray(block_extra_nats, dtype=np.float64)
+    if d.ndim != 1 or len(d) == 0 or not 0 < level < 1:
+        raise EdgeMoEError("rise_interval: block_extra_nats must be [B >= 1] and level in (0, 1)")
+    idx = np.random.default_rng(seed).integers(0, len(d), size=(resamples, len(d)))
+    rise = np.expm1(d[idx].mean(axis=1))
+    tail = (1 - level) / 2
+    return float(np.quantile(rise, tail)), float(np.quantile(rise, 1 - tail))
+
+
 def calibrate_dial(rise_at: Callable[[float], float], budgets, policy: str = "", calib_tokens: int = 0,
                    curve: str = "running-max") -> QualityDial:
     """The dial of a policy from `rise_at(budget)` (its perplexity increase on calibration text) on the grid
