@@ -60,6 +60,7 @@ results: $(STAMP)
 	$(BIN)/python -m bench.studies.equal_quality --models default-upcycled,default,upcycled-diverged,finegrained-shared \
 		--methods ordermoe-full-h0 --dial-method ordermoe-full --out bench/results/equal_quality_full_h0.json \
 		--reuse bench/results/equal_quality_full.json
+	$(BIN)/python -m bench.studies.dial_diagnosis
 	$(BIN)/python -m bench.studies.latency_floor
 	$(BIN)/python -m bench.studies.full_policy_diagnosis
 	$(BIN)/python -m bench.studies.ladder --curve
