@@ -22,8 +22,9 @@ simulated workload and dense cost):
   "token"`), compared like OrderMoE (`equal_quality_token`); a per-token policy is simulated with the
   evaluation text's router logits (`simulated_policy`), so that its latency and its perplexity come from the
   same decisions;
-- the dial: OrderMoE's calibration curve on calibration text (`edgemoe.eval.dial`), asked 1%, 3%, 7.8% and
-  15% mapped to budgets and measured on evaluation text.
+- the dial: the dial method's calibration curve on its own calibration text (`edgemoe.eval.dial`; the first
+  DIAL_CALIB_TOKENS of the calibration text, isotonic), asked 1%, 3%, 7.8% and 15% mapped to budgets and
+  measured on evaluation text and on its first DIAL_EVAL_TOKENS, with block bootstrap intervals.
 Writes bench/results/equal_quality.json (commit, load, CPU s, token counts) and prints the table.
 """
 

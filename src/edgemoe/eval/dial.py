@@ -2,13 +2,14 @@
 (`max_ppl_increase`), and the dial turns it into a policy's internal budget (issue 19, section 3).
 
 The map comes from a calibration curve: the policy's perplexity increase on calibration text (never the
-evaluation text) at a grid of budgets. The curve is made monotone by its running maximum (a budget is never
-credited with less harm than a smaller budget showed), and the dial returns the largest budget whose
-calibrated increase is <= the asked value, interpolated linearly between the two grid budgets that bracket
-it. Assumption: the point estimate on calibration text is what the dial aims at (not its 95% upper bound,
+evaluation text) at a grid of budgets. The curve is made monotone (`curve`): by its running maximum (a budget
+is never credited with less harm than a smaller budget showed) or by its isotonic fit (the least-squares
+non-decreasing curve: a point measured high by noise is averaged with its neighbours instead of lifting every
+larger budget), and the dial returns the largest budget whose credited increase is <= the asked value,
+interpolated linearly between the two grid budgets that bracket it. Assumption: the point estimate on calibration text is what the dial aims at (not its 95% upper bound,
 which the named operating points `paper`/`strict` use), so the increase measured on other text scatters
-around the asked value rather than below it. `raw_monotone` says whether the measured curve needed the
-running maximum at all (a measured increase that falls with more budget is a defect of the policy, reported,
+around the asked value rather than below it. `raw_monotone` says whether the measured curve needed making
+monotone at all (a measured increase that falls with more budget is a defect of the policy, reported,
 not hidden).
 
 Per user: `dial.budget(max_ppl_increase)` with a [U] array gives the policy's [U] budgets. Per request:
