@@ -120,13 +120,14 @@ def scoring_setting(profile, cluster, placement, adapter, text: EvalText, cfg: E
     return ctx, workload, trace, eval_users, calib_users
 
 
-def dial_text(adapter, tokenizer, calib_spec: str, cfg: ExperimentConfig, tokens: int) -> tuple[np.ndarray, np.ndarray]:
-    """The dial's calibration blocks: the first `tokens` tokens of the calibration text ([B, S] ids, cut into
-    cfg.block_len blocks as the operating points' are) and exact execution's NLL on them [B, S-1]."""
+def dial_text(adapter, tokenizer, spec: str, cfg: ExperimentConfig, tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """The dial's blocks of the text `spec` (its calibration text, or the longer evaluation text): the first
+    `tokens` tokens ([B, S] ids, cut into cfg.block_len blocks as load_eval_text cuts them) and exact execution's
+    NLL on them [B, S-1]."""
     from edgemoe.data import resolve, tokenize_blocks
     from edgemoe.models.scoring import token_scores
 
-    ids = tokenize_blocks(resolve(calib_spec), tokenizer, cfg.block_len, max_tokens_per_source=tokens).ids
+    ids = tokenize_blocks(resolve(spec), tokenizer, cfg.block_len, max_tokens_per_source=tokens).ids
     ids = ids[: max(1, tokens // cfg.block_len)]
     return ids, token_scores(adapter, ids)[0]
 
@@ -188,7 +189,8 @@ def check_reusable(entry: dict, out: dict, path: str) -> None:
 
 
 def run_model(model: str, cfg: ExperimentConfig, log, methods: set | None = None, reuse: dict | None = None,
-              dial_method: str = "ordermoe", dial_calib_tokens: int = 8192, dial_eval_tokens: int = 16384) -> dict:
+              dial_method: str = "ordermoe", dial_calib_tokens: int = DIAL_CALIB_TOKENS,
+              dial_eval_tokens: int = DIAL_EVAL_TOKENS) -> dict:
     """One model's comparison. methods: the method names to run (None: all of METHODS and ordermoe-calibrated);
     reuse: (path, model entry) of an earlier results file whose other methods, measured on the same text and
     placement (`check_reusable`), are copied in; dial_method: the method whose dial is measured, calibrated on the
