@@ -622,11 +622,11 @@ def lookahead_tables(ctx: RuntimeContext, grid: BudgetGrid, horizon: int, sets_p
 def compiled_loop_supported(policy) -> bool:
     """Whether the simulator's compiled loop (`edgemoe.runtime.sim.ordermoe_loop`) decides exactly as `policy`
     (an OrderMoEPolicy): all 2^K subsets enumerated (K <= max_enum_k), top-1 look-ahead keys (no frequent-set
-    keys), quality power 1 or 2 (numpy's power for other exponents may round otherwise), tables without a home
-    axis (no `home_trip`). Kept here, not in the loop's module, so that the policy's `compiled_rule` needs
+    keys), quality power 1 or 2 (numpy's power for other exponents may round otherwise); tables with or
+    without a home axis (`home_trip`: the loop reads the row's home's table). Kept here, not in the loop's module, so that the policy's `compiled_rule` needs
     nothing from the simulator (no import circle)."""
     K = policy.ctx.top_k
-    return (K <= policy.max_enum_k and K <= 4 and not policy.lookahead.keys.enabled and not policy.lookahead.home_trip
+    return (K <= policy.max_enum_k and K <= 4 and not policy.lookahead.keys.enabled
             and policy.power in (1.0, 2.0) and getattr(policy, "calib", None) is None and not getattr(policy, "accrue", False))
 
 
@@ -652,8 +652,9 @@ class OrderMoEPolicy(Policy):
     left with no expert output is allowed at its measured cost where the calibration has one; accrue: a row
     may spend by layer l at most its allowance x (l + 1) (default False: all it has left, at any layer);
     home_trip: the look-ahead charges the trip to the token's real home in the window that reaches the last layer
-    (`LookAhead`, home_trip; None, the default: on with stand_in_choice "token", off otherwise, so that the
-    default policy's decisions stay as they were).
+    (`LookAhead`, home_trip; None, the default: on in migrate mode, where a token may end a pass away from
+    home, unless a queue term is asked for (`backlog`: its exposure has no home axis), and with
+    stand_in_choice "token").
     """
 
     name = "ordermoe"
@@ -718,7 +719,7 @@ class OrderMoEPolicy(Policy):
                                           self.steer and ctx.num_nodes <= STEER_ALL_NODES, self.steer_replicas,
                                           self.power, min_set_count, self.token_subs if self.per_token else None,
                                           calib, backlog != "off", int(self.grid.index(self.horizon * mean_allowance)),
-                                          self.per_token if home_trip is None else bool(home_trip))
+                                          self._home_trip(home_trip, backlog))
         # the cost-to-go adds the queue waits the tables are exposed to: "now" the current ones, "mean" node_wait
         self.backlog = backlog if self.lookahead.backlog else "off"
         self.node_wait = np.zeros(ctx.num_nodes)  # [N] EWMA (weight ewma per call) of each node's queue wait
@@ -727,6 +728,13 @@ class OrderMoEPolicy(Policy):
         self.latency_excess = np.zeros(U)  # [U] EWMA of max(observed / estimated latency - 1, 0)
         self.spend_rate = np.zeros(U)  # [U] EWMA of spent / granted budget of the user's finished passes
         self.quality_weight = np.ones(U)  # [U] multiplier of the quality price, adapted per user
+
+    def _home_trip(self, home_trip: bool | None, backlog: str) -> bool:
+        """Whether the tables charge the trip home (the `home_trip` parameter; None: the default, class docstring).
+        In home mode the token never leaves home, so the trip is zero and a home axis would only copy the tables."""
+        if home_trip is not None:
+            return bool(home_trip)
+        return self.per_token or (self.ctx.mode == "migrate" and backlog == "off")
 
     def replay_logits(self, logits: np.ndarray) -> None:
         """Give a per-token policy the router logits [T', L, E] of the routing its caller replays (the
