@@ -15,8 +15,8 @@ passes (what the latency metric measures), each variant's mean of:
     python -m bench.studies.backlog_diagnosis MODEL SIZE:POINT[,SIZE:POINT...] [VARIANT,...]
     # e.g. default-upcycled 4:strict,8:paper  (scaling's generated clusters; SIZE "demo" = edge8 migrate)
 
-A variant is NAME=JSON of OrderMoEPolicy parameters (';' between them); default H0, H2 and H2 without the trip
-home in its tables (home_trip=False). The wave loop is the
+A variant is NAME=JSON of OrderMoEPolicy parameters (';' between them); default H0, H2, H2 without the trip
+home in its tables (home_trip=False) and H2 with priced tables (table_price=True). The wave loop is the
 simulator's per-wave path (`run_fast` with compiled=False, the same decisions as the compiled loop), with
 the layer times read from the engine between waves. Writes bench/results/backlog_diagnosis.json.
 """
@@ -38,8 +38,10 @@ from edgemoe.io import atomic_write_json
 from edgemoe.runtime import make_context, make_policy
 
 OUT = ROOT / "bench" / "results" / "backlog_diagnosis.json"
-# the default policy at H = 0 and 2, and H = 2 with tables that take the token's home to be its last node
-VARIANTS = {"H0": {"horizon": 0}, "H2": {"horizon": 2}, "H2-no-home-trip": {"horizon": 2, "home_trip": False}}
+# the default policy at H = 0 and 2; H = 2 with tables that take the token's home to be its last node; H = 2 with
+# tables whose future layers pay the policy's quality price (`table_price`)
+VARIANTS = {"H0": {"horizon": 0}, "H2": {"horizon": 2}, "H2-no-home-trip": {"horizon": 2, "home_trip": False},
+            "H2-priced": {"horizon": 2, "table_price": True}}
 
 
 def static_s(ctx, layer: np.ndarray, dec, home: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -437,8 +437,9 @@ class LookAhead:
                  max_enum_k: int = MAX_ENUM_K, kinds: tuple[str, ...] = KINDS, steer: bool = False,
                  steer_replicas: int = STEER_REPLICAS, power: float = QUALITY_POWER, min_set_count: int = MIN_SET_COUNT,
                  subs_fn=None, calib: KindCalibration | None = None, backlog: bool = False,
-                 backlog_level: int = 0, home_trip: bool = False):
+                 backlog_level: int = 0, home_trip: bool = False, quality_price: float = 0.0):
         self.ctx, self.grid, self.horizon = ctx, grid, int(horizon)
+        self.quality_price = float(quality_price)  # seconds per unit of quality the future layers pay (TABLE_PRICE)
         self.backlog = bool(backlog) and self.horizon > 0
         self.home_trip = bool(home_trip) and self.horizon > 0
         if self.backlog and self.home_trip:  # the exposure would need a home axis too
@@ -557,7 +558,7 @@ class LookAhead:
                 left = b[None, None, :] - quality[:, :, None]  # [R, A, m]
                 feasible = opt.valid[:, :, None] & (left >= -1e-12)
                 future = phi[opt.next_location[:, :, None], t1_all[r][:, None, None], grid.index(np.maximum(left, 0.0))]
-                value = opt.latency_s[:, :, None] + EPS_S_PER_Q * quality[:, :, None] + future
+                value = opt.latency_s[:, :, None] + (self.quality_price + EPS_S_PER_Q) * quality[:, :, None] + future
                 value = np.where(feasible, value, np.inf)
                 best[h, r] = value.min(axis=1)  # [R, m]
             if self.backlog:
@@ -602,20 +603,20 @@ _LOOKAHEADS: dict[int, dict[tuple, LookAhead]] = {}  # id(ctx) -> the context's 
 def lookahead_tables(ctx: RuntimeContext, grid: BudgetGrid, horizon: int, sets_per_prev: int, max_enum_k: int,
                      kinds: tuple[str, ...], steer: bool, steer_replicas: int, power: float, min_set_count: int,
                      subs_fn, calib: KindCalibration | None, backlog: bool, backlog_level: int,
-                     home_trip: bool = False) -> LookAhead:
+                     home_trip: bool = False, quality_price: float = 0.0) -> LookAhead:
     """`LookAhead(...)` of these arguments, built once per context and kept while the context lives (a policy
     is made anew for every run; the tables depend only on the context and these numbers, and nothing writes
     them after they are built). Per-token substitutes (subs_fn) and calibrations are built every time."""
     args = (horizon, sets_per_prev, max_enum_k, kinds, steer, steer_replicas, power, min_set_count)
     if subs_fn is not None or calib is not None:
-        return LookAhead(ctx, grid, *args, subs_fn, calib, backlog, backlog_level, home_trip)
-    key = (grid.levels, grid.step, *args, bool(backlog), int(backlog_level), bool(home_trip))
+        return LookAhead(ctx, grid, *args, subs_fn, calib, backlog, backlog_level, home_trip, quality_price)
+    key = (grid.levels, grid.step, *args, bool(backlog), int(backlog_level), bool(home_trip), float(quality_price))
     tables = _LOOKAHEADS.get(id(ctx))
     if tables is None:
         tables = _LOOKAHEADS[id(ctx)] = {}
         weakref.finalize(ctx, _LOOKAHEADS.pop, id(ctx), None)
     if key not in tables:
-        tables[key] = LookAhead(ctx, grid, *args, None, None, backlog, backlog_level, home_trip)
+        tables[key] = LookAhead(ctx, grid, *args, None, None, backlog, backlog_level, home_trip, quality_price)
     return tables[key]
 
 
@@ -654,7 +655,9 @@ class OrderMoEPolicy(Policy):
     home_trip: the look-ahead charges the trip to the token's real home in the window that reaches the last layer
     (`LookAhead`, home_trip; None, the default: on in migrate mode, where a token may end a pass away from
     home, unless a queue term is asked for (`backlog`: its exposure has no home axis), and with
-    stand_in_choice "token").
+    stand_in_choice "token"); table_price: the tables' future layers pay the policy's quality price
+    (`quality_price` seconds per unit of quality) besides their seconds, as the decision pays it now (default
+    False: they pay only the tie-break epsilon, so budget kept looks worth every second it could buy).
     """
 
     name = "ordermoe"
@@ -667,7 +670,8 @@ class OrderMoEPolicy(Policy):
                  steer_replicas: int = STEER_REPLICAS, ewma: float = 0.1, adapt_gain: float = 0.5,
                  spend_target: float = 0.5, quality_power: float = QUALITY_POWER, min_set_count: int = MIN_SET_COUNT,
                  pace: bool = True, stand_in_choice: str = "group", router_weight: float = ROUTER_WEIGHT,
-                 calibration: str | dict | None = None, accrue: bool = False, home_trip: bool | None = None):
+                 calibration: str | dict | None = None, accrue: bool = False, home_trip: bool | None = None,
+                 table_price: bool = False):
         kinds = check_kinds(substitutes)
         calib = load_calibration(calibration, ctx.num_layers)
         if calib is not None:
@@ -687,7 +691,8 @@ class OrderMoEPolicy(Policy):
                                              {"stand_in_choice": stand_in_choice, "router_weight": float(router_weight)}),
                          **({} if calib is None else {"calibration": calib.to_dict()}),
                          **({"accrue": True} if accrue else {}),
-                         **({} if home_trip is None else {"home_trip": bool(home_trip)}))
+                         **({} if home_trip is None else {"home_trip": bool(home_trip)}),
+                         **({"table_price": True} if table_price else {}))
         self.calib = calib
         self.accrue = bool(accrue)
         self.stand_in_choice, self.router_weight = stand_in_choice, float(router_weight)
@@ -719,7 +724,8 @@ class OrderMoEPolicy(Policy):
                                           self.steer and ctx.num_nodes <= STEER_ALL_NODES, self.steer_replicas,
                                           self.power, min_set_count, self.token_subs if self.per_token else None,
                                           calib, backlog != "off", int(self.grid.index(self.horizon * mean_allowance)),
-                                          self._home_trip(home_trip, backlog))
+                                          self._home_trip(home_trip, backlog),
+                                          self.quality_price if table_price else 0.0)
         # the cost-to-go adds the queue waits the tables are exposed to: "now" the current ones, "mean" node_wait
         self.backlog = backlog if self.lookahead.backlog else "off"
         self.node_wait = np.zeros(ctx.num_nodes)  # [N] EWMA (weight ewma per call) of each node's queue wait
