@@ -431,6 +431,9 @@ class LookAhead:
     times larger). It is the first-order sensitivity of phi to a queue wait at each node (`backlog`): a wait
     w_n at n delays every such layer by w_n until another action becomes cheaper, so phi + exposure . w is an
     upper bound on the cost-to-go under those waits that is exact for small ones (docs/runtime.md).
+
+    quality_price: seconds per unit of quality cost that the future layers' actions pay in the tables besides
+    their seconds (`OrderMoEPolicy` table_price); 0 (default): only the tie-break EPS_S_PER_Q.
     """
 
     def __init__(self, ctx: RuntimeContext, grid: BudgetGrid, horizon: int, sets_per_prev: int = 4,
@@ -439,7 +442,7 @@ class LookAhead:
                  subs_fn=None, calib: KindCalibration | None = None, backlog: bool = False,
                  backlog_level: int = 0, home_trip: bool = False, quality_price: float = 0.0):
         self.ctx, self.grid, self.horizon = ctx, grid, int(horizon)
-        self.quality_price = float(quality_price)  # seconds per unit of quality the future layers pay (TABLE_PRICE)
+        self.quality_price = float(quality_price)  # seconds per unit of quality the future layers pay
         self.backlog = bool(backlog) and self.horizon > 0
         self.home_trip = bool(home_trip) and self.horizon > 0
         if self.backlog and self.home_trip:  # the exposure would need a home axis too
