@@ -28,7 +28,8 @@ def test_a_busy_node_is_no_longer_a_meeting_point():
     busy = np.array([0.0, 0.0, 0.5, 0.0])  # c's queue: half a second, far above a link (11 ms) or a call
     picks = {}
     for backlog in (False, True):
-        pol = make_policy("ordermoe", ctx, budget=0.0, horizon=1, backlog="now" if backlog else "off")
+        pol = make_policy("ordermoe", ctx, budget=0.0, horizon=1, backlog="now" if backlog else "off",
+                          home_trip=False)  # the static tables the exposure goes with
         for load in (None, busy):
             state = pol.start(users)
             picks[backlog, load is None] = int(pol.decide(0, topk, gates, state, load).next_location[0])
@@ -65,7 +66,8 @@ def test_without_queues_the_backlog_changes_nothing(seed, mode):
     rows = rng.integers(0, profile.num_tokens, 20)
     users = rng.integers(0, ctx.num_users, 20)
     for steer in (None, False):
-        runs = [decisions(make_policy("ordermoe", ctx, budget=0.1, horizon=2, steer=steer, backlog=b), profile, ctx,
+        runs = [decisions(make_policy("ordermoe", ctx, budget=0.1, horizon=2, steer=steer, backlog=b,
+                                      home_trip=False), profile, ctx,
                           rows, users, None) for b in ("now", "mean", "off")]
         assert_same(runs[0], runs[2])
         assert_same(runs[1], runs[2])
@@ -81,7 +83,8 @@ def test_the_backlog_moves_decisions_under_load():
         rows = rng.integers(0, profile.num_tokens, 30)
         users = rng.integers(0, ctx.num_users, 30)
         load = rng.exponential(0.05, ctx.num_nodes)
-        a, b, c = (decisions(make_policy("ordermoe", ctx, budget=0.1, horizon=2, backlog=x), profile, ctx, rows, users,
+        a, b, c = (decisions(make_policy("ordermoe", ctx, budget=0.1, horizon=2, backlog=x, home_trip=False), profile,
+                             ctx, rows, users,
                              load) for x in ("now", "mean", "off"))
         for x in (a, b):
             changed[x is b] += sum(int((dx["next_location"] != dc["next_location"]).sum()) for dx, dc in zip(x, c, strict=True))

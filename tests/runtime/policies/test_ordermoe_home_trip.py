@@ -1,7 +1,7 @@
 """OrderMoE's look-ahead with the trip to the token's real home (`home_trip`): a window that reaches the last
 layer charges the trip from its last meeting node to the token's home, not to the node it is at there.
 Brute force (two layers, one routing: the tables are then exact, so the steered path is the oracle's), the
-tables' known answers, and the default policy left as it was."""
+tables' known answers, and where the default policy has it on (migrate mode, compiled paths included)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from edgemoe.runtime.local import replay_decisions
 from ..conftest import CALL, XFER, tiny_cluster, tiny_context, tiny_profile
 
 
-def random_setting(seed: int, homes=("a",)):
+def random_setting(seed: int, homes=("a",), mode: str = "migrate"):
     """3-4 edge nodes with links of 5, 10 or 30 ms, two layers of fixed routing (1-2 of 4 experts) and every
-    expert of a layer on 1-2 random nodes; migrate mode."""
+    expert of a layer on 1-2 random nodes; migrate mode unless told."""
     rng = np.random.default_rng(seed)
     N, E, K = int(rng.integers(3, 5)), 4, int(rng.integers(1, 3))
     routes = np.array([rng.choice(E, K, replace=False) for _ in range(2)])
@@ -29,7 +29,7 @@ def random_setting(seed: int, homes=("a",)):
             for n in rng.choice(names, int(rng.integers(1, 3)), replace=False):
                 held[n].append((layer, e))
     profile = tiny_profile(routes, num_experts=E)
-    return profile, tiny_context(profile, tiny_cluster(names, homes=homes, latency=latency), held, mode="migrate")
+    return profile, tiny_context(profile, tiny_cluster(names, homes=homes, latency=latency), held, mode=mode)
 
 
 def path_s(ctx, profile, **kw) -> float:
@@ -73,14 +73,16 @@ def test_home_tables_known_answers():
     assert not home.home[0].any() and not home.home[3].any()
 
 
-def test_default_policy_keeps_its_tables_and_compiled_paths():
+def test_default_policy_charges_the_trip_home_in_migrate_mode_on_its_compiled_paths():
     profile, ctx = random_setting(41)
     default = make_policy("ordermoe", ctx, budget=0.05, horizon=2)
-    assert not default.lookahead.home_trip and "home_trip" not in default.params
-    assert default.compiled_rule() == "ordermoe"
-    on = make_policy("ordermoe", ctx, budget=0.05, horizon=2, home_trip=True)
-    assert on.lookahead.home_trip and on.params["home_trip"] is True
-    assert on.compiled_rule() is None and on.decode_path() is None  # the compiled paths read the home-free tables
+    assert ctx.mode == "migrate" and default.lookahead.home_trip and "home_trip" not in default.params
+    assert default.compiled_rule() == "ordermoe" and default.decode_path() is not None  # they read the home axis
+    off = make_policy("ordermoe", ctx, budget=0.05, horizon=2, home_trip=False)
+    assert not off.lookahead.home_trip and off.params["home_trip"] is False and off.compiled_rule() == "ordermoe"
+    assert not make_policy("ordermoe", ctx, horizon=2, backlog="now").lookahead.home_trip  # the exposure has no home axis
+    _, home_ctx = random_setting(41, mode="home")
+    assert not make_policy("ordermoe", home_ctx, horizon=2).lookahead.home_trip  # a token never leaves home there
     token = make_policy("ordermoe", ctx, budget=0.05, horizon=2, stand_in_choice="token")
     assert token.lookahead.home_trip  # on by default with per-token stand-ins
     assert not make_policy("ordermoe", ctx, horizon=2, stand_in_choice="token", home_trip=False).lookahead.home_trip

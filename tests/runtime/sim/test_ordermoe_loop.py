@@ -135,8 +135,9 @@ def test_lookahead_tables_are_built_once_per_context(deployments):
     assert make_policy("ordermoe", ctx, horizon=1, levels=6).lookahead is not first.lookahead
     assert make_policy("ordermoe", ctx, horizon=2, levels=7).lookahead is not first.lookahead
     fresh = om.LookAhead(ctx, first.grid, 2, 16, first.max_enum_k, first.kinds, first.steer, first.steer_replicas,
-                         first.power)
+                         first.power, home_trip=first.lookahead.home_trip)
     np.testing.assert_array_equal(fresh.stacked, first.lookahead.stacked)
+    np.testing.assert_array_equal(fresh.home, first.lookahead.home)
     trace = Trace.from_profile(profile)
     sc = build_scenario(ctx.user_weight, ctx.user_domain, trace, Workload(num_requests=8, prompt_tokens=3, gen_tokens=4,
                                                                           arrival="closed", seed=1))

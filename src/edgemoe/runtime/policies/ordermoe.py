@@ -431,14 +431,18 @@ class LookAhead:
     times larger). It is the first-order sensitivity of phi to a queue wait at each node (`backlog`): a wait
     w_n at n delays every such layer by w_n until another action becomes cheaper, so phi + exposure . w is an
     upper bound on the cost-to-go under those waits that is exact for small ones (docs/runtime.md).
+
+    quality_price: seconds per unit of quality cost that the future layers' actions pay in the tables besides
+    their seconds (`OrderMoEPolicy` table_price); 0 (default): only the tie-break EPS_S_PER_Q.
     """
 
     def __init__(self, ctx: RuntimeContext, grid: BudgetGrid, horizon: int, sets_per_prev: int = 4,
                  max_enum_k: int = MAX_ENUM_K, kinds: tuple[str, ...] = KINDS, steer: bool = False,
                  steer_replicas: int = STEER_REPLICAS, power: float = QUALITY_POWER, min_set_count: int = MIN_SET_COUNT,
                  subs_fn=None, calib: KindCalibration | None = None, backlog: bool = False,
-                 backlog_level: int = 0, home_trip: bool = False):
+                 backlog_level: int = 0, home_trip: bool = False, quality_price: float = 0.0):
         self.ctx, self.grid, self.horizon = ctx, grid, int(horizon)
+        self.quality_price = float(quality_price)  # seconds per unit of quality the future layers pay
         self.backlog = bool(backlog) and self.horizon > 0
         self.home_trip = bool(home_trip) and self.horizon > 0
         if self.backlog and self.home_trip:  # the exposure would need a home axis too
@@ -557,7 +561,7 @@ class LookAhead:
                 left = b[None, None, :] - quality[:, :, None]  # [R, A, m]
                 feasible = opt.valid[:, :, None] & (left >= -1e-12)
                 future = phi[opt.next_location[:, :, None], t1_all[r][:, None, None], grid.index(np.maximum(left, 0.0))]
-                value = opt.latency_s[:, :, None] + EPS_S_PER_Q * quality[:, :, None] + future
+                value = opt.latency_s[:, :, None] + (self.quality_price + EPS_S_PER_Q) * quality[:, :, None] + future
                 value = np.where(feasible, value, np.inf)
                 best[h, r] = value.min(axis=1)  # [R, m]
             if self.backlog:
@@ -602,31 +606,31 @@ _LOOKAHEADS: dict[int, dict[tuple, LookAhead]] = {}  # id(ctx) -> the context's 
 def lookahead_tables(ctx: RuntimeContext, grid: BudgetGrid, horizon: int, sets_per_prev: int, max_enum_k: int,
                      kinds: tuple[str, ...], steer: bool, steer_replicas: int, power: float, min_set_count: int,
                      subs_fn, calib: KindCalibration | None, backlog: bool, backlog_level: int,
-                     home_trip: bool = False) -> LookAhead:
+                     home_trip: bool = False, quality_price: float = 0.0) -> LookAhead:
     """`LookAhead(...)` of these arguments, built once per context and kept while the context lives (a policy
     is made anew for every run; the tables depend only on the context and these numbers, and nothing writes
     them after they are built). Per-token substitutes (subs_fn) and calibrations are built every time."""
     args = (horizon, sets_per_prev, max_enum_k, kinds, steer, steer_replicas, power, min_set_count)
     if subs_fn is not None or calib is not None:
-        return LookAhead(ctx, grid, *args, subs_fn, calib, backlog, backlog_level, home_trip)
-    key = (grid.levels, grid.step, *args, bool(backlog), int(backlog_level), bool(home_trip))
+        return LookAhead(ctx, grid, *args, subs_fn, calib, backlog, backlog_level, home_trip, quality_price)
+    key = (grid.levels, grid.step, *args, bool(backlog), int(backlog_level), bool(home_trip), float(quality_price))
     tables = _LOOKAHEADS.get(id(ctx))
     if tables is None:
         tables = _LOOKAHEADS[id(ctx)] = {}
         weakref.finalize(ctx, _LOOKAHEADS.pop, id(ctx), None)
     if key not in tables:
-        tables[key] = LookAhead(ctx, grid, *args, None, None, backlog, backlog_level, home_trip)
+        tables[key] = LookAhead(ctx, grid, *args, None, None, backlog, backlog_level, home_trip, quality_price)
     return tables[key]
 
 
 def compiled_loop_supported(policy) -> bool:
     """Whether the simulator's compiled loop (`edgemoe.runtime.sim.ordermoe_loop`) decides exactly as `policy`
     (an OrderMoEPolicy): all 2^K subsets enumerated (K <= max_enum_k), top-1 look-ahead keys (no frequent-set
-    keys), quality power 1 or 2 (numpy's power for other exponents may round otherwise), tables without a home
-    axis (no `home_trip`). Kept here, not in the loop's module, so that the policy's `compiled_rule` needs
+    keys), quality power 1 or 2 (numpy's power for other exponents may round otherwise); tables with or
+    without a home axis (`home_trip`: the loop reads the row's home's table). Kept here, not in the loop's module, so that the policy's `compiled_rule` needs
     nothing from the simulator (no import circle)."""
     K = policy.ctx.top_k
-    return (K <= policy.max_enum_k and K <= 4 and not policy.lookahead.keys.enabled and not policy.lookahead.home_trip
+    return (K <= policy.max_enum_k and K <= 4 and not policy.lookahead.keys.enabled
             and policy.power in (1.0, 2.0) and getattr(policy, "calib", None) is None and not getattr(policy, "accrue", False))
 
 
@@ -652,8 +656,11 @@ class OrderMoEPolicy(Policy):
     left with no expert output is allowed at its measured cost where the calibration has one; accrue: a row
     may spend by layer l at most its allowance x (l + 1) (default False: all it has left, at any layer);
     home_trip: the look-ahead charges the trip to the token's real home in the window that reaches the last layer
-    (`LookAhead`, home_trip; None, the default: on with stand_in_choice "token", off otherwise, so that the
-    default policy's decisions stay as they were).
+    (`LookAhead`, home_trip; None, the default: on in migrate mode, where a token may end a pass away from
+    home, unless a queue term is asked for (`backlog`: its exposure has no home axis), and with
+    stand_in_choice "token"); table_price: the tables' future layers pay the policy's quality price
+    (`quality_price` seconds per unit of quality) besides their seconds, as the decision pays it now (default
+    False: they pay only the tie-break epsilon, so budget kept looks worth every second it could buy).
     """
 
     name = "ordermoe"
@@ -666,7 +673,8 @@ class OrderMoEPolicy(Policy):
                  steer_replicas: int = STEER_REPLICAS, ewma: float = 0.1, adapt_gain: float = 0.5,
                  spend_target: float = 0.5, quality_power: float = QUALITY_POWER, min_set_count: int = MIN_SET_COUNT,
                  pace: bool = True, stand_in_choice: str = "group", router_weight: float = ROUTER_WEIGHT,
-                 calibration: str | dict | None = None, accrue: bool = False, home_trip: bool | None = None):
+                 calibration: str | dict | None = None, accrue: bool = False, home_trip: bool | None = None,
+                 table_price: bool = False):
         kinds = check_kinds(substitutes)
         calib = load_calibration(calibration, ctx.num_layers)
         if calib is not None:
@@ -686,7 +694,8 @@ class OrderMoEPolicy(Policy):
                                              {"stand_in_choice": stand_in_choice, "router_weight": float(router_weight)}),
                          **({} if calib is None else {"calibration": calib.to_dict()}),
                          **({"accrue": True} if accrue else {}),
-                         **({} if home_trip is None else {"home_trip": bool(home_trip)}))
+                         **({} if home_trip is None else {"home_trip": bool(home_trip)}),
+                         **({"table_price": True} if table_price else {}))
         self.calib = calib
         self.accrue = bool(accrue)
         self.stand_in_choice, self.router_weight = stand_in_choice, float(router_weight)
@@ -718,7 +727,8 @@ class OrderMoEPolicy(Policy):
                                           self.steer and ctx.num_nodes <= STEER_ALL_NODES, self.steer_replicas,
                                           self.power, min_set_count, self.token_subs if self.per_token else None,
                                           calib, backlog != "off", int(self.grid.index(self.horizon * mean_allowance)),
-                                          self.per_token if home_trip is None else bool(home_trip))
+                                          self._home_trip(home_trip, backlog),
+                                          self.quality_price if table_price else 0.0)
         # the cost-to-go adds the queue waits the tables are exposed to: "now" the current ones, "mean" node_wait
         self.backlog = backlog if self.lookahead.backlog else "off"
         self.node_wait = np.zeros(ctx.num_nodes)  # [N] EWMA (weight ewma per call) of each node's queue wait
@@ -727,6 +737,13 @@ class OrderMoEPolicy(Policy):
         self.latency_excess = np.zeros(U)  # [U] EWMA of max(observed / estimated latency - 1, 0)
         self.spend_rate = np.zeros(U)  # [U] EWMA of spent / granted budget of the user's finished passes
         self.quality_weight = np.ones(U)  # [U] multiplier of the quality price, adapted per user
+
+    def _home_trip(self, home_trip: bool | None, backlog: str) -> bool:
+        """Whether the tables charge the trip home (the `home_trip` parameter; None: the default, class docstring).
+        In home mode the token never leaves home, so the trip is zero and a home axis would only copy the tables."""
+        if home_trip is not None:
+            return bool(home_trip)
+        return self.per_token or (self.ctx.mode == "migrate" and backlog == "off")
 
     def replay_logits(self, logits: np.ndarray) -> None:
         """Give a per-token policy the router logits [T', L, E] of the routing its caller replays (the

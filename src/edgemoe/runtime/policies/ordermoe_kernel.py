@@ -31,7 +31,7 @@ _I = np.int64
 
 # entries of `OrderMoETables.flags` (bool), `.ints` and `.params` (float)
 F_SUB, F_DROP, F_ZERO, F_POWER2, F_STEER, F_ALL_NODES, F_BACKLOG, F_BACKLOG_MEAN = range(8)
-I_SHORT, I_CELLS, I_LEVELS, I_HORIZON, I_PACE = range(5)
+I_SHORT, I_CELLS, I_LEVELS, I_HORIZON, I_PACE, I_HOMES = range(6)
 P_QUALITY_PRICE, P_PRESSURE_GAIN, P_EWMA, P_RT_MED, P_STEP, P_EPS = range(6)
 
 
@@ -44,7 +44,7 @@ class OrderMoETables(NamedTuple):
     flags: np.ndarray  # F_* (bool)
     short_node: np.ndarray  # [N * L * E, S] the steered search's replica shortlist
     short_static: np.ndarray  # [N * L * E, S] its static cost (inf: padding)
-    table: np.ndarray  # the look-ahead's stacked table, flat
+    table: np.ndarray  # the look-ahead's table, flat: `LookAhead.home` [L+1, Nh, N, C, m] (home_trip), else `stacked`
     ints: np.ndarray  # I_*
     params: np.ndarray  # P_* (float)
     budget_total: np.ndarray  # [R] token state (`TokenState`); budget_used written in place
@@ -54,6 +54,7 @@ class OrderMoETables(NamedTuple):
     quality_weight: np.ndarray  # [U]
     exposure: np.ndarray  # the look-ahead's exposure table [L+1, N, C, N] flat (`LookAhead.exposure`; F_BACKLOG)
     node_wait: np.ndarray  # [N] the policy's EWMA of each node's wait (F_BACKLOG_MEAN; updated in place)
+    home_index: np.ndarray  # [N] each home node's row in table's home axis (I_HOMES rows; zeros without home_trip)
 
 
 @njit(cache=True)
@@ -359,7 +360,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
      srt_node) = ex
     s_loc = ex_scratch.loc
     (best_sub, best_sub_err, subst_err, flags, short_node, short_static, table, ints, params, budget_total, budget_used,
-     qpress, latency_excess, quality_weight, exposure, node_wait) = om
+     qpress, latency_excess, quality_weight, exposure, node_wait, home_index) = om
     has_sub, has_drop, has_zero = flags[F_SUB], flags[F_DROP], flags[F_ZERO]
     power2, steer, all_nodes = flags[F_POWER2], flags[F_STEER], flags[F_ALL_NODES]
     backlog = flags[F_BACKLOG] and ints[I_HORIZON] > 0
@@ -368,6 +369,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
             node_wait[n] = node_wait[n] + params[P_EWMA] * (load[n] - node_wait[n])
     waits = node_wait if flags[F_BACKLOG_MEAN] else load
     n_short, C, levels, horizon, pace = ints[I_SHORT], ints[I_CELLS], ints[I_LEVELS], ints[I_HORIZON], ints[I_PACE]
+    homes = ints[I_HOMES]
     quality_price, pressure_gain, ewma = params[P_QUALITY_PRICE], params[P_PRESSURE_GAIN], params[P_EWMA]
     rt_med, step, eps = params[P_RT_MED], params[P_STEP], params[P_EPS]
     out_experts, out_node, out_loc, out_next, out_lat, out_topk, out_layer, out_home, out_pass = out
@@ -513,7 +515,8 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                     lvl = 0
                 if lvl > levels - 1:
                     lvl = levels - 1
-                part[m] = ((lv + 1) * (N * Cm) + key * levels) + int(lvl)
+                # (`LookAhead.flat_index`: with one home row and index 0 this is the home-free table's index)
+                part[m] = (((lv + 1) * homes + home_index[home]) * (N * Cm) + key * levels) + int(lvl)
         for k in range(K):
             n = x_node[t, k]
             e = topk_tab[tok, lv, k]
@@ -726,14 +729,18 @@ def ordermoe_tables(policy, budget_total, budget_used, eps_s_per_q: float, steer
     backlog = getattr(policy, "backlog", "off")
     flags = np.array(["sub" in kinds, "drop" in kinds, "zero" in kinds, policy.power == 2.0, steer,
                       N <= steer_all_nodes, backlog != "off", backlog == "mean"])  # in F_* order
-    ints = np.array([n_short, C, levels, policy.horizon, policy.pace], _I)  # I_* order
+    la = policy.lookahead
+    homes = len(la.homes) if la.home_trip else 1
+    ints = np.array([n_short, C, levels, policy.horizon, policy.pace, homes], _I)  # I_* order
     params = np.array([policy.quality_price, policy.pressure_gain, policy.ewma, policy.rt_med, policy.grid.step,
                        eps_s_per_q], float)  # P_* order
     return OrderMoETables(np.ascontiguousarray(ctx.best_sub, _I), np.ascontiguousarray(ctx.best_sub_err, float),
                           np.ascontiguousarray(ctx.subst_err, float), flags, short_node, short_static,
-                          np.ascontiguousarray(policy.lookahead.stacked.reshape(-1)), ints, params, budget_total,
+                          np.ascontiguousarray((la.home if la.home_trip else la.stacked).reshape(-1)), ints, params,
+                          budget_total,
                           budget_used, np.array([policy.queue_pressure]), policy.latency_excess, policy.quality_weight,
-                          np.ascontiguousarray(policy.lookahead.exposure.reshape(-1), float), policy.node_wait)
+                          np.ascontiguousarray(policy.lookahead.exposure.reshape(-1), float), policy.node_wait,
+                          np.ascontiguousarray(np.maximum(la.home_index, 0) if la.home_trip else np.zeros(N, _I), _I))
 
 
 # ---------------------------------------------------------------- decode: one `decide` call, one compiled call
