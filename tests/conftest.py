@@ -203,18 +203,19 @@ def pytest_unconfigure(config):
 # worker the first half of the collection and the second worker the other half, and a worker only steals from
 # the end of the other's queue. On a fresh clone the compiles dominate, and a worker that meets a function the
 # other is compiling waits for it (`_compile_once_across_workers`): so each worker starts with compiles the other
-# does not need yet. Worker one: the OrderMoE wave loop (the longest compile), then the multi-node Ray check (a
-# cluster of its own in a subprocess: the longest test, and the one distributed test that needs no session Ray).
-# Worker two: OrderMoE's decode path, then the rule loop, then the other distributed tests, which call both and
-# run long on little CPU of their own (Ray's processes and timeouts); at the head of a queue they are never
-# stolen, so one worker starts the session's Ray instance and nothing long starts last. Everything else keeps
-# its collected order and fills both halves.
+# does not need yet. Worker one: the rule loop, then the OrderMoE wave loop (the longest compile), then the
+# multi-node Ray check (a cluster of its own in a subprocess: the longest test, and the one Ray test that needs
+# no session Ray). Worker two: OrderMoE's decode path, then the tests on the session's Ray instance, which call
+# it and run long on little CPU of their own (Ray's processes and timeouts); at the head of a queue they are
+# never stolen, so one worker starts one Ray instance and nothing long starts last. Everything else keeps its
+# collected order and fills both halves.
 FIRST_IN_LANE = (
-    ("tests/runtime/policies/test_ordermoe.py::test_tight_and_loose_users_diverge_in_the_simulator_and_stay_within_budget",
+    ("tests/runtime/sim/test_sim_decision_cost.py::test_decisions_charged_at_the_home_add_their_model_per_layer[fast-0.0]",
+     "tests/runtime/policies/test_ordermoe.py::test_tight_and_loose_users_diverge_in_the_simulator_and_stay_within_budget",
      "tests/distributed/test_ray_multinode.py::"),
     ("tests/runtime/policies/test_field_baselines.py::test_ordermoe_on_error_groups_substitutes_within_those_groups",
-     "tests/runtime/sim/test_sim_decision_cost.py::test_decisions_charged_at_the_home_add_their_model_per_layer[fast-0.0]",
-     "tests/distributed/"),
+     "tests/distributed/test_ray_backend.py::", "tests/distributed/test_ray_faults.py::",
+     "tests/distributed/test_ray_http.py::", "tests/distributed/test_ray_request_policy.py::"),
 )
 
 

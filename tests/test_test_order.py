@@ -29,12 +29,13 @@ def _ids(n: int) -> list[str]:
 def test_each_lane_heads_its_half_and_the_rest_keep_their_order():
     for n in (7, 8, 11):
         ids = _ids(n)
-        ids[5:5] = [B, "tests/distributed/test_a.py::t", A, "tests/distributed/test_b.py::t"]
+        ids[5:5] = [B, "tests/distributed/test_ray_http.py::t", A, "tests/distributed/test_ray_backend.py::t"]
         order = lane_order(ids)
         assert sorted(order) == list(range(len(ids)))  # nothing dropped or repeated
         ran = [ids[i] for i in order]
         half = len(ids) // 2  # worksteal deals the first worker len // 2 tests
-        assert ran[0] == A and ran[half:half + 3] == [B, "tests/distributed/test_a.py::t", "tests/distributed/test_b.py::t"]
+        assert ran[0] == A and ran[half:half + 3] == [B, "tests/distributed/test_ray_backend.py::t",
+                                                      "tests/distributed/test_ray_http.py::t"]
         rest = [x for x in ran if x.startswith("tests/x/")]
         assert rest == [x for x in ids if x.startswith("tests/x/")]
 
