@@ -197,6 +197,59 @@ def pytest_unconfigure(config):
         shutil.rmtree(folder, ignore_errors=True)
 
 
+# --- the order the two xdist workers start in ----------------------------------------------------------------------
+
+# The tests each of two workers starts with (node-id prefixes, in order). Why: `--dist worksteal` gives the first
+# worker the first half of the collection and the second worker the other half, and a worker only steals from
+# the end of the other's queue. On a fresh clone the compiles dominate, and a worker that meets a function the
+# other is compiling waits for it (`_compile_once_across_workers`): so each worker starts with compiles the other
+# does not need yet. Worker one: the rule loop, then the OrderMoE wave loop (the longest compile), then the
+# multi-node Ray check (a cluster of its own in a subprocess: the longest test, and the one Ray test that needs
+# no session Ray). Worker two: OrderMoE's decode path, then the tests on the session's Ray instance, which call
+# it and run long on little CPU of their own (Ray's processes and timeouts); at the head of a queue they are
+# never stolen, so one worker starts one Ray instance and nothing long starts last. Everything else keeps its
+# collected order and fills both halves.
+FIRST_IN_LANE = (
+    ("tests/runtime/sim/test_sim_decision_cost.py::test_decisions_charged_at_the_home_add_their_model_per_layer[fast-0.0]",
+     "tests/runtime/policies/test_ordermoe.py::test_tight_and_loose_users_diverge_in_the_simulator_and_stay_within_budget",
+     "tests/distributed/test_ray_multinode.py::"),
+    ("tests/runtime/policies/test_field_baselines.py::test_ordermoe_on_error_groups_substitutes_within_those_groups",
+     "tests/distributed/test_ray_backend.py::", "tests/distributed/test_ray_faults.py::",
+     "tests/distributed/test_ray_http.py::", "tests/distributed/test_ray_request_policy.py::"),
+)
+
+
+def lane_order(nodeids: list[str], workers: int = 2) -> list[int]:
+    """Indices of `nodeids` in run order: lane i's `FIRST_IN_LANE` tests first in the i-th of `workers` equal
+    parts (as worksteal deals them: part sizes len // workers, the remainder in the last), the others after
+    them in their collected order. Only two lanes are planned: with another worker count it returns the lanes'
+    tests first, then the rest (nothing is dropped or repeated)."""
+    heads, taken = [], set()
+    for prefixes in FIRST_IN_LANE:
+        lane = []
+        for prefix in prefixes:
+            for i, nodeid in enumerate(nodeids):
+                if i not in taken and nodeid.startswith(prefix):
+                    lane.append(i)
+                    taken.add(i)
+        heads.append(lane)
+    rest = [i for i in range(len(nodeids)) if i not in taken]
+    if workers != len(FIRST_IN_LANE):
+        return [i for lane in heads for i in lane] + rest
+    first = max(0, len(nodeids) // workers - len(heads[0]))
+    return heads[0] + rest[:first] + heads[1] + rest[first:]
+
+
+def pytest_collection_modifyitems(config, items):
+    """(xdist worker) puts the tests in `lane_order` (every worker orders the same collection the same way, as
+    xdist requires)."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not workers or os.environ.get("EDGEMOE_TEST_ORDER", "lanes") != "lanes":
+        return  # EDGEMOE_TEST_ORDER=collected: pytest's own order
+    order = lane_order([item.nodeid for item in items], int(workers))
+    items[:] = [items[i] for i in order]
+
+
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 

@@ -53,6 +53,7 @@ def run(keep_cache: bool) -> dict:
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     failed = [ln.split(" - ")[0][len("FAILED "):] for ln in lines if ln.startswith(("FAILED ", "ERROR "))]
     return {"command": " ".join(["python", *COMMAND[1:]]), "numba_cache": "kept" if keep_cache else "cleared",
+            "test_order": os.environ.get("EDGEMOE_TEST_ORDER", "lanes"),  # tests/conftest.py: lane_order or not
             "numba_cache_cleared_files": cleared, "returncode": proc.returncode, "summary": last,
             "counts": summary_counts(last), "failed": failed,
             "wall_s": wall, "cpu_s_children": cpu, "load_1_before": load0, "load_1_after": os.getloadavg()[0],

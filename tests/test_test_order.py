@@ -1,0 +1,56 @@
+"""The order the xdist workers start in (`conftest.lane_order`): a permutation that puts each lane's tests at
+the head of the half of the collection its worker is dealt, and names only tests that exist."""
+
+import importlib.util
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _root_conftest():
+    """tests/conftest.py as a module of its own (tests/ is not a package, so it cannot be imported by name)."""
+    spec = importlib.util.spec_from_file_location("_edgemoe_tests_conftest", ROOT / "tests" / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_CONFTEST = _root_conftest()
+FIRST_IN_LANE, lane_order = _CONFTEST.FIRST_IN_LANE, _CONFTEST.lane_order
+A = "tests/runtime/policies/test_ordermoe.py::test_tight_and_loose_users_diverge_in_the_simulator_and_stay_within_budget"
+B = "tests/runtime/policies/test_field_baselines.py::test_ordermoe_on_error_groups_substitutes_within_those_groups"
+
+
+def _ids(n: int) -> list[str]:
+    return [f"tests/x/test_{i:02d}.py::test_it" for i in range(n)]
+
+
+def test_each_lane_heads_its_half_and_the_rest_keep_their_order():
+    for n in (7, 8, 11):
+        ids = _ids(n)
+        ids[5:5] = [B, "tests/distributed/test_ray_http.py::t", A, "tests/distributed/test_ray_backend.py::t"]
+        order = lane_order(ids)
+        assert sorted(order) == list(range(len(ids)))  # nothing dropped or repeated
+        ran = [ids[i] for i in order]
+        half = len(ids) // 2  # worksteal deals the first worker len // 2 tests
+        assert ran[0] == A and ran[half:half + 3] == [B, "tests/distributed/test_ray_backend.py::t",
+                                                      "tests/distributed/test_ray_http.py::t"]
+        rest = [x for x in ran if x.startswith("tests/x/")]
+        assert rest == [x for x in ids if x.startswith("tests/x/")]
+
+
+def test_other_worker_counts_put_the_lanes_first():
+    ids = [*_ids(4), B, A]
+    assert [ids[i] for i in lane_order(ids, workers=3)] == [A, B, *_ids(4)]
+    assert lane_order(_ids(5)) == list(range(5))  # no lane test collected: the collected order
+
+
+def test_every_lane_entry_names_a_test_that_exists():
+    for prefixes in FIRST_IN_LANE:
+        for prefix in prefixes:
+            path, _, name = prefix.partition("::")
+            assert (ROOT / path).exists(), prefix
+            if name:
+                func = re.sub(r"\[.*\]$", "", name)
+                assert re.search(rf"^def {func}\(", (ROOT / path).read_text(encoding="utf-8"), re.M), prefix
