@@ -109,7 +109,9 @@ def environment() -> dict:
            "argv": list(sys.argv), "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
            "cpu_s": round(time.process_time() + kids.ru_utime + kids.ru_stime, 1)}
     env["git_commit"] = _git(["rev-parse", "HEAD"]) or None
-    status = _git(["status", "--porcelain", "--untracked-files=no"])
+    # results files a run writes are its outputs, not code: a tree whose only changes lie under bench/results
+    # ran the committed code (pathspecs from the top, since git runs beside this file)
+    status = _git(["status", "--porcelain", "--untracked-files=no", "--", ":(top)", ":(top,exclude)bench/results"])
     env["git_dirty"] = None if status is None and env["git_commit"] is None else bool(status)
     return env
 
