@@ -618,17 +618,17 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                     home_leg[gi] = xfer[meet[gi], home]
                 if backlog and not dup[gi]:
                     wait[gi] = _backlog_s(exposure, lv, meet[gi], key, N, C, waits)
+            # the least over a slot's candidates, one candidate (one row of xfer) at a time: the same minimum
             for k in range(K):
                 for gi in range(G):
-                    if dup[gi]:
-                        continue
-                    best = np.inf
-                    for i in range(nv[k]):
-                        j = vj[k, i]
-                        v = base[k, j] + xfer[cand[k, j], meet[gi]]
-                        if v < best:
-                            best = v
-                    arrive[k, gi] = best
+                    arrive[k, gi] = np.inf
+                for i in range(nv[k]):
+                    j = vj[k, i]
+                    c, bv = cand[k, j], base[k, j]
+                    for gi in range(G):
+                        v = bv + xfer[c, meet[gi]]
+                        if v < arrive[k, gi]:
+                            arrive[k, gi] = v
             # `_kept_max` written out: an inlined call with array arguments reference-counts them every row
             for gi in range(G):
                 kept_max[0, gi] = -np.inf
