@@ -43,7 +43,7 @@ class OrderMoETables(NamedTuple):
     subst_err: np.ndarray  # [L, E, E]
     flags: np.ndarray  # F_* (bool)
     short_node: np.ndarray  # [N * L * E, S] int32 the steered search's replica shortlist (-1: padding)
-    table: np.ndarray  # the look-ahead's stacked table [L+1, N, C, levels] as [L+1, C, levels, N], flat
+    table: np.ndarray  # the look-ahead's stacked table, flat
     ints: np.ndarray  # I_*
     params: np.ndarray  # P_* (float)
     budget_total: np.ndarray  # [R] token state (`TokenState`); budget_used written in place
@@ -398,6 +398,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
     M = 1 << K
     J = 1 + n_short
     G = (1 + N if all_nodes else 1 + K * J) if steer else 1
+    Cm = C * levels
     (g, sub, q_sub, q_zero, err, kind, p, q_alt, quality, valid, feasible, qterm, part, sub_ready, ready_x, ready_sub, w,
      cand, base, meet, arrive, kept_max, to_meet, home_leg, dup, seen, nodes_m, wait, vj, nv) = work
     for n in range(N):
@@ -511,7 +512,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                     lvl = 0
                 if lvl > levels - 1:
                     lvl = levels - 1
-                part[m] = (((lv + 1) * C + key) * levels + int(lvl)) * N  # `table`'s [L+1, C, levels, N] layout
+                part[m] = ((lv + 1) * (N * Cm) + key * levels) + int(lvl)
         for k in range(K):
             n = x_node[t, k]
             e = topk_tab[tok, lv, k]
@@ -566,7 +567,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                     best_nxt, best_lat = nxt, lat  # numpy's argmin of an all-inf row: action 0
                 if not feasible[m]:
                     continue
-                seconds = lat + table[part[m] + nxt] if horizon > 0 else lat
+                seconds = lat + table[part[m] + nxt * Cm] if horizon > 0 else lat
                 if backlog:
                     seconds = seconds + wait[nxt_i]
                 cost = alpha * seconds + qterm[m]
@@ -655,7 +656,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                         lat = lat + home_leg[gi]
                     cost = alpha * lat + qterm[m]
                     if horizon > 0 and (alpha < 0 or cost < best_cost):
-                        ahead = lat + table[part[m] + meet[gi]]
+                        ahead = lat + table[part[m] + meet[gi] * Cm]
                         if backlog:
                             ahead = ahead + wait[gi]
                         cost = alpha * ahead + qterm[m]
@@ -710,13 +711,6 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
     qpress[0] += ewma * (mean_load / (mean_load + rt_med) - qpress[0])
 
 
-def _meet_last(stacked: np.ndarray) -> np.ndarray:
-    """The look-ahead's stacked table [L+1, N, C, levels] (meeting node, key cell, budget level) as
-    [L+1, C, levels, N], flat: a row reads one (layer, key, level) slice at its few meeting nodes, so the slices
-    the rows use stay in cache where the whole table (megabytes at hundreds of nodes) does not."""
-    return np.ascontiguousarray(np.moveaxis(stacked, 1, 3)).reshape(-1)
-
-
 def ordermoe_tables(policy, budget_total, budget_used, eps_s_per_q: float, steer_all_nodes: int) -> OrderMoETables:
     """The `om` group of `_decide_ordermoe`: the policy's stand-in tables, shortlist, look-ahead and weights,
     and the token state's budget arrays [R] (budget_used written in place). The weight arrays are the policy's
@@ -747,7 +741,7 @@ def ordermoe_tables(policy, budget_total, budget_used, eps_s_per_q: float, steer
                        eps_s_per_q], float)  # P_* order
     return OrderMoETables(np.ascontiguousarray(ctx.best_sub, _I), np.ascontiguousarray(ctx.best_sub_err, float),
                           np.ascontiguousarray(ctx.subst_err, float), flags, short_node,
-                          _meet_last(policy.lookahead.stacked), ints, params, budget_total,
+                          np.ascontiguousarray(policy.lookahead.stacked.reshape(-1)), ints, params, budget_total,
                           budget_used, np.array([policy.queue_pressure]), policy.latency_excess, policy.quality_weight,
                           np.ascontiguousarray(policy.lookahead.exposure.reshape(-1), float), policy.node_wait)
 
