@@ -42,8 +42,7 @@ class OrderMoETables(NamedTuple):
     best_sub_err: np.ndarray  # [N, L, E] its error
     subst_err: np.ndarray  # [L, E, E]
     flags: np.ndarray  # F_* (bool)
-    short_node: np.ndarray  # [N * L * E, S] the steered search's replica shortlist
-    short_static: np.ndarray  # [N * L * E, S] its static cost (inf: padding)
+    short_node: np.ndarray  # [N * L * E, S] int32 the steered search's replica shortlist (-1: padding)
     table: np.ndarray  # the look-ahead's table, flat: `LookAhead.home` [L+1, Nh, N, C, m] (home_trip), else `stacked`
     ints: np.ndarray  # I_*
     params: np.ndarray  # P_* (float)
@@ -359,7 +358,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
      hold_node, hold_compute, is_cloud, migrate, sorted_on, cand_ptr, cand_node, cand_compute, srt_built, srt_static,
      srt_node) = ex
     s_loc = ex_scratch.loc
-    (best_sub, best_sub_err, subst_err, flags, short_node, short_static, table, ints, params, budget_total, budget_used,
+    (best_sub, best_sub_err, subst_err, flags, short_node, table, ints, params, budget_total, budget_used,
      qpress, latency_excess, quality_weight, exposure, node_wait, home_index) = om
     has_sub, has_drop, has_zero = flags[F_SUB], flags[F_DROP], flags[F_ZERO]
     power2, steer, all_nodes = flags[F_POWER2], flags[F_STEER], flags[F_ALL_NODES]
@@ -593,7 +592,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                 flat = (loc * L + lv) * E + e
                 for j in range(J):
                     n = x_node[t, k] if j == 0 else short_node[flat, j - 1]
-                    ok = (j == 0 or np.isfinite(short_static[flat, j - 1])) and usable[u, n]
+                    ok = (j == 0 or n >= 0) and usable[u, n]
                     if not ok:
                         n = x_node[t, k]
                     cand[k, j] = n
@@ -623,18 +622,27 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                     home_leg[gi] = xfer[meet[gi], home]
                 if backlog and not dup[gi]:
                     wait[gi] = _backlog_s(exposure, lv, meet[gi], key, N, C, waits)
+            # the least over a slot's candidates, one candidate (one row of xfer) at a time: the same minimum
             for k in range(K):
                 for gi in range(G):
-                    if dup[gi]:
-                        continue
-                    best = np.inf
-                    for i in range(nv[k]):
-                        j = vj[k, i]
-                        v = base[k, j] + xfer[cand[k, j], meet[gi]]
-                        if v < best:
-                            best = v
-                    arrive[k, gi] = best
-            _kept_max(kept_max, arrive, dup, M, G)
+                    arrive[k, gi] = np.inf
+                for i in range(nv[k]):
+                    j = vj[k, i]
+                    c, bv = cand[k, j], base[k, j]
+                    for gi in range(G):
+                        v = bv + xfer[c, meet[gi]]
+                        if v < arrive[k, gi]:
+                            arrive[k, gi] = v
+            # `_kept_max` written out: an inlined call with array arguments reference-counts them every row
+            for gi in range(G):
+                kept_max[0, gi] = -np.inf
+            for s in range(1, M):
+                low = 0
+                while not (s >> low) & 1:
+                    low += 1
+                for gi in range(G):
+                    if not dup[gi]:
+                        kept_max[s, gi] = max(kept_max[s & (s - 1), gi], arrive[low, gi])
             best_cost = np.inf
             best_a = 0
             best_lat = np.nan
@@ -720,11 +728,13 @@ def ordermoe_tables(policy, budget_total, budget_used, eps_s_per_q: float, steer
         short.ensure(np.arange(N))
         size = short.node.shape[-1]
         n_short = min(policy.steer_replicas, size)
-        short_node = np.ascontiguousarray(short.node.reshape(-1, size)[:, :n_short])
-        short_static = np.ascontiguousarray(short.static.reshape(-1, size)[:, :n_short])
+        # one int32 array (a padding entry, of infinite static cost, as -1): the kernel reads a quarter of the
+        # bytes of the node and cost arrays, which at hundreds of nodes do not stay in cache
+        short_node = np.where(np.isfinite(short.static.reshape(-1, size)[:, :n_short]),
+                              short.node.reshape(-1, size)[:, :n_short], -1).astype(np.int32)
     else:
         n_short = 0
-        short_node, short_static = np.zeros((1, 1), _I), np.zeros((1, 1))
+        short_node = np.zeros((1, 1), np.int32)
     _, _, C, levels = policy.lookahead.stacked.shape
     backlog = getattr(policy, "backlog", "off")
     flags = np.array(["sub" in kinds, "drop" in kinds, "zero" in kinds, policy.power == 2.0, steer,
@@ -735,7 +745,7 @@ def ordermoe_tables(policy, budget_total, budget_used, eps_s_per_q: float, steer
     params = np.array([policy.quality_price, policy.pressure_gain, policy.ewma, policy.rt_med, policy.grid.step,
                        eps_s_per_q], float)  # P_* order
     return OrderMoETables(np.ascontiguousarray(ctx.best_sub, _I), np.ascontiguousarray(ctx.best_sub_err, float),
-                          np.ascontiguousarray(ctx.subst_err, float), flags, short_node, short_static,
+                          np.ascontiguousarray(ctx.subst_err, float), flags, short_node,
                           np.ascontiguousarray((la.home if la.home_trip else la.stacked).reshape(-1)), ints, params,
                           budget_total,
                           budget_used, np.array([policy.queue_pressure]), policy.latency_excess, policy.quality_weight,
