@@ -40,6 +40,8 @@ def summary_counts(line: str) -> dict[str, int]:
     return {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|errors?|xfailed|xpassed|skipped)", line)}
 
 
+LOG = Path("runs/test_time.log")  # pytest's output of the last run
+
 def run(keep_cache: bool) -> dict:
     cleared = 0 if keep_cache else clear_numba_cache(Path("src"))
     load0 = os.getloadavg()[0]
@@ -48,6 +50,8 @@ def run(keep_cache: bool) -> dict:
     proc = subprocess.run(COMMAND, capture_output=True, text=True)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    LOG.parent.mkdir(parents=True, exist_ok=True)  # the whole output, for a failure's traceback (not committed)
+    LOG.write_text(proc.stdout + proc.stderr)
     lines = [ln for ln in proc.stdout.strip().splitlines() if ln.strip()]
     last = lines[-1].strip("= ") if lines else ""
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
