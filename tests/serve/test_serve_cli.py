@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from typer.testing import CliRunner
 
 from edgemoe.cli import app
@@ -36,12 +37,15 @@ def test_serve_unknown_backend():
     assert result.exit_code == 2 and "--backend" in result.stderr
 
 
-def test_serve_process_answers_and_stops_on_ctrl_c(serve_cache, deployment):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_serve_process_answers_and_stops_on_ctrl_c(serve_cache, deployment, stop):
+    """Started with SIGINT ignored, as a background job of a non-interactive shell (or an xdist worker's child)
+    is: Ctrl-C and SIGTERM must stop it all the same."""
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=str(SRC), EDGEMOE_API_KEY="k1")
     proc = subprocess.Popen([sys.executable, "-c", "from edgemoe.cli import main; main()", "serve", "--port", str(port), "--cache-dir",
                              str(serve_cache), *SMALL], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 240
@@ -61,7 +65,7 @@ def test_serve_process_answers_and_stops_on_ctrl_c(serve_cache, deployment):
         r = httpx.post(url + "/v1/completions", json=body, headers={"Authorization": "Bearer k1"}, timeout=900)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 3
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         out, err = proc.communicate(timeout=60)
     assert "(cached)" in out and f"127.0.0.1:{port}" in out  # the conftest's profile and placement were reused
 

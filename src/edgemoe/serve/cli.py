@@ -7,6 +7,9 @@ Mounted by the main CLI: `app.command("serve")(serve_command)`, `app.command("ge
 from __future__ import annotations
 
 import json
+import signal
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -122,6 +125,27 @@ def serve_command(
     _run_http(svc, host, port, api_key)
 
 
+@contextmanager
+def _stopped_by_signals():
+    """Within it, SIGINT (Ctrl-C) and SIGTERM raise KeyboardInterrupt in the main thread, so that both stop the
+    server through the same clean path; the previous handlers come back after. Why not rely on Python's own
+    SIGINT handler: a process started with SIGINT ignored (a background job of a non-interactive shell, a
+    test runner's worker) keeps SIG_IGN, and then Ctrl-C or `kill -INT` would never reach the server."""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread only
+        yield
+        return
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    saved = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
 def _run_http(svc, host: str, port: int, api_key: str | None) -> None:
     """Serve `svc` until Ctrl-C: the engine in this process, uvicorn and the API in a front process of their own
     (edgemoe.serve.front: HTTP work never holds the engine's GIL)."""
@@ -133,18 +157,19 @@ def _run_http(svc, host: str, port: int, api_key: str | None) -> None:
     typer.echo(f"serving {svc.model_name!r} on {ctx.cluster_name} ({ctx.num_nodes} nodes, {ctx.num_users} users), "
                f"placement {ctx.placement_method}, policy {svc.engine.policy_name}, mode {ctx.mode}")
     front = FrontProcess.of(svc, host=host, port=port)
-    try:
-        front.start()
-        typer.echo(f"OpenAI API at {front.url}/v1{' (API key required)' if api_key else ''}; Ctrl-C stops")
-        front.wait()
-    except EdgeMoEError as exc:
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(code=2) from None
-    except KeyboardInterrupt:
-        pass
-    finally:
-        front.stop()
-        svc.close()
+    with _stopped_by_signals():
+        try:
+            front.start()
+            typer.echo(f"OpenAI API at {front.url}/v1{' (API key required)' if api_key else ''}; Ctrl-C stops")
+            front.wait()
+        except EdgeMoEError as exc:
+            typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(code=2) from None
+        except KeyboardInterrupt:
+            pass
+        finally:
+            front.stop()
+            svc.close()
 
 
 def _serve_ray(model, cluster, placement, planner, profile, policy, param, mode, cache_dir, calib_data, calib_tokens,
