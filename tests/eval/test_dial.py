@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edgemoe.errors import EdgeMoEError
-from edgemoe.eval.dial import QualityDial, calibrate_dial, isotonic, rise_interval
+from edgemoe.eval.dial import CURVES, QualityDial, calibrate_dial, isotonic, rise_interval
 
 
 def test_known_answers():
@@ -55,11 +55,12 @@ def test_calibrate_and_grant():
         dial.grant(s, np.array([1]), 0.1, 4)
 
 
+@pytest.mark.parametrize("curve", CURVES)
 @given(rise=st.lists(st.floats(-0.01, 5.0), min_size=2, max_size=8),
        asked=st.lists(st.floats(0.0, 6.0), min_size=2, max_size=6))
-def test_the_budget_is_monotone_in_the_asked_increase_and_fits(rise, asked):
+def test_the_budget_is_monotone_in_the_asked_increase_and_fits(curve, rise, asked):
     grid = np.arange(len(rise), dtype=float) / 10
-    dial = QualityDial(grid, np.array(rise))
+    dial = QualityDial(grid, np.array(rise), curve=curve)
     asked = np.sort(np.array(asked))
     b = dial.budget(asked)
     assert (np.diff(b) >= -1e-12).all()
@@ -67,7 +68,8 @@ def test_the_budget_is_monotone_in_the_asked_increase_and_fits(rise, asked):
     # the interpolated envelope at the granted budget never exceeds what was asked (when anything fits)
     env_at = np.interp(b, grid, dial.envelope)
     assert (env_at <= np.maximum(asked, dial.envelope[0]) + 1e-9).all()
-
+    # never credited with more harm than the running maximum credits
+    assert (dial.envelope <= QualityDial(grid, np.array(rise)).envelope + 1e-12).all()
 
 def test_isotonic_known_answers():
     np.testing.assert_allclose(isotonic(np.array([0.0, 0.0037, 0.0045, 0.002, 0.0037, 0.0056])),
@@ -100,21 +102,6 @@ def test_an_isotonic_curve_averages_a_noisy_point_instead_of_lifting_everything_
     assert iso.to_dict()["curve"] == "isotonic"
     with pytest.raises(EdgeMoEError, match="curve must be one of"):
         QualityDial(grid, rise, curve="max")
-
-
-@given(rise=st.lists(st.floats(-0.01, 5.0), min_size=2, max_size=8),
-       asked=st.lists(st.floats(0.0, 6.0), min_size=2, max_size=6))
-def test_the_isotonic_dial_is_monotone_in_the_asked_increase_and_fits(rise, asked):
-    grid = np.arange(len(rise), dtype=float) / 10
-    dial = QualityDial(grid, np.array(rise), curve="isotonic")
-    asked = np.sort(np.array(asked))
-    b = dial.budget(asked)
-    assert (np.diff(b) >= -1e-12).all()
-    assert ((b >= 0) & (b <= grid[-1] + 1e-12)).all()
-    env_at = np.interp(b, grid, dial.envelope)
-    assert (env_at <= np.maximum(asked, dial.envelope[0]) + 1e-9).all()
-    # never credited with more harm than the running maximum credits
-    assert (dial.envelope <= QualityDial(grid, np.array(rise)).envelope + 1e-12).all()
 
 
 def test_rise_interval():
