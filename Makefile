@@ -65,6 +65,7 @@ results: $(STAMP)
 	$(BIN)/python -m bench.studies.full_policy_diagnosis
 	$(BIN)/python -m bench.studies.ladder --curve
 	$(BIN)/python -m bench.studies.lookahead --quick --budgets 0.05,0.2 --clusters testbed8,edge8
+	$(BIN)/python -m bench.studies.lookahead --backlog-horizons 2 --backlogs now,mean --out bench/results/lookahead_backlog.json
 	$(BIN)/python -m bench.speed.policies --setups L=16 --policies 'ordermoe(H=0),ordermoe(H=2),ordermoe(H=3)'
 	$(BIN)/python -m bench.speed.policies --setups 'edge8 L=8' --rows 1,64 --out policies_decode.json
 	$(BIN)/python -m bench.speed.policies --setups L=32,generate --policies 'ordermoe(H=2)' --rows 1,64 \
