@@ -40,10 +40,29 @@ def test_each_lane_heads_its_half_and_the_rest_keep_their_order():
         assert rest == [x for x in ids if x.startswith("tests/x/")]
 
 
-def test_other_worker_counts_put_the_lanes_first():
-    ids = [*_ids(4), B, A]
-    assert [ids[i] for i in lane_order(ids, workers=3)] == [A, B, *_ids(4)]
+def test_three_workers_each_head_their_third():
+    M = "tests/distributed/test_ray_multinode.py::t"
+    for n in (9, 10, 14):
+        ids = _ids(n)
+        ids[4:4] = [M, B, A, "tests/distributed/test_ray_faults.py::t"]
+        order = lane_order(ids, workers=3)
+        assert sorted(order) == list(range(len(ids)))
+        ran = [ids[i] for i in order]
+        first = len(ids) // 3  # worksteal: len // 3, then what is left // 2, then the rest
+        second = first + (len(ids) - first) // 2
+        assert ran[0] == A and ran[first:first + 2] == [B, "tests/distributed/test_ray_faults.py::t"]
+        assert ran[second] == M
+        rest = [x for x in ran if x.startswith("tests/x/")]
+        assert rest == [x for x in ids if x.startswith("tests/x/")]
+
+
+def test_fewer_workers_than_lanes_share_them_and_no_lane_keeps_the_collected_order():
+    M = "tests/distributed/test_ray_multinode.py::t"
+    ids = [*_ids(4), M, B, A]
+    assert [ids[i] for i in lane_order(ids, workers=2)][:2] == [A, M]  # lane three joins worker one
+    assert [ids[i] for i in lane_order(ids, workers=1)] == [A, B, M, *_ids(4)]
     assert lane_order(_ids(5)) == list(range(5))  # no lane test collected: the collected order
+    assert lane_order(_ids(5), workers=3) == list(range(5))
 
 
 def test_every_lane_entry_names_a_test_that_exists():
