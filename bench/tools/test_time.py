@@ -12,6 +12,7 @@ Run from the repository root: `python -m bench.tools.test_time [--keep-cache] [-
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import resource
@@ -43,13 +44,40 @@ def summary_counts(line: str) -> dict[str, int]:
 
 
 LOG = Path("runs/test_time.log")  # pytest's output of the last run
+TIMELINE = Path("runs/test_time_timeline")  # tests/conftest.py writes TIMELINE.<worker> (JSON lines, not committed)
+
+
+def worker_timelines(prefix: Path, start_epoch: float, top: int = 8) -> dict:
+    """Per xdist worker, from the conftest's timeline files: tests run, the worker's own CPU seconds and the
+    seconds it was blocked (neither on a core nor waiting for one: sleeps, waits on Ray's and other processes)
+    inside tests, when its first test started and its last ended (seconds after the command started), and its
+    `top` longest tests (wall, CPU, blocked)."""
+    out = {}
+    for path in sorted(prefix.parent.glob(prefix.name + ".gw*")):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        tests = [r for r in rows if not r["id"].startswith("<")]
+        if not tests:
+            continue
+        longest = sorted(tests, key=lambda r: r["start"] - r["end"])[:top]
+        out[path.suffix[1:]] = {
+            "tests": len(tests), "cpu_s": round(sum(r["cpu"] for r in tests), 1),
+            "blocked_s": round(sum(max(0.0, r.get("blocked", 0.0)) for r in tests), 1),
+            "first_start_s": round(tests[0]["start"] - start_epoch, 1), "last_end_s": round(tests[-1]["end"] - start_epoch, 1),
+            "longest": [{"test": r["id"], "wall_s": round(r["end"] - r["start"], 1), "cpu_s": round(r["cpu"], 1),
+                         "blocked_s": round(r.get("blocked", 0.0), 1)} for r in longest]}
+    return out
+
 
 def run(keep_cache: bool) -> dict:
     cleared = 0 if keep_cache else clear_numba_cache(Path("src"))
+    TIMELINE.parent.mkdir(parents=True, exist_ok=True)
+    for old in TIMELINE.parent.glob(TIMELINE.name + ".*"):
+        old.unlink()
     load0 = os.getloadavg()[0]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    proc = subprocess.run(COMMAND, capture_output=True, text=True)
+    start_epoch, start = time.time(), time.perf_counter()
+    proc = subprocess.run(COMMAND, capture_output=True, text=True,
+                          env=dict(os.environ, EDGEMOE_TEST_TIMELINE=str(TIMELINE.resolve())))
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     LOG.parent.mkdir(parents=True, exist_ok=True)  # the whole output, for a failure's traceback (not committed)
@@ -64,7 +92,8 @@ def run(keep_cache: bool) -> dict:
             "numba_cache_cleared_files": cleared, "returncode": proc.returncode, "summary": last,
             "counts": summary_counts(last), "failed": failed,
             "wall_s": wall, "cpu_s_children": cpu, "load_1_before": load0, "load_1_after": os.getloadavg()[0],
-            "target_s": TARGET_S, "met": proc.returncode == 0 and wall <= TARGET_S}
+            "target_s": TARGET_S, "met": proc.returncode == 0 and wall <= TARGET_S,
+            "workers_timeline": worker_timelines(TIMELINE, start_epoch)}
 
 
 def main() -> None:
