@@ -222,9 +222,11 @@ FIRST_IN_LANE = (
 
 def lane_order(nodeids: list[str], workers: int = 2) -> list[int]:
     """Indices of `nodeids` in run order: worker w's lanes' `FIRST_IN_LANE` tests first in the w-th of `workers`
-    parts as worksteal deals them (part w holds `remaining // (workers - w)` of the tests not yet dealt), the
-    others after them in their collected order. Lane i belongs to worker i % workers; nothing is dropped or
-    repeated."""
+    parts as worksteal deals them (part w holds `remaining // (workers - w)` of the tests not yet dealt), then a
+    run of the other tests in their collected order. Lane i belongs to worker i % workers; nothing is dropped or
+    repeated. The runs are dealt from the last part to the first, so the first worker (the rule and OrderMoE
+    loops' compiles) goes on with the collection's last tests (runtime/, which call those loops) and the last
+    worker with its first ones (cluster/, data/, ...), which need no compile another worker is still doing."""
     workers = max(1, workers)
     heads, taken = [[] for _ in range(workers)], set()
     for lane, prefixes in enumerate(FIRST_IN_LANE):
@@ -234,13 +236,16 @@ def lane_order(nodeids: list[str], workers: int = 2) -> list[int]:
                     heads[lane % workers].append(i)
                     taken.add(i)
     rest = [i for i in range(len(nodeids)) if i not in taken]
-    order, used = [], 0
+    sizes, left = [], len(nodeids)
     for w in range(workers):
-        size = (len(nodeids) - len(order)) // (workers - w) if w < workers - 1 else len(nodeids)
-        fill = max(0, size - len(heads[w]))
-        order += heads[w] + rest[used:used + fill]
+        sizes.append(left // (workers - w) if w < workers - 1 else left)
+        left -= sizes[-1]
+    runs, used = [[] for _ in range(workers)], 0
+    for w in reversed(range(workers)):
+        fill = max(0, sizes[w] - len(heads[w]))
+        runs[w] = rest[used:used + fill]
         used += fill
-    return order + rest[used:]
+    return [i for w in range(workers) for i in heads[w] + runs[w]] + rest[used:]
 
 
 def pytest_collection_modifyitems(config, items):
