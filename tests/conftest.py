@@ -209,7 +209,8 @@ def pytest_unconfigure(config):
 # and nothing long starts last. Lane three: the multi-node Ray check (a cluster of its own in a subprocess: the
 # longest test, mostly waiting on Ray's processes, and the one Ray test that needs no session Ray), so that its
 # waits overlap the other lanes' compiles. With fewer workers than lanes, lane i joins worker i % workers (with
-# two: the multi-node check after the OrderMoE loop). Everything else keeps its collected order and fills the parts.
+# two: the multi-node check after the OrderMoE loop). The other tests follow in runs of their collected order
+# (`lane_order` says which run goes where).
 FIRST_IN_LANE = (
     ("tests/runtime/sim/test_sim_decision_cost.py::test_decisions_charged_at_the_home_add_their_model_per_layer[fast-0.0]",
      "tests/runtime/policies/test_ordermoe.py::test_tight_and_loose_users_diverge_in_the_simulator_and_stay_within_budget"),
