@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(BIN)/edgemoe demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist worksteal
+	$(BIN)/python -m pytest -n 3 --dist worksteal
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

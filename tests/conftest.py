@@ -197,47 +197,56 @@ def pytest_unconfigure(config):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-# --- the order the two xdist workers start in ----------------------------------------------------------------------
+# --- the order the xdist workers start in --------------------------------------------------------------------------
 
-# The tests each of two workers starts with (node-id prefixes, in order). Why: `--dist worksteal` gives the first
-# worker the first half of the collection and the second worker the other half, and a worker only steals from
-# the end of the other's queue. On a fresh clone the compiles dominate, and a worker that meets a function the
-# other is compiling waits for it (`_compile_once_across_workers`): so each worker starts with compiles the other
-# does not need yet. Worker one: the rule loop, then the OrderMoE wave loop (the longest compile), then the
-# multi-node Ray check (a cluster of its own in a subprocess: the longest test, and the one Ray test that needs
-# no session Ray). Worker two: OrderMoE's decode path, then the tests on the session's Ray instance, which call
-# it and run long on little CPU of their own (Ray's processes and timeouts); at the head of a queue they are
-# never stolen, so one worker starts one Ray instance and nothing long starts last. Everything else keeps its
-# collected order and fills both halves.
+# The tests each worker starts with (node-id prefixes, in order), one entry per lane. Why: `--dist worksteal` deals
+# the collection out in consecutive parts, one per worker, and a worker only steals from the end of another's
+# queue. On a fresh clone the compiles dominate, and a worker that meets a function another is compiling waits
+# for it (`_compile_once_across_workers`): so each worker starts with compiles the others do not need yet.
+# Lane one: the rule loop, then the OrderMoE wave loop (the longest compile). Lane two: OrderMoE's decode path,
+# then the tests on the session's Ray instance, which call it and run long on little CPU of their own (Ray's
+# processes and timeouts); at the head of a queue they are never stolen, so one worker starts one Ray instance
+# and nothing long starts last. Lane three: the multi-node Ray check (a cluster of its own in a subprocess: the
+# longest test, mostly waiting on Ray's processes, and the one Ray test that needs no session Ray), so that its
+# waits overlap the other lanes' compiles. With fewer workers than lanes, lane i joins worker i % workers (with
+# two: the multi-node check after the OrderMoE loop). The other tests follow in runs of their collected order
+# (`lane_order` says which run goes where).
 FIRST_IN_LANE = (
     ("tests/runtime/sim/test_sim_decision_cost.py::test_decisions_charged_at_the_home_add_their_model_per_layer[fast-0.0]",
-     "tests/runtime/policies/test_ordermoe.py::test_tight_and_loose_users_diverge_in_the_simulator_and_stay_within_budget",
-     "tests/distributed/test_ray_multinode.py::"),
+     "tests/runtime/policies/test_ordermoe.py::test_tight_and_loose_users_diverge_in_the_simulator_and_stay_within_budget"),
     ("tests/runtime/policies/test_field_baselines.py::test_ordermoe_on_error_groups_substitutes_within_those_groups",
      "tests/distributed/test_ray_backend.py::", "tests/distributed/test_ray_faults.py::",
      "tests/distributed/test_ray_http.py::", "tests/distributed/test_ray_request_policy.py::"),
+    ("tests/distributed/test_ray_multinode.py::",),
 )
 
 
 def lane_order(nodeids: list[str], workers: int = 2) -> list[int]:
-    """Indices of `nodeids` in run order: lane i's `FIRST_IN_LANE` tests first in the i-th of `workers` equal
-    parts (as worksteal deals them: part sizes len // workers, the remainder in the last), the others after
-    them in their collected order. Only two lanes are planned: with another worker count it returns the lanes'
-    tests first, then the rest (nothing is dropped or repeated)."""
-    heads, taken = [], set()
-    for prefixes in FIRST_IN_LANE:
-        lane = []
+    """Indices of `nodeids` in run order: worker w's lanes' `FIRST_IN_LANE` tests first in the w-th of `workers`
+    parts as worksteal deals them (part w holds `remaining // (workers - w)` of the tests not yet dealt), then a
+    run of the other tests in their collected order. Lane i belongs to worker i % workers; nothing is dropped or
+    repeated. The runs are dealt from the last part to the first, so the first worker (the rule and OrderMoE
+    loops' compiles) goes on with the collection's last tests (runtime/, which call those loops) and the last
+    worker with its first ones (cluster/, data/, ...), which need no compile another worker is still doing."""
+    workers = max(1, workers)
+    heads, taken = [[] for _ in range(workers)], set()
+    for lane, prefixes in enumerate(FIRST_IN_LANE):
         for prefix in prefixes:
             for i, nodeid in enumerate(nodeids):
                 if i not in taken and nodeid.startswith(prefix):
-                    lane.append(i)
+                    heads[lane % workers].append(i)
                     taken.add(i)
-        heads.append(lane)
     rest = [i for i in range(len(nodeids)) if i not in taken]
-    if workers != len(FIRST_IN_LANE):
-        return [i for lane in heads for i in lane] + rest
-    first = max(0, len(nodeids) // workers - len(heads[0]))
-    return heads[0] + rest[:first] + heads[1] + rest[first:]
+    sizes, left = [], len(nodeids)
+    for w in range(workers):
+        sizes.append(left // (workers - w) if w < workers - 1 else left)
+        left -= sizes[-1]
+    runs, used = [[] for _ in range(workers)], 0
+    for w in reversed(range(workers)):
+        fill = max(0, sizes[w] - len(heads[w]))
+        runs[w] = rest[used:used + fill]
+        used += fill
+    return [i for w in range(workers) for i in heads[w] + runs[w]] + rest[used:]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -336,3 +345,57 @@ def tiny_comparison_inputs():  # built per test: run_comparison may cache into t
     text = EvalText(ids=ids, nll=nll, top1=top1, topk=topk, gates=gates, calib_ids=cal,
                     calib_nll=token_scores(adapter, cal)[0])
     return adapter, profile, text
+
+
+# --- a per-worker timeline (EDGEMOE_TEST_TIMELINE=FILE; off by default) --------------------------------------------
+
+_TIMELINE = os.environ.get("EDGEMOE_TEST_TIMELINE")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With EDGEMOE_TEST_TIMELINE=FILE: appends one JSON line per test to FILE.<worker> (wall start and end from
+    the epoch, this process's CPU seconds, setup/call/teardown wall), to see where a worker's wall goes."""
+    if not _TIMELINE:
+        yield
+        return
+    import json
+    import time
+
+    t0, c0, s0 = time.time(), time.process_time(), _schedstat()
+    yield
+    t1, c1, s1 = time.time(), time.process_time(), _schedstat()
+    phases = {r.when: r.duration for r in getattr(item, "_edgemoe_reports", ())}
+    # blocked: wall neither on a core nor waiting for one (the main thread's sleeps, waits on other processes)
+    blocked = {} if s0 is None or s1 is None else {"blocked": (t1 - t0) - (s1[0] - s0[0]) - (s1[1] - s0[1])}
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with open(f"{_TIMELINE}.{worker}", "a", encoding="utf-8") as out:
+        out.write(json.dumps({"id": item.nodeid, "start": t0, "end": t1, "cpu": c1 - c0, **phases, **blocked,
+                              "load": os.getloadavg()[0]}) + "\n")
+
+
+def _schedstat() -> tuple[float, float] | None:
+    """(seconds on a core, seconds runnable but waiting for one) of this process's main thread (Linux), or None."""
+    try:
+        with open(f"/proc/self/task/{os.getpid()}/schedstat", encoding="ascii") as f:
+            on_cpu, waiting = f.read().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return int(on_cpu) / 1e9, int(waiting) / 1e9
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if _TIMELINE:
+        item.__dict__.setdefault("_edgemoe_reports", []).append(outcome.get_result())
+
+
+def pytest_sessionstart(session):
+    if _TIMELINE:
+        import json
+        import time
+
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(f"{_TIMELINE}.{worker}", "a", encoding="utf-8") as out:
+            out.write(json.dumps({"id": "<sessionstart>", "start": time.time(), "end": time.time(), "cpu": time.process_time()}) + "\n")

@@ -43,7 +43,10 @@ def test_ticker_counts_seconds_towards_the_limit(monkeypatch):
     term = FakeTerminal()
     monkeypatch.setattr(sys, "stderr", term)
     with progress.ticker("planning with exact", total_s=30.0, every_s=0.01):
-        time.sleep(0.05)
+        # until the ticker thread has drawn once (a fixed 0.05 s sleep missed every tick at load 36)
+        give_up = time.monotonic() + 120.0
+        while "left" not in term.getvalue() and time.monotonic() < give_up:
+            time.sleep(0.01)
     assert "planning with exact" in term.getvalue() and "left" in term.getvalue()
 
 

@@ -26,6 +26,13 @@ def _ids(n: int) -> list[str]:
     return [f"tests/x/test_{i:02d}.py::test_it" for i in range(n)]
 
 
+def _runs_back_to_front(ran: list[str], starts: list[int]) -> list[str]:
+    """The other tests of each part (the part's lane tests left out), read from the last part to the first."""
+    bounds = [*starts, len(ran)]
+    parts = [[x for x in ran[a:b] if x.startswith("tests/x/")] for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [x for part in reversed(parts) for x in part]
+
+
 def test_each_lane_heads_its_half_and_the_rest_keep_their_order():
     for n in (7, 8, 11):
         ids = _ids(n)
@@ -36,14 +43,33 @@ def test_each_lane_heads_its_half_and_the_rest_keep_their_order():
         half = len(ids) // 2  # worksteal deals the first worker len // 2 tests
         assert ran[0] == A and ran[half:half + 3] == [B, "tests/distributed/test_ray_backend.py::t",
                                                       "tests/distributed/test_ray_http.py::t"]
-        rest = [x for x in ran if x.startswith("tests/x/")]
-        assert rest == [x for x in ids if x.startswith("tests/x/")]
+        # the second worker goes on with the collection's first tests, the first worker with the ones after them
+        assert _runs_back_to_front(ran, [0, half]) == [x for x in ids if x.startswith("tests/x/")]
 
 
-def test_other_worker_counts_put_the_lanes_first():
-    ids = [*_ids(4), B, A]
-    assert [ids[i] for i in lane_order(ids, workers=3)] == [A, B, *_ids(4)]
-    assert lane_order(_ids(5)) == list(range(5))  # no lane test collected: the collected order
+def test_three_workers_each_head_their_third():
+    M = "tests/distributed/test_ray_multinode.py::t"
+    for n in (9, 10, 14):
+        ids = _ids(n)
+        ids[4:4] = [M, B, A, "tests/distributed/test_ray_faults.py::t"]
+        order = lane_order(ids, workers=3)
+        assert sorted(order) == list(range(len(ids)))
+        ran = [ids[i] for i in order]
+        first = len(ids) // 3  # worksteal: len // 3, then what is left // 2, then the rest
+        second = first + (len(ids) - first) // 2
+        assert ran[0] == A and ran[first:first + 2] == [B, "tests/distributed/test_ray_faults.py::t"]
+        assert ran[second] == M
+        assert _runs_back_to_front(ran, [0, first, second]) == [x for x in ids if x.startswith("tests/x/")]
+
+
+def test_fewer_workers_than_lanes_share_them_and_parts_without_lanes_hold_runs_of_the_collection():
+    M = "tests/distributed/test_ray_multinode.py::t"
+    ids = [*_ids(4), M, B, A]
+    assert [ids[i] for i in lane_order(ids, workers=2)][:2] == [A, M]  # lane three joins worker one
+    assert [ids[i] for i in lane_order(ids, workers=1)] == [A, B, M, *_ids(4)]
+    # no lane test collected: the parts (2 + 3, 1 + 2 + 2) hold runs of the collected order, the last part the first run
+    assert lane_order(_ids(5)) == [3, 4, 0, 1, 2]
+    assert lane_order(_ids(5), workers=3) == [4, 2, 3, 0, 1]
 
 
 def test_every_lane_entry_names_a_test_that_exists():
