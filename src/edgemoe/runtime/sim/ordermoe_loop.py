@@ -39,9 +39,11 @@ from edgemoe.jit import HAVE_NUMBA, njit
 from ..policies.ordermoe_kernel import (
     F_ALL_NODES,
     F_STEER,
+    I_ENUM,
     I_SHORT,
     _decide_ordermoe,
     _work_arrays,
+    action_count,
     ordermoe_tables,
 )
 from ..policy import Decision
@@ -277,7 +279,8 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
 
     om = ordermoe_tables(policy, state.budget_total, state.budget_used, EPS_S_PER_Q, STEER_ALL_NODES)
     J = 1 + int(om.ints[I_SHORT])
-    work = _work_arrays(K, N, J, (1 + N if om.flags[F_ALL_NODES] else 1 + K * J) if om.flags[F_STEER] else 1)
+    work = _work_arrays(K, N, J, (1 + N if om.flags[F_ALL_NODES] else 1 + K * J) if om.flags[F_STEER] else 1,
+                        action_count(K, int(om.ints[I_ENUM])))
     fb = FeedbackArrays(feedback.estimate, feedback.spent, feedback.dense, feedback.observed,
                         np.array([feedback.calls, 0, 0, 0], _I), engine.run.pass_end)
     ob = observe_arrays(policy, feedback)
