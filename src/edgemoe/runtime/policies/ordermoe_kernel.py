@@ -581,6 +581,8 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
             if gates_tab[tok, lv, k] > gates_tab[tok, lv, bk]:
                 bk = k
         key = topk_tab[tok, lv, bk]
+        # (`LookAhead.flat_index`: with one home row and index 0 this is the home-free table's index)
+        part0 = ((lv + 1) * homes + home_index[home]) * (N * Cm) + key * levels
         for m in range(M):
             left = left_b - quality[m]
             feasible[m] = valid[m] and left >= -1e-12 and (mbits[m] == 0 or has_budget)
@@ -594,8 +596,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                     lvl = 0
                 if lvl > levels - 1:
                     lvl = levels - 1
-                # (`LookAhead.flat_index`: with one home row and index 0 this is the home-free table's index)
-                part[m] = (((lv + 1) * homes + home_index[home]) * (N * Cm) + key * levels) + int(lvl)
+                part[m] = part0 + int(lvl)
         for k in range(K):
             ready_sub[k] = (0.0 + load[loc]) + compute[loc, lv, sub[k] if sub[k] >= 0 else 0]
         for m in range(M):
