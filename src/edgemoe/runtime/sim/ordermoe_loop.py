@@ -21,8 +21,9 @@ dispatcher type-checks each array argument of a call, ~150 of them here, and the
 every observation). The decision arrays are counted in the same chunks as `_TallyBuffer` (the tally's
 quality sum is per chunk).
 
-Same floating-point operations in the same order as the numpy path (sums left to right as numpy reduces
-K <= 4 slots, exact maxima and minima, first index on ties); tests/runtime/sim/test_ordermoe_loop.py
+Same floating-point operations in the same order as the numpy path (sums over the K slots in numpy's
+pairwise order, np.einsum's order in the drop price, exact maxima and minima, first index on ties; all
+2^K subsets or the K + 1 prefixes); tests/runtime/sim/test_ordermoe_loop.py
 compares every decision array with the numpy path, and tests/runtime/sim/test_sim_pinned.py pins the runs.
 Configurations outside what it covers (`edgemoe.runtime.policies.ordermoe.compiled_loop_supported`) keep
 the per-wave policy call.
