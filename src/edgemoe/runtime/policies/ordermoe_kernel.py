@@ -372,11 +372,15 @@ def _backlog_s(exposure, lv, g, key, N, C, load):  # pragma: no cover - compiled
     return s
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om, work, load, xfer, num_layers, out,
                      extra, b):
     """OrderMoE's decision for the T rows of one wave into the buffers' rows b .. b + T, and the token state
     updated as `Policy.decide` does (location, budget used, layer, top-1), then the queue pressure (`_track`).
+
+    A function of its own, called once per wave (not inlined): `_drive_ordermoe` and `_decode_call` call
+    the same compiled code, and each compiles in about half the CPU time it took with this body inlined
+    into it (LLVM's cost grows faster than the function's size).
 
     ex / ex_scratch: rules' `_decide_rows` tables (`RuleTables`) on the real token state / on a scratch copy
     of it (exact's replica choice node_x comes from the scratch call into scratch_out); om: `OrderMoETables`;
@@ -902,8 +906,9 @@ def _decode_call(tab, layer, topk, gates, load, user, home, location, state_laye
             ex.gates[t, layer, k] = gates[t, k]
     rows = tab.rows[:T]
     rlayer = np.full(T, layer, np.int64)
+    b0 = 0 * T  # an int64, not the literal 0: the simulator loop's compiled `_decide_ordermoe`, not a second one
     _decide_ordermoe(rows, rows, rlayer, rows, ex, tab.ex_scratch, tab.scratch_out, om, tab.work, load, tab.xfer,
-                     tab.num_layers, out, extra, 0)
+                     tab.num_layers, out, extra, b0)
     zeroed = extra[1][:T].copy()
     any_zeroed = False
     for t in range(T):
