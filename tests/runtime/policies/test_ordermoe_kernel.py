@@ -108,3 +108,46 @@ def test_the_decode_path_decides_as_the_numpy_path(monkeypatch, seed, mode):
             for f in a:
                 np.testing.assert_array_equal(a[f], b[f], err_msg=f"T={T} {params} {f}")
     assert len(used) == expected and all(used)  # it ran wherever it applies, and decided every call
+
+
+@pytest.mark.skipif(not HAVE_NUMBA, reason="without numba the numpy path is the only one")
+@pytest.mark.parametrize("top_k,max_enum_k", [(5, 4), (7, 2), (8, 4), (8, 8), (3, 1)])
+@pytest.mark.parametrize("mode", ["migrate", "home"])
+def test_the_decode_path_decides_as_the_numpy_path_with_prefix_actions(monkeypatch, top_k, max_enum_k, mode):
+    """K > max_enum_k (the K + 1 prefixes by decreasing remote latency) and all 2^K subsets up to K = 8: the
+    decode path's picks and bits are the numpy path's, with the drop stand-in's 8-slot einsum order."""
+    from edgemoe.cluster import generate
+    from edgemoe.plan import plan_problem
+    from edgemoe.plan.base import plan
+    from edgemoe.profile import synthetic_profile
+    from edgemoe.runtime import make_context
+
+    profile = synthetic_profile(num_layers=3, num_experts=16, top_k=top_k, num_tokens=200, seed=top_k)
+    cluster = generate(10 if top_k % 2 else 20, 6, seed=top_k)  # all-node and replica steering
+    ctx = make_context(profile, cluster, plan(plan_problem(profile, cluster, domain_fallback=True), "random"),
+                       mode=mode, domain_fallback=True)
+    rng = np.random.default_rng(top_k)
+    calls = []
+    real = ok.DecodePath.__call__
+
+    def spy(self, *args):
+        dec = real(self, *args)
+        calls.append(dec is not None)
+        return dec
+
+    monkeypatch.setattr(ok.DecodePath, "__call__", spy)
+    monkeypatch.setattr(om, "COMPILED_STEER", False)
+    for T in (1, 40):
+        rows = rng.integers(0, profile.num_tokens, T)
+        users = rng.integers(0, ctx.num_users, T)
+        for budget, horizon, kinds in ((0.3, 2, "sub,drop,zero"), (2.0, 1, "drop,zero"), (0.05, 0, "sub,drop,zero")):
+            params = dict(budget=budget, horizon=horizon, substitutes=kinds, max_enum_k=max_enum_k)
+            load = rng.exponential(0.01, ctx.num_nodes)
+            runs = []
+            for decode in (True, False):
+                monkeypatch.setattr(om, "COMPILED_DECODE", decode)
+                pol = make_policy("ordermoe", ctx, **params)
+                assert pol.compiled_rule() == "ordermoe"
+                runs.append(decisions(pol, profile, ctx, rows, users, load))
+            assert_same(*runs)
+    assert calls and all(calls)

@@ -96,6 +96,65 @@ def test_compiled_loop_decides_as_the_policy_call(monkeypatch, deployments, top_
         np.testing.assert_array_equal(getattr(policies[0], name), getattr(policies[1], name), err_msg=name)
 
 
+@pytest.fixture(scope="module")
+def wide_deployments():
+    """K = 5..8 routed experts of 16: prefix actions at the default max_enum_k, all 2^K subsets above it."""
+    out = {}
+    for top_k in (5, 6, 8):
+        profile = synthetic_profile(num_layers=3, num_experts=16, top_k=top_k, num_tokens=200, seed=10 + top_k)
+        for name in ("edge8", "gen20"):
+            cluster = CLUSTERS[name]()
+            placement = plan(plan_problem(profile, cluster, domain_fallback=True), "lfu")
+            for mode in ("migrate", "home"):
+                out[top_k, name, mode] = profile, make_context(profile, cluster, placement, mode=mode,
+                                                               domain_fallback=True)
+    return out
+
+
+@settings(max_examples=24, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(top_k=st.sampled_from([5, 6, 8]), cluster=st.sampled_from(["edge8", "gen20"]),
+       mode=st.sampled_from(["migrate", "home"]), budget=st.sampled_from([0.0, 0.05, 0.3, 2.0]),
+       horizon=st.sampled_from([0, 1, 2]), steer=st.sampled_from([None, True, False]),
+       substitutes=st.sampled_from(["sub,drop,zero", "drop,zero", "zero"]), power=st.sampled_from([1.0, 2.0]),
+       max_enum_k=st.sampled_from([1, 4, 8]), backlog=st.sampled_from(["off", "now"]), seed=st.integers(0, 10**6))
+def test_compiled_loop_decides_as_the_policy_call_past_four_slots(monkeypatch, wide_deployments, top_k, cluster, mode,
+                                                                  budget, horizon, steer, substitutes, power,
+                                                                  max_enum_k, backlog, seed):
+    """K > 4: the K + 1 prefix actions (K > max_enum_k) and all 2^K subsets (max_enum_k = 8), with the drop
+    stand-in's einsum order and numpy's pairwise sums from 8 slots on."""
+    profile, ctx = wide_deployments[top_k, cluster, mode]
+    trace = Trace.from_profile(profile)
+    wl = Workload(num_requests=8, prompt_tokens=3, gen_tokens=3, arrival="closed", seed=seed)
+    sc = build_scenario(ctx.user_weight, ctx.user_domain, trace, wl)
+    users = np.random.default_rng(seed).random(ctx.num_users)
+    params = dict(budget=np.where(users < 0.3, 0.0, budget), horizon=horizon, steer=steer, substitutes=substitutes,
+                  quality_power=power, levels=6, backlog=backlog, max_enum_k=max_enum_k)
+    policies = [make_policy("ordermoe", ctx, **params) for _ in range(2)]
+    assert policies[0].compiled_rule() == "ordermoe"
+    fast, fast_dec, fast_chunks = recorded_run(monkeypatch, ctx, policies[0], trace, sc, 1e-3, True)
+    plain, plain_dec, plain_chunks = recorded_run(monkeypatch, ctx, policies[1], trace, sc, 1e-3, False)
+    assert fast_chunks == plain_chunks
+    for name in plain_dec:
+        np.testing.assert_array_equal(fast_dec[name], plain_dec[name], err_msg=name)
+    for field in ("pass_begin", "pass_end", "node_busy"):
+        np.testing.assert_array_equal(getattr(fast, field), getattr(plain, field), err_msg=field)
+    assert fast.tally == plain.tally
+    for name in ("latency_excess", "spend_rate", "quality_weight"):
+        np.testing.assert_array_equal(getattr(policies[0], name), getattr(policies[1], name), err_msg=name)
+
+
+def test_the_wide_runs_replace_slots(monkeypatch, wide_deployments):
+    """Guards the test above: at K = 8 with prefixes, some slots are replaced (the prefix masks and the
+    8-slot sums are read)."""
+    profile, ctx = wide_deployments[8, "gen20", "migrate"]
+    trace = Trace.from_profile(profile)
+    sc = build_scenario(ctx.user_weight, ctx.user_domain, trace, Workload(num_requests=8, prompt_tokens=3, gen_tokens=3,
+                                                                          arrival="closed", seed=3))
+    policy = make_policy("ordermoe", ctx, budget=2.0, horizon=2, levels=6, substitutes="drop,zero")
+    _, dec, _ = recorded_run(monkeypatch, ctx, policy, trace, sc, 1e-3, True)
+    assert (dec["experts"] != dec["topk"]).any() and dec["quality_cost"].sum() > 0
+
+
 def test_the_adaptive_weights_move_in_these_runs(monkeypatch, deployments):
     """Guards the test above: its runs observe finished passes mid-run (the weights the compiled loop reads
     change), and substitute, drop or zero some slots."""
@@ -111,7 +170,7 @@ def test_the_adaptive_weights_move_in_these_runs(monkeypatch, deployments):
 
 def test_unsupported_configurations_keep_the_policy_call(deployments):
     _, ctx = deployments[4, "edge8", "migrate"]
-    assert make_policy("ordermoe", ctx, max_enum_k=2).compiled_rule() is None  # prefix actions (K > max_enum_k)
+    assert make_policy("ordermoe", ctx, max_enum_k=2).compiled_rule() == "ordermoe"  # prefix actions (K > max_enum_k)
     assert make_policy("ordermoe", ctx, quality_power=1.5).compiled_rule() is None
     assert make_policy("ordermoe", ctx).compiled_rule() == "ordermoe"
 

@@ -625,12 +625,14 @@ def lookahead_tables(ctx: RuntimeContext, grid: BudgetGrid, horizon: int, sets_p
 
 def compiled_loop_supported(policy) -> bool:
     """Whether the simulator's compiled loop (`edgemoe.runtime.sim.ordermoe_loop`) decides exactly as `policy`
-    (an OrderMoEPolicy): all 2^K subsets enumerated (K <= max_enum_k), top-1 look-ahead keys (no frequent-set
-    keys), quality power 1 or 2 (numpy's power for other exponents may round otherwise); tables with or
-    without a home axis (`home_trip`: the loop reads the row's home's table). Kept here, not in the loop's module, so that the policy's `compiled_rule` needs
-    nothing from the simulator (no import circle)."""
+    (an OrderMoEPolicy): all 2^K subsets enumerated (K <= max_enum_k, up to K = 8: 256 subsets) or the K + 1
+    prefixes (K > max_enum_k, up to K = 16), top-1 look-ahead keys (no frequent-set keys), quality power 1 or 2
+    (numpy's power for other exponents may round otherwise); tables with or without a home axis (`home_trip`:
+    the loop reads the row's home's table). Kept here, not in the loop's module, so that the policy's
+    `compiled_rule` needs nothing from the simulator (no import circle)."""
     K = policy.ctx.top_k
-    return (K <= policy.max_enum_k and K <= 4 and not policy.lookahead.keys.enabled
+    actions_ok = K <= 8 if K <= policy.max_enum_k else K <= 16
+    return (actions_ok and not policy.lookahead.keys.enabled
             and policy.power in (1.0, 2.0) and getattr(policy, "calib", None) is None and not getattr(policy, "accrue", False))
 
 

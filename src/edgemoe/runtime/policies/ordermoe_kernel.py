@@ -31,7 +31,7 @@ _I = np.int64
 
 # entries of `OrderMoETables.flags` (bool), `.ints` and `.params` (float)
 F_SUB, F_DROP, F_ZERO, F_POWER2, F_STEER, F_ALL_NODES, F_BACKLOG, F_BACKLOG_MEAN = range(8)
-I_SHORT, I_CELLS, I_LEVELS, I_HORIZON, I_PACE, I_HOMES = range(6)
+I_SHORT, I_CELLS, I_LEVELS, I_HORIZON, I_PACE, I_HOMES, I_ENUM = range(7)
 P_QUALITY_PRICE, P_PRESSURE_GAIN, P_EWMA, P_RT_MED, P_STEP, P_EPS = range(6)
 
 
@@ -315,6 +315,28 @@ def _pairwise_sum(a):  # pragma: no cover - compiled
     return vals[0]
 
 
+@njit(cache=True, inline="always")
+def _sum8(a, n):  # pragma: no cover - compiled
+    """numpy's sum of a[:n], 8 <= n <= 128 (`_block_sum` with its 8 accumulators as scalars: no allocation)."""
+    r0, r1, r2, r3, r4, r5, r6, r7 = a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]
+    i = 8
+    while i < n - n % 8:
+        r0 += a[i]
+        r1 += a[i + 1]
+        r2 += a[i + 2]
+        r3 += a[i + 3]
+        r4 += a[i + 4]
+        r5 += a[i + 5]
+        r6 += a[i + 6]
+        r7 += a[i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += a[i]
+        i += 1
+    return res
+
+
 @njit(cache=True)
 def _mean(a):  # pragma: no cover - compiled
     """float(a.mean()), bit for bit (0.0 for an empty array)."""
@@ -323,16 +345,21 @@ def _mean(a):  # pragma: no cover - compiled
     return _pairwise_sum(a) / a.shape[0]
 
 
+def action_count(K: int, max_enum_k: int) -> int:
+    """M, the stand-in subsets `_decide_ordermoe` walks per row: all 2^K for K <= max_enum_k, else the K + 1 prefixes."""
+    return 1 << K if K <= max_enum_k else K + 1
+
+
 @njit(cache=True)
-def _work_arrays(K, N, J, G):  # pragma: no cover - compiled
-    """The per-row scratch arrays of `_decide_ordermoe` (allocated once per `_drive_ordermoe` call, not per wave)."""
-    M = 1 << K
+def _work_arrays(K, N, J, G, M):  # pragma: no cover - compiled
+    """The per-row scratch arrays of `_decide_ordermoe` (allocated once per `_drive_ordermoe` call, not per wave);
+    M: `action_count`."""
     return (np.empty(K), np.empty(K, _I), np.empty(K), np.empty(K), np.empty((K, K)), np.empty((M, K), _I),
             np.empty((M, K)), np.empty((M, K)), np.empty(M), np.empty(M, np.bool_), np.empty(M, np.bool_), np.empty(M),
             np.empty(M, _I), np.empty(M), np.empty(K), np.empty(K), np.empty(K), np.empty((K, J), _I), np.empty((K, J)),
             np.empty(G, _I), np.empty((K, G)), np.empty((M, G)), np.empty(G), np.zeros(G), np.zeros(G, np.bool_),
             np.full(N, -1, _I), np.empty(K, _I), np.empty(max(G, K + 1)), np.empty((K, J), _I),
-            np.zeros(K, _I))
+            np.zeros(K, _I), np.zeros(M, _I), np.empty(K, _I), np.empty(K))
 
 
 @njit(cache=True, inline="always")
@@ -345,11 +372,15 @@ def _backlog_s(exposure, lv, g, key, N, C, load):  # pragma: no cover - compiled
     return s
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om, work, load, xfer, num_layers, out,
                      extra, b):
     """OrderMoE's decision for the T rows of one wave into the buffers' rows b .. b + T, and the token state
     updated as `Policy.decide` does (location, budget used, layer, top-1), then the queue pressure (`_track`).
+
+    A function of its own, called once per wave (not inlined): `_drive_ordermoe` and `_decode_call` call
+    the same compiled code, and each compiles in about half the CPU time it took with this body inlined
+    into it (LLVM's cost grows faster than the function's size).
 
     ex / ex_scratch: rules' `_decide_rows` tables (`RuleTables`) on the real token state / on a scratch copy
     of it (exact's replica choice node_x comes from the scratch call into scratch_out); om: `OrderMoETables`;
@@ -397,19 +428,47 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
     for t in range(T):
         s_loc[rows[t]] = st_loc[rows[t]]
     _decide_rows(RULE_EXACT, rows, rpass, rlayer, rtok, ex_scratch, load, xfer, num_layers, scratch_out, 0)
-    M = 1 << K
+    enumerated = K <= ints[I_ENUM]
+    M = (1 << K) if enumerated else K + 1  # `action_count`
+    full = (1 << K) - 1
     J = 1 + n_short
     G = (1 + N if all_nodes else 1 + K * J) if steer else 1
     Cm = C * levels
     (g, sub, q_sub, q_zero, err, kind, p, q_alt, quality, valid, feasible, qterm, part, sub_ready, ready_x, ready_sub, w,
-     cand, base, meet, arrive, kept_max, to_meet, home_leg, dup, seen, nodes_m, wait, vj, nv) = work
+     cand, base, meet, arrive, kept_max, to_meet, home_leg, dup, seen, nodes_m, wait, vj, nv, mbits, rank, vals) = work
     for n in range(N):
         seen[n] = -1
+    if enumerated:  # action m replaces the slots of its bits (`subset_bits`); prefixes: set per row
+        for m in range(M):
+            mbits[m] = m
     for t in range(T):
         r, lv, tok = rows[t], rlayer[t], rtok[t]
         o = b + t
         loc, home, u = st_loc[r], st_home[r], st_user[r]
         last = lv == L - 1
+        # when each exact branch is ready where exact runs it (`branch_ready_s`)
+        for k in range(K):
+            n = x_node[t, k]
+            ready_x[k] = (xfer[loc, n] + load[n]) + compute[n, lv, topk_tab[tok, lv, k]]
+        if not enumerated:
+            # the K + 1 prefixes (`prefix_masks`): prefix j replaces the j slots of least rank, the replaceable
+            # (non-local) slots by decreasing ready time, then the others, each group in slot order (a stable sort)
+            for k in range(K):
+                rk = 0
+                rep_k = x_node[t, k] != loc
+                for k2 in range(K):
+                    rep_2 = x_node[t, k2] != loc
+                    if rep_2 and (not rep_k or ready_x[k2] > ready_x[k] or (ready_x[k2] == ready_x[k] and k2 < k)):
+                        rk += 1
+                    elif not rep_2 and not rep_k and k2 < k:
+                        rk += 1
+                rank[k] = rk
+            for j in range(M):
+                bits = 0
+                for k in range(K):
+                    if rank[k] < j:
+                        bits |= 1 << k
+                mbits[j] = bits
         # -- stand-ins (`stand_in_costs` -> `choose_stand_ins`)
         for k in range(K):
             e = topk_tab[tok, lv, k]
@@ -428,25 +487,42 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                 for j in range(K):
                     err[k, j] = subst_err[lv, e, topk_tab[tok, lv, j]]
         for m in range(M):
+            bm = mbits[m]  # the slots action m replaces
             wsum = -0.0
-            if drop_on and m:
+            if drop_on and bm:
                 for j in range(K):
-                    w[j] = 0.0 if (m >> j) & 1 else g[j]
-                    wsum += w[j]
-            # only the replaced slots (the bits of m) are priced: a kept slot's kind, p and q_alt are never read;
+                    w[j] = 0.0 if (bm >> j) & 1 else g[j]
+                if K < 8:
+                    for j in range(K):
+                        wsum += w[j]
+                else:  # numpy's pairwise sum from 8 values on (`_block_sum`)
+                    wsum = _sum8(w, K)
+            # only the replaced slots (the bits of bm) are priced: a kept slot's kind, p and q_alt are never read;
             # every slot replaced and none by a substitute: the layer has no expert output left
-            all_gone = m == M - 1 and K > 0
+            all_gone = bm == full and K > 0
             for k in range(K):
-                if not (m >> k) & 1:
+                if not (bm >> k) & 1:
                     continue
                 qd = np.inf
                 if drop_on and wsum > 0:
-                    # np.einsum's order for K <= 4 (numpy 2.x, tested): even and odd j summed apart, then added
+                    # np.einsum's order (numpy 2.x, two float64 lanes, tested for K = 1..19): even and odd j summed
+                    # apart, each block of 8 from its last pair to its first, then the pairs left; the lanes added
                     even, odd = 0.0, 0.0
-                    for j in range(0, K, 2):
-                        even += w[j] * err[k, j]
-                    for j in range(1, K, 2):
-                        odd += w[j] * err[k, j]
+                    j = 0
+                    while K - j >= 8:
+                        e3 = w[j + 6] * err[k, j + 6] + even
+                        o3 = w[j + 7] * err[k, j + 7] + odd
+                        e2 = w[j + 4] * err[k, j + 4] + e3
+                        o2 = w[j + 5] * err[k, j + 5] + o3
+                        e1 = w[j + 2] * err[k, j + 2] + e2
+                        o1 = w[j + 3] * err[k, j + 3] + o2
+                        even = w[j] * err[k, j] + e1
+                        odd = w[j + 1] * err[k, j + 1] + o1
+                        j += 8
+                    for i in range(j, K, 2):
+                        even += w[i] * err[k, i]
+                    for i in range(j + 1, K, 2):
+                        odd += w[i] * err[k, i]
                     qd = g[k] * (even + odd) / wsum
                 sub_first = q_sub[k] <= q_zero[k]
                 q_sz = q_sub[k] if sub_first else q_zero[k]
@@ -459,25 +535,33 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                 for k in range(K):
                     p[m, k] = np.inf
             if power2:
-                layer_p = -0.0
+                if K < 8:
+                    layer_p = -0.0
+                    for k in range(K):
+                        layer_p += p[m, k] if (bm >> k) & 1 else 0.0
+                else:
+                    for k in range(K):
+                        vals[k] = p[m, k] if (bm >> k) & 1 else 0.0
+                    layer_p = _sum8(vals, K)
                 for k in range(K):
-                    layer_p += p[m, k] if (m >> k) & 1 else 0.0
-                for k in range(K):
-                    if (m >> k) & 1:
+                    if (bm >> k) & 1:
                         q_alt[m, k] = p[m, k] * layer_p if np.isfinite(layer_p) else np.inf
             else:
                 for k in range(K):
-                    if (m >> k) & 1:
+                    if (bm >> k) & 1:
                         q_alt[m, k] = p[m, k]
             ok = True
             qs = -0.0
             for k in range(K):
-                if (m >> k) & 1:
+                if (bm >> k) & 1:
                     if x_node[t, k] == loc or not np.isfinite(q_alt[m, k]):
                         ok = False
-                    qs += q_alt[m, k] if np.isfinite(q_alt[m, k]) else 0.0
+                    vals[k] = q_alt[m, k] if np.isfinite(q_alt[m, k]) else 0.0
                 else:
-                    qs += 0.0
+                    vals[k] = 0.0
+                qs += vals[k]
+            if K >= 8:
+                qs = _sum8(vals, K)
             valid[m] = ok
             quality[m] = qs
         # -- budget state, weights, look-ahead index (`choose`)
@@ -501,9 +585,11 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
             if gates_tab[tok, lv, k] > gates_tab[tok, lv, bk]:
                 bk = k
         key = topk_tab[tok, lv, bk]
+        # (`LookAhead.flat_index`: with one home row and index 0 this is the home-free table's index)
+        part0 = ((lv + 1) * homes + home_index[home]) * (N * Cm) + key * levels
         for m in range(M):
             left = left_b - quality[m]
-            feasible[m] = valid[m] and left >= -1e-12 and (m == 0 or has_budget)
+            feasible[m] = valid[m] and left >= -1e-12 and (mbits[m] == 0 or has_budget)
             qterm[m] = (beta + eps) * quality[m]
             if horizon > 0 and feasible[m]:  # an infeasible action's look-ahead is never read
                 ahead = left if left > 0.0 else 0.0
@@ -514,17 +600,14 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                     lvl = 0
                 if lvl > levels - 1:
                     lvl = levels - 1
-                # (`LookAhead.flat_index`: with one home row and index 0 this is the home-free table's index)
-                part[m] = (((lv + 1) * homes + home_index[home]) * (N * Cm) + key * levels) + int(lvl)
+                part[m] = part0 + int(lvl)
         for k in range(K):
-            n = x_node[t, k]
-            e = topk_tab[tok, lv, k]
-            ready_x[k] = (xfer[loc, n] + load[n]) + compute[n, lv, e]
             ready_sub[k] = (0.0 + load[loc]) + compute[loc, lv, sub[k] if sub[k] >= 0 else 0]
         for m in range(M):
+            bm = mbits[m]
             v = -np.inf
             for k in range(K):
-                if (m >> k) & 1 and kind[m, k] == 0 and ready_sub[k] > v:
+                if (bm >> k) & 1 and kind[m, k] == 0 and ready_sub[k] > v:
                     v = ready_sub[k]
             sub_ready[m] = v
         if not steer:
@@ -534,10 +617,11 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                     wait[gi] = _backlog_s(exposure, lv, loc if gi == 0 else x_node[t, gi - 1], key, N, C, waits)
             best_cost, best_m, best_nxt, best_lat = np.inf, 0, loc, np.nan
             for m in range(M):
+                bm = mbits[m]
                 if not migrate or K == 0:
                     back = -np.inf
                     for k in range(K):
-                        if not (m >> k) & 1:
+                        if not (bm >> k) & 1:
                             v = ready_x[k] + xfer[x_node[t, k], loc]
                             if v > back:
                                 back = v
@@ -550,11 +634,11 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                     nxt, lat, nxt_i = loc, np.inf, 0
                     for gi in range(K + 1):
                         c = loc if gi == 0 else x_node[t, gi - 1]
-                        if gi > 0 and (m >> (gi - 1)) & 1:
+                        if gi > 0 and (bm >> (gi - 1)) & 1:
                             continue  # a slot not run exactly is no candidate
                         done = -np.inf
                         for k in range(K):
-                            if not (m >> k) & 1:
+                            if not (bm >> k) & 1:
                                 v = ready_x[k] + xfer[x_node[t, k], c]
                                 if v > done:
                                     done = v
@@ -578,7 +662,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                     best_cost, best_m, best_nxt, best_lat = cost, m, nxt, lat
             m = best_m
             for k in range(K):
-                if (m >> k) & 1:
+                if (mbits[m] >> k) & 1:
                     nodes_m[k] = loc if kind[m, k] == 0 else -1
                 else:
                     nodes_m[k] = x_node[t, k]
@@ -633,16 +717,28 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                         v = bv + xfer[c, meet[gi]]
                         if v < arrive[k, gi]:
                             arrive[k, gi] = v
-            # `_kept_max` written out: an inlined call with array arguments reference-counts them every row
-            for gi in range(G):
-                kept_max[0, gi] = -np.inf
-            for s in range(1, M):
-                low = 0
-                while not (s >> low) & 1:
-                    low += 1
+            if enumerated:
+                # `_kept_max` written out: an inlined call with array arguments reference-counts them every row
                 for gi in range(G):
-                    if not dup[gi]:
-                        kept_max[s, gi] = max(kept_max[s & (s - 1), gi], arrive[low, gi])
+                    kept_max[0, gi] = -np.inf
+                for s in range(1, M):
+                    low = 0
+                    while not (s >> low) & 1:
+                        low += 1
+                    for gi in range(G):
+                        if not dup[gi]:
+                            kept_max[s, gi] = max(kept_max[s & (s - 1), gi], arrive[low, gi])
+            else:  # prefixes: action m's kept slots' latest arrival in row M - 1 - m, as the enumeration has it
+                for m in range(M):
+                    bm = mbits[m]
+                    for gi in range(G):
+                        if dup[gi]:
+                            continue
+                        v = -np.inf
+                        for k in range(K):
+                            if not (bm >> k) & 1 and arrive[k, gi] > v:
+                                v = arrive[k, gi]
+                        kept_max[M - 1 - m, gi] = v
             best_cost = np.inf
             best_a = 0
             best_lat = np.nan
@@ -669,14 +765,14 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
             if best_lat != best_lat:
                 lat = -np.inf
                 for k in range(K):
-                    if not (m >> k) & 1 and arrive[k, gi] > lat:
+                    if not (mbits[m] >> k) & 1 and arrive[k, gi] > lat:
                         lat = arrive[k, gi]
                 lat = max(max(lat, sub_ready[m] + to_meet[gi]), 0.0)
                 if last:
                     lat = lat + home_leg[gi]
                 best_lat = lat
             for k in range(K):
-                if (m >> k) & 1:
+                if (mbits[m] >> k) & 1:
                     nodes_m[k] = loc if kind[m, k] == 0 else -1
                     continue
                 best = np.inf
@@ -693,7 +789,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
             e = topk_tab[tok, lv, k]
             out_topk[o, k] = e
             out_node[o, k] = nodes_m[k]
-            if (m >> k) & 1:
+            if (mbits[m] >> k) & 1:
                 out_experts[o, k] = sub[k] if kind[m, k] == 0 else -1
                 out_zeroed[o, k] = kind[m, k] == 2
             else:
@@ -741,7 +837,7 @@ def ordermoe_tables(policy, budget_total, budget_used, eps_s_per_q: float, steer
                       N <= steer_all_nodes, backlog != "off", backlog == "mean"])  # in F_* order
     la = policy.lookahead
     homes = len(la.homes) if la.home_trip else 1
-    ints = np.array([n_short, C, levels, policy.horizon, policy.pace, homes], _I)  # I_* order
+    ints = np.array([n_short, C, levels, policy.horizon, policy.pace, homes, policy.max_enum_k], _I)  # I_* order
     params = np.array([policy.quality_price, policy.pressure_gain, policy.ewma, policy.rt_med, policy.grid.step,
                        eps_s_per_q], float)  # P_* order
     return OrderMoETables(np.ascontiguousarray(ctx.best_sub, _I), np.ascontiguousarray(ctx.best_sub_err, float),
@@ -810,8 +906,9 @@ def _decode_call(tab, layer, topk, gates, load, user, home, location, state_laye
             ex.gates[t, layer, k] = gates[t, k]
     rows = tab.rows[:T]
     rlayer = np.full(T, layer, np.int64)
+    b0 = 0 * T  # an int64, not the literal 0: the simulator loop's compiled `_decide_ordermoe`, not a second one
     _decide_ordermoe(rows, rows, rlayer, rows, ex, tab.ex_scratch, tab.scratch_out, om, tab.work, load, tab.xfer,
-                     tab.num_layers, out, extra, 0)
+                     tab.num_layers, out, extra, b0)
     zeroed = extra[1][:T].copy()
     any_zeroed = False
     for t in range(T):
@@ -862,7 +959,8 @@ class DecodePath:
         J = 1 + int(om.ints[I_SHORT])
         G = (1 + N if om.flags[F_ALL_NODES] else 1 + K * J) if om.flags[F_STEER] else 1
         self.cap, self.om = cap, om
-        self.tab = _decode_tables(ex, ex_scratch, decision_buffers(cap, K), om, _work_arrays(K, N, J, G),
+        work = _work_arrays(K, N, J, G, action_count(K, int(om.ints[I_ENUM])))
+        self.tab = _decode_tables(ex, ex_scratch, decision_buffers(cap, K), om, work,
                                   decision_buffers(cap, K), (np.empty(cap), np.empty((cap, K), np.bool_)),
                                   np.arange(cap, dtype=_I), np.array(ctx.xfer_s, float), int(L))
 

@@ -21,8 +21,9 @@ dispatcher type-checks each array argument of a call, ~150 of them here, and the
 every observation). The decision arrays are counted in the same chunks as `_TallyBuffer` (the tally's
 quality sum is per chunk).
 
-Same floating-point operations in the same order as the numpy path (sums left to right as numpy reduces
-K <= 4 slots, exact maxima and minima, first index on ties); tests/runtime/sim/test_ordermoe_loop.py
+Same floating-point operations in the same order as the numpy path (sums over the K slots in numpy's
+pairwise order, np.einsum's order in the drop price, exact maxima and minima, first index on ties; all
+2^K subsets or the K + 1 prefixes); tests/runtime/sim/test_ordermoe_loop.py
 compares every decision array with the numpy path, and tests/runtime/sim/test_sim_pinned.py pins the runs.
 Configurations outside what it covers (`edgemoe.runtime.policies.ordermoe.compiled_loop_supported`) keep
 the per-wave policy call.
@@ -39,9 +40,11 @@ from edgemoe.jit import HAVE_NUMBA, njit
 from ..policies.ordermoe_kernel import (
     F_ALL_NODES,
     F_STEER,
+    I_ENUM,
     I_SHORT,
     _decide_ordermoe,
     _work_arrays,
+    action_count,
     ordermoe_tables,
 )
 from ..policy import Decision
@@ -177,8 +180,10 @@ def _drive_ordermoe(tab, chunk_rows, every, stamp, b, wave):  # pragma: no cover
     passes (`Feedback.flush`: every `every`-th wave, when passes ended since the last observation; the
     engine logs ended passes in `ended`; `_observe_ended` then observes them), or the next wave does not fit
     in the buffers or the job queue. tab: a `LoopTables`. Returns (next wave's ids, rows, pass, layer, token,
-    stamp, more, rows buffered, observed now). It inlines the engine's and the kernel's parts, and numba's
-    disk cache checks only this file (see `rules._drive`)."""
+    stamp, more, rows buffered, observed now). It inlines the engine's parts and calls the kernel's
+    `_decide_ordermoe` once per wave (a function of its own: half the compile time, the decode path shares
+    it); numba's disk cache of this function checks only this file, so after a change to either, clear the
+    cache (see `rules._drive`)."""
     ex, ex_scratch, scratch_out, om, work = tab.ex, tab.ex_scratch, tab.scratch_out, tab.om, tab.work
     fb, ob, out, extra = tab.fb, tab.ob, tab.out, tab.extra
     passes, nodes, scenario, cost = tab.passes, tab.nodes, tab.scenario, tab.cost
@@ -277,7 +282,8 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
 
     om = ordermoe_tables(policy, state.budget_total, state.budget_used, EPS_S_PER_Q, STEER_ALL_NODES)
     J = 1 + int(om.ints[I_SHORT])
-    work = _work_arrays(K, N, J, (1 + N if om.flags[F_ALL_NODES] else 1 + K * J) if om.flags[F_STEER] else 1)
+    work = _work_arrays(K, N, J, (1 + N if om.flags[F_ALL_NODES] else 1 + K * J) if om.flags[F_STEER] else 1,
+                        action_count(K, int(om.ints[I_ENUM])))
     fb = FeedbackArrays(feedback.estimate, feedback.spent, feedback.dense, feedback.observed,
                         np.array([feedback.calls, 0, 0, 0], _I), engine.run.pass_end)
     ob = observe_arrays(policy, feedback)
