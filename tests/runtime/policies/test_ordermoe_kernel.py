@@ -63,21 +63,27 @@ def test_the_steered_decision_takes_the_compiled_path_when_numba_is_there(monkey
     assert len(seen) == ctx.num_layers
 
 
+def spy_on_decode_path(monkeypatch) -> list[bool]:
+    """A list that gets, per DecodePath call, whether it decided (returned a Decision) rather than declined."""
+    calls = []
+    real = ok.DecodePath.__call__
+
+    def spy(self, *args):
+        dec = real(self, *args)
+        calls.append(dec is not None)
+        return dec
+
+    monkeypatch.setattr(ok.DecodePath, "__call__", spy)
+    return calls
+
+
 @pytest.mark.skipif(not HAVE_NUMBA, reason="without numba the numpy path is the only one")
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("mode", ["migrate", "home"])
 def test_the_decode_path_decides_as_the_numpy_path(monkeypatch, seed, mode):
     profile, ctx = context(seed, mode)
     rng = np.random.default_rng(2000 + seed)
-    used = []
-    real = ok.DecodePath.__call__
-
-    def spy(self, *args):
-        dec = real(self, *args)
-        used.append(dec is not None)
-        return dec
-
-    monkeypatch.setattr(ok.DecodePath, "__call__", spy)
+    used = spy_on_decode_path(monkeypatch)
     monkeypatch.setattr(om, "COMPILED_STEER", False)  # the reference: numpy all through
     expected = 0  # decide calls the decode path should have made
     for T in (1, 5, 70):  # 70 rows: more than the decode tables start with (64), so they grow
@@ -127,15 +133,7 @@ def test_the_decode_path_decides_as_the_numpy_path_with_prefix_actions(monkeypat
     ctx = make_context(profile, cluster, plan(plan_problem(profile, cluster, domain_fallback=True), "random"),
                        mode=mode, domain_fallback=True)
     rng = np.random.default_rng(top_k)
-    calls = []
-    real = ok.DecodePath.__call__
-
-    def spy(self, *args):
-        dec = real(self, *args)
-        calls.append(dec is not None)
-        return dec
-
-    monkeypatch.setattr(ok.DecodePath, "__call__", spy)
+    calls = spy_on_decode_path(monkeypatch)
     monkeypatch.setattr(om, "COMPILED_STEER", False)
     for T in (1, 40):
         rows = rng.integers(0, profile.num_tokens, T)

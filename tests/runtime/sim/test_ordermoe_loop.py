@@ -49,18 +49,44 @@ CLUSTERS = {
 }
 
 
-@pytest.fixture(scope="module")
-def deployments():
+def build_deployments(top_ks, num_experts, clusters, seed_offset):
+    """{(top_k, cluster name, mode): (profile, context)}: a 3-layer synthetic profile per K on each of the
+    named clusters, an lfu placement, both modes."""
     out = {}
-    for top_k in (1, 2, 3, 4):
-        profile = synthetic_profile(num_layers=3, num_experts=8, top_k=top_k, num_tokens=200, seed=top_k)
-        for name, make in CLUSTERS.items():
-            cluster = make()
+    for top_k in top_ks:
+        profile = synthetic_profile(num_layers=3, num_experts=num_experts, top_k=top_k, num_tokens=200,
+                                    seed=seed_offset + top_k)
+        for name in clusters:
+            cluster = CLUSTERS[name]()
             placement = plan(plan_problem(profile, cluster, domain_fallback=True), "lfu")
             for mode in ("migrate", "home"):
                 out[top_k, name, mode] = profile, make_context(profile, cluster, placement, mode=mode,
                                                                domain_fallback=True)
     return out
+
+
+def assert_loop_matches_policy_call(monkeypatch, ctx, params, trace, sc, window):
+    """The compiled loop and the per-call policy path, each with its own fresh policy made from params, give
+    the same decisions, pass times, tallies, budgets and adaptive state."""
+    policies = [make_policy("ordermoe", ctx, **params) for _ in range(2)]
+    assert policies[0].compiled_rule() == "ordermoe"
+    fast, fast_dec, fast_chunks = recorded_run(monkeypatch, ctx, policies[0], trace, sc, window, True)
+    plain, plain_dec, plain_chunks = recorded_run(monkeypatch, ctx, policies[1], trace, sc, window, False)
+    assert fast_chunks == plain_chunks
+    for name in plain_dec:
+        np.testing.assert_array_equal(fast_dec[name], plain_dec[name], err_msg=name)
+    for field in ("pass_begin", "pass_end", "request_arrival", "node_busy"):
+        np.testing.assert_array_equal(getattr(fast, field), getattr(plain, field), err_msg=field)
+    assert fast.tally == plain.tally
+    assert fast.user_budget == plain.user_budget
+    assert policies[0].queue_pressure == policies[1].queue_pressure
+    for name in ("latency_excess", "spend_rate", "quality_weight"):
+        np.testing.assert_array_equal(getattr(policies[0], name), getattr(policies[1], name), err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def deployments():
+    return build_deployments((1, 2, 3, 4), 8, CLUSTERS, 0)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -80,35 +106,13 @@ def test_compiled_loop_decides_as_the_policy_call(monkeypatch, deployments, top_
     users = np.random.default_rng(seed).random(ctx.num_users)
     params = dict(budget=np.where(users < 0.3, 0.0, budget), horizon=horizon, steer=steer, substitutes=substitutes,
                   quality_power=power, pace=pace, levels=6, backlog=backlog)
-    policies = [make_policy("ordermoe", ctx, **params) for _ in range(2)]
-    assert policies[0].compiled_rule() == "ordermoe"
-    fast, fast_dec, fast_chunks = recorded_run(monkeypatch, ctx, policies[0], trace, sc, window, True)
-    plain, plain_dec, plain_chunks = recorded_run(monkeypatch, ctx, policies[1], trace, sc, window, False)
-    assert fast_chunks == plain_chunks
-    for name in plain_dec:
-        np.testing.assert_array_equal(fast_dec[name], plain_dec[name], err_msg=name)
-    for field in ("pass_begin", "pass_end", "request_arrival", "node_busy"):
-        np.testing.assert_array_equal(getattr(fast, field), getattr(plain, field), err_msg=field)
-    assert fast.tally == plain.tally
-    assert fast.user_budget == plain.user_budget
-    assert policies[0].queue_pressure == policies[1].queue_pressure
-    for name in ("latency_excess", "spend_rate", "quality_weight"):
-        np.testing.assert_array_equal(getattr(policies[0], name), getattr(policies[1], name), err_msg=name)
+    assert_loop_matches_policy_call(monkeypatch, ctx, params, trace, sc, window)
 
 
 @pytest.fixture(scope="module")
 def wide_deployments():
     """K = 5..8 routed experts of 16: prefix actions at the default max_enum_k, all 2^K subsets above it."""
-    out = {}
-    for top_k in (5, 6, 8):
-        profile = synthetic_profile(num_layers=3, num_experts=16, top_k=top_k, num_tokens=200, seed=10 + top_k)
-        for name in ("edge8", "gen20"):
-            cluster = CLUSTERS[name]()
-            placement = plan(plan_problem(profile, cluster, domain_fallback=True), "lfu")
-            for mode in ("migrate", "home"):
-                out[top_k, name, mode] = profile, make_context(profile, cluster, placement, mode=mode,
-                                                               domain_fallback=True)
-    return out
+    return build_deployments((5, 6, 8), 16, ("edge8", "gen20"), 10)
 
 
 @settings(max_examples=24, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -129,18 +133,7 @@ def test_compiled_loop_decides_as_the_policy_call_past_four_slots(monkeypatch, w
     users = np.random.default_rng(seed).random(ctx.num_users)
     params = dict(budget=np.where(users < 0.3, 0.0, budget), horizon=horizon, steer=steer, substitutes=substitutes,
                   quality_power=power, levels=6, backlog=backlog, max_enum_k=max_enum_k)
-    policies = [make_policy("ordermoe", ctx, **params) for _ in range(2)]
-    assert policies[0].compiled_rule() == "ordermoe"
-    fast, fast_dec, fast_chunks = recorded_run(monkeypatch, ctx, policies[0], trace, sc, 1e-3, True)
-    plain, plain_dec, plain_chunks = recorded_run(monkeypatch, ctx, policies[1], trace, sc, 1e-3, False)
-    assert fast_chunks == plain_chunks
-    for name in plain_dec:
-        np.testing.assert_array_equal(fast_dec[name], plain_dec[name], err_msg=name)
-    for field in ("pass_begin", "pass_end", "node_busy"):
-        np.testing.assert_array_equal(getattr(fast, field), getattr(plain, field), err_msg=field)
-    assert fast.tally == plain.tally
-    for name in ("latency_excess", "spend_rate", "quality_weight"):
-        np.testing.assert_array_equal(getattr(policies[0], name), getattr(policies[1], name), err_msg=name)
+    assert_loop_matches_policy_call(monkeypatch, ctx, params, trace, sc, 1e-3)
 
 
 def test_the_wide_runs_replace_slots(monkeypatch, wide_deployments):
