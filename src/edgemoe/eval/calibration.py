@@ -46,6 +46,28 @@ class Intervention:
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
+    @classmethod
+    def from_dict(cls, row: dict, where: str = "intervention") -> Intervention:
+        """The run that `to_dict` wrote, checked: integer layer and slot, a known kind, finite numbers with
+        pred and se >= 0 (a results file is read back, never trusted)."""
+        if not isinstance(row, dict):
+            raise EdgeMoEError(f"{where}: expected an object with {sorted(cls.__dataclass_fields__)}, got "
+                               f"{type(row).__name__}")
+        missing = sorted(set(cls.__dataclass_fields__) - set(row))
+        if missing:
+            raise EdgeMoEError(f"{where}: missing field(s) {missing}")
+        for f in ("layer", "slot"):
+            if not isinstance(row[f], int) or isinstance(row[f], bool) or row[f] < -1:
+                raise EdgeMoEError(f"{where}.{f}: expected an integer >= -1, got {row[f]!r}")
+        if row["kind"] not in (*KINDS, "empty") or not isinstance(row["variant"], str):
+            raise EdgeMoEError(f"{where}.kind: expected one of {[*KINDS, 'empty']}, got {row['kind']!r}")
+        for f in ("pred", "nats", "se"):
+            v = row[f]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or (f != "nats" and v < 0):
+                raise EdgeMoEError(f"{where}.{f}: expected a finite number{'' if f == 'nats' else ' >= 0'}, got {v!r}")
+        return cls(row["layer"], row["kind"], row["variant"], row["slot"], float(row["pred"]), float(row["nats"]),
+                   float(row["se"]))
+
 
 def _paired(nll: np.ndarray, nll_exact: np.ndarray) -> tuple[float, float]:
     """(mean extra nats per token, its standard error over the B blocks) of nll vs nll_exact [B, S-1]."""
@@ -130,10 +152,14 @@ def measure_interventions(adapter, subst_err: np.ndarray, ids: np.ndarray, nll_e
 
 
 def fit_calibration(runs: list[Intervention], num_layers: int, power: float = QUALITY_POWER,
-                    empty: bool = True) -> KindCalibration:
+                    empty: bool = True, z: float = 0.0) -> KindCalibration:
     """The `KindCalibration` of measured interventions: per kind and layer, sum(nats) / sum(pred) over its runs,
     with the summed rise floored at half its standard error (a rise within noise of zero is not free).
-    Every kind and layer needs at least one run with pred > 0; `empty` False leaves such actions forbidden."""
+    Every kind and layer needs at least one run with pred > 0; `empty` False leaves such actions forbidden.
+    z > 0 prices each kind and layer at its summed rise plus z standard errors (z = 1.645: the one-sided 95%
+    upper bound), so that a kind measured on few tokens is not bought for a cheapness that is only noise."""
+    if not np.isfinite(z) or z < 0:
+        raise EdgeMoEError(f"calibration: z must be a finite number >= 0, got {z!r}")
     nats = np.zeros((len(KINDS), num_layers))
     emp = np.zeros(num_layers)
     for layer in range(num_layers):
@@ -145,7 +171,8 @@ def fit_calibration(runs: list[Intervention], num_layers: int, power: float = QU
             if not mine or pred <= 0:
                 raise EdgeMoEError(f"calibration: no measured run of kind {kind!r} at layer {layer} with a "
                                    f"predicted perturbation > 0")
-            rise = max(sum(r.nats for r in mine), 0.5 * float(np.sqrt(sum(r.se ** 2 for r in mine))), 1e-9)
+            se = float(np.sqrt(sum(r.se ** 2 for r in mine)))
+            rise = max(sum(r.nats for r in mine) + z * se, 0.5 * se, 1e-9)
             if kind == "empty":
                 emp[layer] = rise / pred
             else:
