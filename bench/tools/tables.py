@@ -496,7 +496,8 @@ def ladder() -> list[str]:
         full = [m for m in c["models"] if m.get("full_policy")]
         if full:
             out.append("The full policy (`ordermoe-full`: stand-ins chosen per token among drop, zero and every local "
-                       "expert, priced in measured nats per kind and layer fitted on calibration text; "
+                       "expert, priced in measured nats per kind and layer at the one-sided 95% upper bound of their "
+                       "cost on calibration text; "
                        f"`{full[0]['full_policy']['results_file'].removeprefix('bench/results/')}`, the baselines' sweeps "
                        "copied from each model's file above), over the best baseline at equal perplexity:\n")
             out.append(_table(["model", "paper", "strict", "paper, field only", "strict, field only", "best baseline (paper / strict)"], [

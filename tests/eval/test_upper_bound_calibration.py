@@ -8,10 +8,10 @@ import json
 
 import numpy as np
 import pytest
+from bench.studies.equal_quality import model_calibration
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.studies.equal_quality import model_calibration
 from edgemoe.errors import EdgeMoEError
 from edgemoe.eval.calibration import Intervention, fit_calibration
 from edgemoe.eval.experiment import CALIB_CONFIDENCE_Z
@@ -49,7 +49,7 @@ def test_a_bad_z_is_refused(z):
        st.floats(0.0, 3.0))
 def test_the_bound_never_prices_below_the_point_and_grows_with_z(measured, z):
     runs = [Intervention(0, kind, kind, slot, 0.3, nats, se)
-            for (kind, slot), (nats, se) in zip([(k, s) for k in (*KINDS, "empty") for s in (0, 1)], measured)]
+            for (kind, slot), (nats, se) in zip([(k, s) for k in (*KINDS, "empty") for s in (0, 1)], measured, strict=True)]
     point, upper, more = fit_calibration(runs, 1), fit_calibration(runs, 1, z=z), fit_calibration(runs, 1, z=z + 1)
     assert np.all(upper.nats >= point.nats - 1e-12) and np.all(more.nats >= upper.nats - 1e-12)
     assert np.all(upper.empty >= point.empty - 1e-12)
@@ -58,8 +58,8 @@ def test_the_bound_never_prices_below_the_point_and_grows_with_z(measured, z):
 def test_an_intervention_round_trips_and_bad_rows_name_the_field():
     r = Intervention(2, "drop", "drop", 1, 0.25, 0.03, 0.004)
     assert Intervention.from_dict(r.to_dict()) == r
-    for field, value, match in (("layer", 1.5, "layer"), ("kind", "skip", "kind"), ("pred", -1.0, "pred"),
-                                ("se", float("nan"), "se"), ("nats", "x", "nats"), ("slot", True, "slot")):
+    for field, value in (("layer", 1.5), ("kind", "skip"), ("pred", -1.0), ("se", float("nan")), ("nats", "x"),
+                         ("slot", True)):
         with pytest.raises(EdgeMoEError, match=rf"runs\[3\]\.{field}"):
             Intervention.from_dict({**r.to_dict(), field: value}, "runs[3]")
     bad = r.to_dict()
