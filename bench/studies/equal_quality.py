@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import RESULTS
-from edgemoe.eval.dial import calibrate_dial, rise_interval
+from edgemoe.eval.dial import calibrate_dial, handoff, rise_interval
 from edgemoe.eval.experiment import (
     OPERATING_POINTS,
     ORDERMOE_BUDGET,
@@ -166,9 +166,11 @@ def simulated_policy(policy: str, ctx, params: dict, budget: float, trace_logits
     return pol
 
 
-def model_calibration(model: str, path: Path = CALIBRATION_FILE, price: str = FULL_CALIBRATION) -> dict:
+def model_calibration(model: str, path: Path = CALIBRATION_FILE, price: str = FULL_CALIBRATION,
+                      empty: bool = False) -> dict:
     """The model's KindCalibration (`to_dict` form) from bench.studies.calibration's results file, fitted there on
-    calibration text only, with `empty` removed (the policy never leaves a layer without expert output).
+    calibration text only, with `empty` removed (the policy never leaves a layer without expert output) unless
+    `empty` (a layer may be left without expert output at its measured cost, priced like the other kinds).
     price "point": the file's fit (each kind and layer at its measured mean); "upper-bound": refitted from the
     file's calibration-text interventions at their one-sided 95% upper bound (`fit_calibration(z=...)`)."""
     from edgemoe.errors import EdgeMoEError
@@ -184,14 +186,14 @@ def model_calibration(model: str, path: Path = CALIBRATION_FILE, price: str = FU
         raise EdgeMoEError(f"{path}: no models[].calibration for model {model!r} (run python -m bench.studies.calibration "
                            f"--models {model})")
     if price == "point":
-        return {**entry["calibration"], "empty": None}
+        return {**entry["calibration"], **({} if empty else {"empty": None})}
     rows = entry.get("interventions_calibration_text")
     if not isinstance(rows, list) or not rows:
         raise EdgeMoEError(f"{path}: model {model!r} has no interventions_calibration_text to refit at the upper bound")
     runs = [Intervention.from_dict(r, f"{path}: {model} interventions_calibration_text[{i}]") for i, r in enumerate(rows)]
     num_layers = len(entry["calibration"]["nats"][0])
     fit = fit_calibration(runs, num_layers, power=entry["calibration"]["power"], z=CALIB_CONFIDENCE_Z)
-    return {**fit.to_dict(), "empty": None}
+    return {**fit.to_dict(), **({} if empty else {"empty": None})}
 
 
 def check_reusable(entry: dict, out: dict, path: str) -> None:
@@ -210,12 +212,14 @@ def check_reusable(entry: dict, out: dict, path: str) -> None:
 
 def run_model(model: str, cfg: ExperimentConfig, log, methods: set | None = None, reuse: dict | None = None,
               dial_method: str = "ordermoe", dial_calib_tokens: int = DIAL_CALIB_TOKENS,
-              dial_eval_tokens: int = DIAL_EVAL_TOKENS) -> dict:
+              dial_eval_tokens: int = DIAL_EVAL_TOKENS, dial_beyond: bool = False) -> dict:
     """One model's comparison. methods: the method names to run (None: all of METHODS and ordermoe-calibrated);
     reuse: (path, model entry) of an earlier results file whose other methods, measured on the same text and
     placement (`check_reusable`), are copied in; dial_method: the method whose dial is measured, calibrated on the
     first dial_calib_tokens tokens of the calibration text and measured on the evaluation text and on its first
-    dial_eval_tokens tokens (0: not)."""
+    dial_eval_tokens tokens (0: not); dial_beyond: an asked increase beyond what the dial method can cost on
+    calibration text (`saturated`) is served by the same policy with empty layers allowed at their measured cost,
+    through that policy's own dial on the same calibration text (`beyond_saturation`)."""
     from edgemoe.cluster.load import load_cluster
     from edgemoe.errors import EdgeMoEError
     from edgemoe.models import load_moe, load_tokenizer
@@ -340,6 +344,20 @@ def run_model(model: str, cfg: ExperimentConfig, log, methods: set | None = None
 
     grid = NATS_DIAL_GRID if "calibration" in dial_policy[1] else DIAL_GRID
     dial = calibrate_dial(dial_at, grid, policy=dial_method, calib_tokens=int(dial_ids.size), curve=DIAL_CURVE)
+    beyond = None  # (policy, params, dial) serving the asked values the dial method cannot reach, decided on calibration text
+    if dial_beyond and any(a > dial.envelope[-1] for a in DIAL_ASKED):
+        if "calibration" not in dial_policy[1]:
+            raise EdgeMoEError(f"--dial-beyond needs a calibrated dial method (ordermoe-full), not {dial_method!r}")
+        wide = (dial_policy[0], {**dial_policy[1], "calibration": model_calibration(model, empty=True)})
+        trials_wide: dict = {}
+
+        def wide_at(b: float) -> float:
+            nll, _, _ = score_local(adapter, make_policy(wide[0], ctx, **wide[1], budget=b), dial_ids, dial_users)
+            trials_wide[b] = rise_with_bound(nll, dial_nll)
+            return trials_wide[b][0]
+
+        beyond = (*wide, calibrate_dial(wide_at, grid, policy=f"{dial_method}+empty", calib_tokens=int(dial_ids.size),
+                                        curve=DIAL_CURVE))
     # the same budgets also on a longer evaluation text (its first blocks are the evaluation text): how much of a
     # miss is the evaluation sample's own noise (block bootstrap 90% intervals of both)
     long_ids, long_nll = dial_text(adapter, tokenizer, eval_spec, cfg, dial_eval_tokens) if dial_eval_tokens else (None, None)
@@ -348,14 +366,19 @@ def run_model(model: str, cfg: ExperimentConfig, log, methods: set | None = None
                            "evaluation text (fewer tokens than --eval-tokens?)")
     rows = []
     for asked in DIAL_ASKED:
-        b = float(dial.budget(asked))
-        r = evaluate(*dial_policy, b)
+        # asked more harm than the policy causes at the grid's top budget: the dial gives its fastest point, or
+        # (dial_beyond) hands the asked value to the policy that may also leave layers empty
+        saturated = bool(asked > dial.envelope[-1])
+        wide_used, b = handoff(asked, dial, beyond[2] if beyond is not None else None)
+        served = (beyond[0], beyond[1]) if wide_used else dial_policy
+        r = evaluate(*served, b)
         row = {"asked": asked, "budget": b, "measured": r["ppl_rel_increase"], "ratio": r["ppl_rel_increase"] / asked,
                "latency_ms_mean": r["latency_ms_mean"], "in_target": bool(0.5 <= r["ppl_rel_increase"] / asked <= 1.2),
-               # asked more harm than the policy causes at the grid's top budget: the dial gives its fastest point
-               "saturated": bool(asked > dial.envelope[-1])}
+               "saturated": saturated, "empty_layers": wide_used}
+        if wide_used:
+            row["saturated_beyond"] = bool(asked > beyond[2].envelope[-1])
         if long_ids is not None:
-            nll, _, _ = score_local(adapter, make_policy(dial_policy[0], ctx, **dial_policy[1], budget=b), long_ids,
+            nll, _, _ = score_local(adapter, make_policy(served[0], ctx, **served[1], budget=b), long_ids,
                                     np.arange(len(long_ids)) % ctx.num_users)
             d = (nll.astype(np.float64) - long_nll).mean(axis=1)  # [B] extra nats per block
             short = len(text.ids)
@@ -369,6 +392,12 @@ def run_model(model: str, cfg: ExperimentConfig, log, methods: set | None = None
                    "calib_max_rise": float(dial.envelope[-1]),  # what the policy can cost at most (its fastest point)
                    "measured_monotone": bool(all(b["measured"] >= a["measured"] - 1e-4 for a, b in pairwise(rows))),
                    "target": "measured in [0.5x, 1.2x] of asked, on evaluation text", "seconds": round(time.perf_counter() - t0, 1)}
+    if beyond is not None:
+        out["dial"]["beyond_saturation"] = {
+            **beyond[2].to_dict(), "calib_upper95": [trials_wide[b][1] if b in trials_wide else 0.0 for b in beyond[2].budgets],
+            "calibration": beyond[1]["calibration"], "calib_max_rise": float(beyond[2].envelope[-1]),
+            "rule": "asked above the dial method's largest increase on calibration text (calib_max_rise) is served by "
+                    "the same policy with empty layers allowed at their measured cost, through this dial"}
     out["seconds"] = round(time.perf_counter() - t_model, 1)
     return out
 
@@ -458,6 +487,9 @@ def main() -> None:
                                                         "other methods are copied in instead of run again")
     ap.add_argument("--merge", nargs="+", help="only join these results files' models into --out (runs made apart)")
     ap.add_argument("--dial-method", default="ordermoe", help="the method whose quality dial is measured")
+    ap.add_argument("--dial-beyond", action="store_true",
+                    help="serve asked increases beyond the dial method's reach on calibration text with empty layers "
+                         "allowed at their measured cost (a calibrated dial method only)")
     ap.add_argument("--dial-calib-tokens", type=int, default=DIAL_CALIB_TOKENS,
                     help="calibration tokens the dial's curve is measured on (the first of the calibration text)")
     ap.add_argument("--dial-eval-tokens", type=int, default=DIAL_EVAL_TOKENS,
@@ -492,7 +524,7 @@ def main() -> None:
     for model in args.models.split(","):
         models.append(run_model(model, replace(cfg, model=model), print, methods, reused.get(model), args.dial_method,
                                 min(args.dial_calib_tokens, ca) if args.quick else args.dial_calib_tokens,
-                                0 if args.quick else args.dial_eval_tokens))
+                                0 if args.quick else args.dial_eval_tokens, args.dial_beyond))
     doc = {"schema": "edgemoe.bench.equal_quality/1", "environment": environment(),
            "load_average_start": list(load0), "load_average_end": list(os.getloadavg()),
            "cpu_s": round(time.process_time() - c0, 1), "wall_s": round(time.perf_counter() - w0, 1),
@@ -501,7 +533,7 @@ def main() -> None:
                       "rate_per_s": cfg.rate_per_s, "operating_points": dict(OPERATING_POINTS),
                       "calibration_steps": CALIB_STEPS, "dial_grid": DIAL_GRID, "dial_asked": DIAL_ASKED,
                       "baselines": BASELINES, "field_baselines": FIELD, "methods_run": args.methods or "all",
-                      "reuse": args.reuse, "dial_method": args.dial_method,
+                      "reuse": args.reuse, "dial_method": args.dial_method, "dial_beyond": args.dial_beyond,
                       "dial_calib_tokens": args.dial_calib_tokens, "dial_eval_tokens": args.dial_eval_tokens, "dial_curve": DIAL_CURVE, "nats_dial_grid": NATS_DIAL_GRID},
            "models": models, **({"note": args.note} if args.note else {})}
     atomic_write_json(Path(args.out), doc)

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edgemoe.errors import EdgeMoEError
-from edgemoe.eval.dial import CURVES, QualityDial, calibrate_dial, isotonic, rise_interval
+from edgemoe.eval.dial import CURVES, QualityDial, calibrate_dial, handoff, isotonic, rise_interval
 
 
 def test_known_answers():
@@ -113,3 +113,27 @@ def test_rise_interval():
     assert rise_interval(d, seed=3) == rise_interval(d, seed=3)
     with pytest.raises(EdgeMoEError, match="rise_interval"):
         rise_interval(np.zeros((2, 2)))
+
+
+def test_a_saturated_asked_value_is_handed_to_the_wider_dial():
+    narrow = QualityDial(np.array([0.0, 1.0, 2.0]), np.array([0.0, 0.02, 0.03]))  # saturates at +3%
+    wide = QualityDial(np.array([0.0, 1.0, 2.0]), np.array([0.0, 0.01, 0.2]))
+    # within reach: the narrow dial, whatever the wide one would say
+    assert handoff(0.01, narrow, wide) == (False, 0.5)
+    assert handoff(0.03, narrow, wide) == (False, 2.0)
+    # beyond +3%: the wide dial's interpolated budget, 1 + (0.078 - 0.01) / 0.19
+    used, b = handoff(0.078, narrow, wide)
+    assert used and b == pytest.approx(1.0 + 0.068 / 0.19)
+    # beyond the wide dial too: its top budget; without a wide dial: the narrow one's fastest point
+    assert handoff(0.5, narrow, wide) == (True, 2.0)
+    assert handoff(0.078, narrow, None) == (False, 2.0)
+
+
+@given(st.lists(st.floats(0.0, 0.5), min_size=2, max_size=6), st.lists(st.floats(0.0, 0.5), min_size=2, max_size=6),
+       st.floats(0.0, 1.0))
+def test_the_handoff_serves_the_narrow_dial_exactly_within_its_reach(narrow_rise, wide_rise, asked):
+    narrow = QualityDial(np.arange(len(narrow_rise), dtype=float), np.array([0.0, *narrow_rise[1:]]), curve="isotonic")
+    wide = QualityDial(np.arange(len(wide_rise), dtype=float), np.array([0.0, *wide_rise[1:]]), curve="isotonic")
+    used, b = handoff(asked, narrow, wide)
+    assert used == (asked > narrow.envelope[-1])
+    assert b == pytest.approx(float((wide if used else narrow).budget(asked)))

@@ -103,3 +103,12 @@ def test_model_calibration_refuses_what_it_cannot_refit(tmp_path):
     with pytest.raises(EdgeMoEError, match="no interventions_calibration_text"):
         model_calibration("tiny", path, price="upper-bound")
     assert model_calibration("tiny", path, price="point")["empty"] is None  # the stored fit needs none
+
+
+def test_model_calibration_keeps_the_empty_layer_price_only_when_asked(tmp_path):
+    runs = runs_for(2, nats=0.8, pred=0.4, se=0.05)
+    path, point = write_calibration_file(tmp_path, runs, 2)
+    assert np.allclose(model_calibration("tiny", path, price="point", empty=True)["empty"], point.empty)
+    upper = model_calibration("tiny", path, empty=True)
+    assert np.allclose(upper["empty"], fit_calibration(runs, 2, z=CALIB_CONFIDENCE_Z).empty)
+    assert model_calibration("tiny", path)["empty"] is None

@@ -89,6 +89,16 @@ class QualityDial:
 CURVES = ("running-max", "isotonic")
 
 
+def handoff(max_ppl_increase: float, dial: QualityDial, wide: QualityDial | None) -> tuple[bool, float]:
+    """(whether `wide` serves it, the budget) for one asked increase: `dial` while the asked value is within its
+    largest credited rise on calibration text, else (the asked value is `saturated` for `dial`: its policy has
+    nothing left to spend on) `wide`, the dial of the same policy with more mechanisms allowed (empty layers),
+    calibrated on the same text. Without `wide`, `dial`'s top budget, its fastest point."""
+    saturated = float(max_ppl_increase) > float(dial.envelope[-1])
+    use_wide = saturated and wide is not None
+    return use_wide, float((wide if use_wide else dial).budget(max_ppl_increase))
+
+
 def isotonic(y: np.ndarray) -> np.ndarray:
     """[G] the non-decreasing sequence nearest to y [G] in squared error (pool adjacent violators, equal weights).
     Unlike a running maximum, one grid point measured high by noise is averaged with its neighbours instead of
