@@ -507,7 +507,39 @@ def ladder() -> list[str]:
             out.append("")
             out += [f"- `{m['model']}`: {m['full_policy']['verdict']}" for m in full]
             out.append("")
+            out += full_policy_dial(RESULTS / full[0]["full_policy"]["results_file"].removeprefix("bench/results/"))
     return out
+
+
+def full_policy_dial(path: Path) -> list[str]:
+    """The full policy's quality dial from its equal-quality file: measured over asked on both evaluation texts,
+    in the band or not, and where an asked value was handed to the policy with empty layers allowed."""
+    r = _load(path)
+    models = [m for m in (r or {}).get("models", []) if m.get("dial", {}).get("asked_vs_measured")]
+    if not models:
+        return []
+    rows, hits, hits_long, n = [], 0, 0, 0
+    for m in models:
+        d = m["dial"]
+        av = d["asked_vs_measured"]
+        in_long = [0.5 <= a["ratio_long"] <= 1.2 for a in av if "ratio_long" in a]
+        hits, hits_long, n = hits + sum(a["in_target"] for a in av), hits_long + sum(in_long), n + len(av)
+        rows.append([f"`{m['model']}`", ", ".join(f"{a['ratio']:.2f}" + ("*" if a.get("empty_layers") else "") for a in av),
+                     f"{sum(a['in_target'] for a in av)} of {len(av)}",
+                     ", ".join(f"{a['ratio_long']:.2f}" for a in av if "ratio_long" in a) or "-",
+                     f"{sum(in_long)} of {len(in_long)}" if in_long else "-",
+                     f"+{100 * d['calib_max_rise']:.2f}%",
+                     f"+{100 * d['beyond_saturation']['calib_max_rise']:.1f}%" if d.get("beyond_saturation") else "-"])
+    asked = ", ".join(f"{100 * a['asked']:g}%" for a in models[0]["dial"]["asked_vs_measured"])
+    long_tokens = models[0]["dial"].get("eval_long_tokens", 0)
+    return [f"Its quality dial (`{path.name}`, `dial`; calibrated on {models[0]['dial']['calib_tokens']:,} calibration "
+            f"tokens): measured increase over asked at {asked} on the {models[0]['eval_tokens']:,} evaluation tokens "
+            f"and on the first {long_tokens:,} (target 0.5x-1.2x); * an asked value beyond the policy's largest "
+            "increase on calibration text, served with empty layers allowed at their measured cost "
+            "(`--dial-beyond`):\n",
+            _table(["model", "measured / asked", "in band", f"on {long_tokens:,} tokens", "in band",
+                    "largest calibrated increase", "with empty layers"], rows),
+            f"\nIn band at {hits} of {n} asked values on the evaluation tokens, {hits_long} of {n} on the longer text.\n"]
 
 
 def slim_sweeps() -> list[str]:
