@@ -8,7 +8,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edgemoe.errors import EdgeMoEError
-from edgemoe.eval.dial import CURVES, QualityDial, calibrate_dial, handoff, isotonic, rise_interval
+from edgemoe.eval.dial import (
+    CURVES,
+    QualityDial,
+    calibrate_dial,
+    handoff,
+    isotonic,
+    rise_interval,
+    steepest_step,
+)
 
 
 def test_known_answers():
@@ -137,3 +145,50 @@ def test_the_handoff_serves_the_narrow_dial_exactly_within_its_reach(narrow_rise
     used, b = handoff(asked, narrow, wide)
     assert used == (asked > narrow.envelope[-1])
     assert b == pytest.approx(float((wide if used else narrow).budget(asked)))
+
+
+def knee(b: float) -> float:
+    """A plateau at +5% up to budget 0.85, then a cliff to +120% (a layer every token loses at once)."""
+    return 0.05 * min(b / 0.1, 1.0) if b < 0.85 else 1.2
+
+
+def test_refinement_bisects_the_knee_and_nothing_else():
+    calls: list[float] = []
+
+    def rise(b):
+        calls.append(b)
+        return knee(b)
+
+    coarse = calibrate_dial(knee, [0.1, 0.5, 0.8, 1.0])
+    fine = calibrate_dial(rise, [0.1, 0.5, 0.8, 1.0], refine=3)
+    # the only turn is 0.8 -> 1.0 (after a plateau): bisected at 0.9, then 0.85 (the cliff is at 0.85: 0.8 -> 0.9
+    # still jumps), then 0.825 (0.8 -> 0.85 jumps)
+    assert calls[5:] == pytest.approx([0.9, 0.85, 0.825])
+    assert np.all(np.isin(coarse.budgets, fine.budgets))
+    # +15% asked: linear across the coarse step lands at 0.817; refined, just below the cliff
+    assert float(coarse.budget(0.15)) == pytest.approx(0.8 + 0.2 * 0.10 / 1.15)
+    assert 0.825 <= float(fine.budget(0.15)) < 0.85
+
+
+def test_no_refinement_on_a_smooth_curve_and_bad_settings_are_refused():
+    calls: list[float] = []
+
+    def rise(b):
+        calls.append(b)
+        return 0.1 * b
+
+    dial = calibrate_dial(rise, [0.25, 0.5, 0.75, 1.0], refine=5)
+    assert len(calls) == 5 and len(dial.budgets) == 5  # 0 and the four: a straight line has no turn
+    assert steepest_step(dial, up_to=0.3, jump=2.0) is None
+    for kw in ({"refine": -1}, {"jump": 1.0}, {"up_to": 0.0}):
+        with pytest.raises(EdgeMoEError, match="calibrate_dial"):
+            calibrate_dial(rise, [1.0], **kw)
+
+
+@given(st.lists(st.floats(0.0, 2.0), min_size=3, max_size=6), st.integers(0, 4))
+def test_refinement_keeps_the_grid_and_adds_at_most_refine_points(rise_values, refine):
+    grid = np.arange(1, len(rise_values) + 1, dtype=float)
+    table = dict(zip(grid.tolist(), rise_values, strict=True))
+    dial = calibrate_dial(lambda b: table.get(b, 0.5 * max(rise_values)), grid, curve="isotonic", refine=refine)
+    assert np.all(np.isin(np.concatenate([[0.0], grid]), dial.budgets))
+    assert len(dial.budgets) <= len(grid) + 1 + refine and np.all(np.diff(dial.budgets) > 0)

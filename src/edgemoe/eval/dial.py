@@ -127,9 +127,35 @@ def rise_interval(block_extra_nats, level: float = 0.9, resamples: int = 2000, s
     return float(np.quantile(rise, tail)), float(np.quantile(rise, 1 - tail))
 
 
+def steepest_step(dial: QualityDial, up_to: float, jump: float) -> int | None:
+    """The grid step i -> i+1 (i >= 1) where the credited curve turns most sharply: its slope is more than `jump`
+    times the previous step's and it rises by more than one point, among the steps starting below `up_to`; the
+    sharpest (largest slope ratio) of them, or None. A linear curve has none; a plateau that ends in a jump has one."""
+    b, env = np.asarray(dial.budgets, float), dial.envelope
+    slope = np.diff(env) / np.diff(b)  # [G-1]
+    prev = np.maximum(slope[:-1], 1e-12)  # the slope before each step from the second on
+    ratio = slope[1:] / prev
+    ok = (env[1:-1] < up_to) & (ratio > jump) & (np.diff(env)[1:] > 0.01)
+    return int(np.argmax(np.where(ok, ratio, -np.inf))) + 1 if ok.any() else None
+
+
 def calibrate_dial(rise_at: Callable[[float], float], budgets, policy: str = "", calib_tokens: int = 0,
-                   curve: str = "running-max") -> QualityDial:
+                   curve: str = "running-max", refine: int = 0, up_to: float = 0.3, jump: float = 2.0) -> QualityDial:
     """The dial of a policy from `rise_at(budget)` (its perplexity increase on calibration text) on the grid
-    `budgets` (0 is added when missing)."""
+    `budgets` (0 is added when missing). refine: up to that many more budgets, each the midpoint of the
+    sharpest turn of the curve below `up_to` (`steepest_step`), so that an asked value is not interpolated linearly across
+    a knee the grid stepped over; the extra points are chosen on the calibration curve alone and counted, not
+    timed."""
+    if refine < 0 or jump <= 1 or not up_to > 0:
+        raise EdgeMoEError(f"calibrate_dial: refine must be >= 0, jump > 1 and up_to > 0 (got {refine}, {jump}, {up_to})")
     grid = np.unique(np.concatenate([[0.0], np.asarray(budgets, float)]))
-    return QualityDial(grid, np.array([float(rise_at(float(b))) for b in grid]), policy, calib_tokens, curve)
+    rise = np.array([float(rise_at(float(b))) for b in grid])
+    dial = QualityDial(grid, rise, policy, calib_tokens, curve)
+    for _ in range(refine):
+        i = steepest_step(dial, up_to, jump)
+        if i is None:
+            break
+        mid = 0.5 * (grid[i] + grid[i + 1])
+        grid, rise = np.insert(grid, i + 1, mid), np.insert(rise, i + 1, float(rise_at(float(mid))))
+        dial = QualityDial(grid, rise, policy, calib_tokens, curve)
+    return dial
