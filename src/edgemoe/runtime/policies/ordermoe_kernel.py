@@ -43,7 +43,7 @@ class OrderMoETables(NamedTuple):
     subst_err: np.ndarray  # [L, E, E]
     flags: np.ndarray  # F_* (bool)
     short_node: np.ndarray  # [N * L * E, S] int32 the steered search's replica shortlist (-1: padding)
-    table: np.ndarray  # the look-ahead's table, flat: `LookAhead.home` [L+1, Nh, N, C, m] (home_trip), else `stacked`
+    table: np.ndarray  # the look-ahead's home-free table, flat: `LookAhead.stacked` [L+1, N, C, m]
     ints: np.ndarray  # I_*
     params: np.ndarray  # P_* (float)
     budget_total: np.ndarray  # [R] token state (`TokenState`); budget_used written in place
@@ -53,7 +53,13 @@ class OrderMoETables(NamedTuple):
     quality_weight: np.ndarray  # [U]
     exposure: np.ndarray  # the look-ahead's exposure table [L+1, N, C, N] flat (`LookAhead.exposure`; F_BACKLOG)
     node_wait: np.ndarray  # [N] the policy's EWMA of each node's wait (F_BACKLOG_MEAN; updated in place)
-    home_index: np.ndarray  # [N] each home node's row in table's home axis (I_HOMES rows; zeros without home_trip)
+    home_index: np.ndarray  # [N] each home node's row in home_table's home axis (I_HOMES rows; zeros without home_trip)
+    # `LookAhead.home` [L+1, Nh, N, C, m] flat (home_trip; else a [1] zero), read only at the layers home_layer marks
+    home_table: np.ndarray
+    # [L+1] bool: layer l's table depends on the home (home_trip: the windows that reach the last layer); at the
+    # others every home's table is a copy of stacked[l], which is read instead: a [N, C, m] table per layer
+    # stays in cache where the [Nh, N, C, m] copies (~1 GB at 256 nodes) do not
+    home_layer: np.ndarray
 
 
 @njit(cache=True)
@@ -390,7 +396,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
      srt_node) = ex
     s_loc = ex_scratch.loc
     (best_sub, best_sub_err, subst_err, flags, short_node, table, ints, params, budget_total, budget_used,
-     qpress, latency_excess, quality_weight, exposure, node_wait, home_index) = om
+     qpress, latency_excess, quality_weight, exposure, node_wait, home_index, home_table, home_layer) = om
     has_sub, has_drop, has_zero = flags[F_SUB], flags[F_DROP], flags[F_ZERO]
     power2, steer, all_nodes = flags[F_POWER2], flags[F_STEER], flags[F_ALL_NODES]
     backlog = flags[F_BACKLOG] and ints[I_HORIZON] > 0
@@ -585,8 +591,13 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
             if gates_tab[tok, lv, k] > gates_tab[tok, lv, bk]:
                 bk = k
         key = topk_tab[tok, lv, bk]
-        # (`LookAhead.flat_index`: with one home row and index 0 this is the home-free table's index)
-        part0 = ((lv + 1) * homes + home_index[home]) * (N * Cm) + key * levels
+        # (`LookAhead.flat_index`) into home_table where layer lv + 1's table depends on the home, else into the
+        # home-free table (the same values: every home's copy of it)
+        hd = home_layer[lv + 1]
+        if hd:
+            part0 = ((lv + 1) * homes + home_index[home]) * (N * Cm) + key * levels
+        else:
+            part0 = (lv + 1) * (N * Cm) + key * levels
         for m in range(M):
             left = left_b - quality[m]
             feasible[m] = valid[m] and left >= -1e-12 and (mbits[m] == 0 or has_budget)
@@ -654,7 +665,11 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                     best_nxt, best_lat = nxt, lat  # numpy's argmin of an all-inf row: action 0
                 if not feasible[m]:
                     continue
-                seconds = lat + table[part[m] + nxt * Cm] if horizon > 0 else lat
+                if horizon > 0:
+                    ix = part[m] + nxt * Cm
+                    seconds = lat + (home_table[ix] if hd else table[ix])
+                else:
+                    seconds = lat
                 if backlog:
                     seconds = seconds + wait[nxt_i]
                 cost = alpha * seconds + qterm[m]
@@ -755,7 +770,8 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                         lat = lat + home_leg[gi]
                     cost = alpha * lat + qterm[m]
                     if horizon > 0 and (alpha < 0 or cost < best_cost):
-                        ahead = lat + table[part[m] + meet[gi] * Cm]
+                        ix = part[m] + meet[gi] * Cm
+                        ahead = lat + (home_table[ix] if hd else table[ix])
                         if backlog:
                             ahead = ahead + wait[gi]
                         cost = alpha * ahead + qterm[m]
@@ -837,16 +853,21 @@ def ordermoe_tables(policy, budget_total, budget_used, eps_s_per_q: float, steer
                       N <= steer_all_nodes, backlog != "off", backlog == "mean"])  # in F_* order
     la = policy.lookahead
     homes = len(la.homes) if la.home_trip else 1
+    home_layer = np.zeros(la.stacked.shape[0], np.bool_)
+    if la.home_trip:
+        for layer, tab in la.tables.items():  # (`LookAhead.__init__`: a home-free table is copied into every home)
+            home_layer[layer] = tab.ndim == 4
     ints = np.array([n_short, C, levels, policy.horizon, policy.pace, homes, policy.max_enum_k], _I)  # I_* order
     params = np.array([policy.quality_price, policy.pressure_gain, policy.ewma, policy.rt_med, policy.grid.step,
                        eps_s_per_q], float)  # P_* order
     return OrderMoETables(np.ascontiguousarray(ctx.best_sub, _I), np.ascontiguousarray(ctx.best_sub_err, float),
                           np.ascontiguousarray(ctx.subst_err, float), flags, short_node,
-                          np.ascontiguousarray((la.home if la.home_trip else la.stacked).reshape(-1)), ints, params,
+                          np.ascontiguousarray(la.stacked.reshape(-1)), ints, params,
                           budget_total,
                           budget_used, np.array([policy.queue_pressure]), policy.latency_excess, policy.quality_weight,
                           np.ascontiguousarray(policy.lookahead.exposure.reshape(-1), float), policy.node_wait,
-                          np.ascontiguousarray(np.maximum(la.home_index, 0) if la.home_trip else np.zeros(N, _I), _I))
+                          np.ascontiguousarray(np.maximum(la.home_index, 0) if la.home_trip else np.zeros(N, _I), _I),
+                          np.ascontiguousarray(la.home.reshape(-1) if la.home_trip else np.zeros(1)), home_layer)
 
 
 # ---------------------------------------------------------------- decode: one `decide` call, one compiled call
