@@ -86,8 +86,8 @@ CALIBRATION_FILE = RESULTS / "calibration.json"  # where "from-file" takes each 
 CALIBRATION_PRICES = ("point", "upper-bound")
 # "from-file" prices each stand-in kind and layer at the one-sided 95% upper bound of its measured rise on
 # calibration text, not its mean: the interventions are measured on 1024 tokens, and a kind whose mean is cheap
-# by noise (default's substitutes at some layers) was bought everywhere and lost the strict point
-# (bench/results/equal_quality_diagnosis.json, diagnosed on calibration text)
+# by noise (default's zeroed slot at layer 1: +0.006 +- 0.011 nats, calibration.json) was bought everywhere and
+# lost the strict point (diagnosed on calibration text; docs/runtime.md, "The full policy")
 FULL_CALIBRATION = "upper-bound"
 VARIANTS = {"ordermoe": "equal_quality", "ordermoe-calibrated": "equal_quality_calibrated",
             "ordermoe-token": "equal_quality_token", "ordermoe-full": "equal_quality_full",
@@ -105,9 +105,10 @@ NATS_DIAL_GRID = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 
 DIAL_CALIB_TOKENS = 8192
 DIAL_EVAL_TOKENS = 16_384  # the dial's budgets measured again on this much evaluation text (the demo's size)
 DIAL_CURVE = "isotonic"  # the least-squares monotone fit of the noisy curve (edgemoe.eval.dial.isotonic)
-# extra calibration budgets per dial, each bisecting the steepest step of the calibration curve below +30%
-# (`calibrate_dial(refine=)`): a grid step that more than doubles the increase is a knee that linear interpolation
-# would cross blind (default-upcycled with empty layers: +5.1% at 0.8 nats, +121% at 1.0)
+# extra calibration budgets per dial, each bisecting the sharpest turn of the calibration curve below +30%
+# (`calibrate_dial(refine=)`, `steepest_step`: a step whose slope is over twice the previous one's and that rises
+# by more than a point), a knee that linear interpolation would cross blind (default-upcycled with empty layers:
+# +5.1% at 0.8 nats, +121% at 1.0)
 DIAL_REFINE = 6
 KIND_BUDGET = ORDERMOE_BUDGET  # budget of the per-kind calibration runs (section 2)
 CALIB_STEPS = 4  # bisection halvings per operating point (the demo: 6; fewer to fit the run in minutes)
@@ -339,30 +340,28 @@ def run_model(model: str, cfg: ExperimentConfig, log, methods: set | None = None
         return out
     dial_ids, dial_nll = dial_text(adapter, tokenizer, calib_spec, cfg, dial_calib_tokens)
     dial_users = np.arange(len(dial_ids)) % ctx.num_users
-    trials = {}  # budget -> (increase, one-sided 95% upper bound) on the dial's calibration text
 
-    def dial_at(b: float) -> float:
-        nll, _, _ = score_local(adapter, make_policy(dial_policy[0], ctx, **dial_policy[1], budget=b), dial_ids, dial_users)
-        trials[b] = rise_with_bound(nll, dial_nll)
-        return trials[b][0]
+    def rise_on_dial_text(policy: str, params: dict, trials: dict):
+        """budget -> the policy's increase on the dial's calibration text; trials[budget] keeps (increase, one-sided
+        95% upper bound)."""
+        def at(b: float) -> float:
+            nll, _, _ = score_local(adapter, make_policy(policy, ctx, **params, budget=b), dial_ids, dial_users)
+            trials[b] = rise_with_bound(nll, dial_nll)
+            return trials[b][0]
+        return at
 
+    trials: dict = {}
     grid = NATS_DIAL_GRID if "calibration" in dial_policy[1] else DIAL_GRID
-    dial = calibrate_dial(dial_at, grid, policy=dial_method, calib_tokens=int(dial_ids.size), curve=DIAL_CURVE,
-                          refine=DIAL_REFINE)
+    dial = calibrate_dial(rise_on_dial_text(*dial_policy, trials), grid, policy=dial_method,
+                          calib_tokens=int(dial_ids.size), curve=DIAL_CURVE, refine=DIAL_REFINE)
     beyond = None  # (policy, params, dial) serving the asked values the dial method cannot reach, decided on calibration text
     if dial_beyond and any(a > dial.envelope[-1] for a in DIAL_ASKED):
         if "calibration" not in dial_policy[1]:
             raise EdgeMoEError(f"--dial-beyond needs a calibrated dial method (ordermoe-full), not {dial_method!r}")
         wide = (dial_policy[0], {**dial_policy[1], "calibration": model_calibration(model, empty=True)})
         trials_wide: dict = {}
-
-        def wide_at(b: float) -> float:
-            nll, _, _ = score_local(adapter, make_policy(wide[0], ctx, **wide[1], budget=b), dial_ids, dial_users)
-            trials_wide[b] = rise_with_bound(nll, dial_nll)
-            return trials_wide[b][0]
-
-        beyond = (*wide, calibrate_dial(wide_at, grid, policy=f"{dial_method}+empty", calib_tokens=int(dial_ids.size),
-                                        curve=DIAL_CURVE, refine=DIAL_REFINE))
+        beyond = (*wide, calibrate_dial(rise_on_dial_text(*wide, trials_wide), grid, policy=f"{dial_method}+empty",
+                                        calib_tokens=int(dial_ids.size), curve=DIAL_CURVE, refine=DIAL_REFINE))
     # the same budgets also on a longer evaluation text (its first blocks are the evaluation text): how much of a
     # miss is the evaluation sample's own noise (block bootstrap 90% intervals of both)
     long_ids, long_nll = dial_text(adapter, tokenizer, eval_spec, cfg, dial_eval_tokens) if dial_eval_tokens else (None, None)
