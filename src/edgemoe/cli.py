@@ -90,10 +90,11 @@ def _mount_subcommands() -> None:
 
     app.add_typer(cluster_app, name="cluster")
     app.command("plan")(plan_command)
-    from edgemoe.serve.cli import generate_command, serve_command
+    from edgemoe.serve.cli import dial_command, generate_command, serve_command
 
     app.command("serve")(serve_command)
     app.command("generate")(generate_command)
+    app.command("dial")(dial_command)
 
 
 _mount_subcommands()

@@ -14,6 +14,10 @@ not hidden).
 
 Per user: `dial.budget(max_ppl_increase)` with a [U] array gives the policy's [U] budgets. Per request:
 `dial.grant(state, rows, max_ppl_increase)` sets the budget of one request's rows in a started TokenState.
+
+A dial file (`save_dial` / `load_dial`, schema DIAL_SCHEMA) is the dial plus the deployment it was calibrated
+on (`deployment`: what a server checks before it maps a request's `max_ppl_increase` with it; `edgemoe dial`
+writes one, `edgemoe serve --dial` reads it).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgemoe.errors import EdgeMoEError
+
+DIAL_SCHEMA = "edgemoe.dial/1"
 
 
 @dataclass(frozen=True)
@@ -86,7 +92,52 @@ class QualityDial:
                 "credited": self.envelope.tolist(), "raw_monotone": self.raw_monotone}
 
 
+    @classmethod
+    def from_dict(cls, d, where: str = "dial") -> QualityDial:
+        """The dial `to_dict` wrote (the measured `calib_ppl_rel_increase`, not the derived `credited`); every
+        missing or malformed field is an EdgeMoEError naming it under `where`."""
+        if not isinstance(d, dict):
+            raise EdgeMoEError(f"{where}: expected an object with budgets and calib_ppl_rel_increase")
+        arrays = {}
+        for key in ("budgets", "calib_ppl_rel_increase"):
+            v = d.get(key)
+            if not isinstance(v, list) or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in v):
+                raise EdgeMoEError(f"{where}.{key}: expected a list of numbers, got {type(v).__name__}")
+            arrays[key] = np.asarray(v, dtype=float)
+        curve, policy, tokens = d.get("curve", "running-max"), d.get("policy", ""), d.get("calib_tokens", 0)
+        if not isinstance(policy, str) or not isinstance(curve, str):
+            raise EdgeMoEError(f"{where}.policy and {where}.curve must be strings")
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+            raise EdgeMoEError(f"{where}.calib_tokens: expected an integer >= 0, got {tokens!r}")
+        try:
+            return cls(arrays["budgets"], arrays["calib_ppl_rel_increase"], policy, tokens, curve)
+        except EdgeMoEError as exc:
+            raise EdgeMoEError(f"{where}: {exc}") from None
+
+
 CURVES = ("running-max", "isotonic")
+
+
+def save_dial(path, dial: QualityDial, deployment: dict) -> None:
+    """Write a dial file atomically: the dial and the deployment (a JSON object) it was calibrated on."""
+    from edgemoe.io import atomic_write_json, jsonable
+
+    if not isinstance(deployment, dict):
+        raise EdgeMoEError("save_dial: deployment must be a dict")
+    atomic_write_json(path, {"schema": DIAL_SCHEMA, "deployment": jsonable(deployment), "dial": dial.to_dict()})
+
+
+def load_dial(path) -> tuple[QualityDial, dict]:
+    """(the dial, its deployment) from a dial file (`save_dial`); any defect is an EdgeMoEError naming the file."""
+    from edgemoe.io import read_json
+
+    doc = read_json(path, "dial file")
+    if not isinstance(doc, dict) or doc.get("schema") != DIAL_SCHEMA:
+        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise EdgeMoEError(f"{path}: not a dial file (expected schema {DIAL_SCHEMA!r}, got {got!r})")
+    if not isinstance(doc.get("deployment"), dict):
+        raise EdgeMoEError(f"{path}: deployment: expected an object (what the dial was calibrated on)")
+    return QualityDial.from_dict(doc.get("dial"), where=f"{path}: dial"), doc["deployment"]
 
 
 def handoff(max_ppl_increase: float, dial: QualityDial, wide: QualityDial | None) -> tuple[bool, float]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from edgemoe.errors import EdgeMoEError
 from edgemoe.models import Intervention, LayerCall, MoEAdapter
 
 from .decision_cost import decision_cost_of
@@ -87,19 +88,24 @@ class _PolicyBridge:
         self.policy, self.num_layers = policy, num_layers
         self.users: np.ndarray | None = None
         self.tokens: np.ndarray | None = None
+        self.allowance: np.ndarray | None = None
         self.parts: list[TraceDecisions] = []
         self._reset()
 
     def _reset(self):
         self.state, self.topk, self.gates, self.decisions = None, [], [], []
 
-    def begin(self, users_of_rows: np.ndarray, tokens: np.ndarray | None = None) -> None:
-        self.users, self.tokens = users_of_rows, tokens
+    def begin(self, users_of_rows: np.ndarray, tokens: np.ndarray | None = None,
+              allowance: np.ndarray | None = None) -> None:
+        """The next pass's rows: their users [T], tokens [T] and (None: the policy's per-user one) allowances [T]."""
+        self.users, self.tokens, self.allowance = users_of_rows, tokens, allowance
 
     def __call__(self, call: LayerCall) -> Intervention | None:
         if call.layer == 0:
             self._reset()
             self.state = self.policy.start(self.users, tokens=self.tokens)
+            if self.allowance is not None:  # the rows' own budgets, as a server grants a request's (serve.engine)
+                self.state.budget_total = self.allowance * self.num_layers
         topk = call.topk.cpu().numpy().astype(np.int64)
         gates = call.gates.float().cpu().numpy().astype(np.float64)
         # a policy that ranks stand-ins by the token's own router (`reroute`) gets the real logits
@@ -129,15 +135,25 @@ def run_local(adapter: MoEAdapter, policy: Policy, ids: np.ndarray, row_users: n
 
 @torch.no_grad()
 def score_local(adapter: MoEAdapter, policy: Policy, ids: np.ndarray, row_users: np.ndarray,
-                batch_size: int = 8) -> tuple[np.ndarray, np.ndarray, TraceDecisions]:
+                batch_size: int = 8, row_allowance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, TraceDecisions]:
     """`run_local` plus the most likely next token at every position: (nll [B, S-1], top1 [B, S-1], decisions).
-    Row r of the decisions is token r of the blocks in block-major order (the `tokens` a policy is started with)."""
+    Row r of the decisions is token r of the blocks in block-major order (the `tokens` a policy is started with).
+    row_allowance: [B] each block's own quality allowance per token-layer, set on its rows after `start` as a
+    server sets a request's budget (`edgemoe.serve.engine`); None: the policy's allowance of the block's user."""
     from edgemoe.models.scoring import token_scores
 
     S = ids.shape[1]
+    if row_allowance is not None:
+        row_allowance = np.asarray(row_allowance, dtype=float)
+        if row_allowance.shape != (len(ids),) or not np.isfinite(row_allowance).all() or (row_allowance < 0).any():
+            raise EdgeMoEError(f"score_local: row_allowance must be [B={len(ids)}] finite and >= 0")
     bridge = _PolicyBridge(policy, adapter.num_layers)
-    nll, top1 = token_scores(adapter, ids, policy=bridge, batch_size=batch_size,
-                             on_batch=lambda i, j: bridge.begin(np.repeat(row_users[i:j], S), np.arange(i * S, j * S)))
+
+    def begin(i: int, j: int) -> None:
+        allow = None if row_allowance is None else np.repeat(row_allowance[i:j], S)
+        bridge.begin(np.repeat(row_users[i:j], S), np.arange(i * S, j * S), allow)
+
+    nll, top1 = token_scores(adapter, ids, policy=bridge, batch_size=batch_size, on_batch=begin)
     return nll, top1, concat(bridge.parts)
 
 

@@ -9,8 +9,9 @@
 Errors are OpenAI-style bodies `{"error": {"message", "type", "param", "code"}}` with 400 (bad request),
 401 (API key), 404 (no such model or route), 413 (body too large), 429 (queue full, with Retry-After),
 503 (engine stopped). edgemoe's own part of a request is the `edgemoe` object of the body (the OpenAI client
-sends it with `extra_body`): `user` (name or index: whose home), `budget` (quality allowance per token-layer)
-or `exact: true`, `explain: true`, `allow_degraded: true` (the ray backend: a failed server may cost slots); the response carries an `edgemoe` object with the request's counts.
+sends it with `extra_body`): `user` (name or index: whose home), `budget` (quality allowance per token-layer),
+`max_ppl_increase` (quality in the field's unit, a maximum relative perplexity increase: mapped to a budget by
+the server's quality dial, `edgemoe serve --dial`, edgemoe.serve.dial) or `exact: true`, `explain: true`, `allow_degraded: true` (the ray backend: a failed server may cost slots); the response carries an `edgemoe` object with the request's counts.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ class EdgeMoEOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     user: str | int | None = None  # a cluster user's name or index: the request lives at its home
     budget: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None  # quality allowance per token-layer
+    # quality as a maximum relative perplexity increase (0.05: +5%), mapped by the server's dial to a budget
+    max_ppl_increase: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     exact: bool = False
     explain: bool = False
     allow_degraded: bool = False  # accept slots that a failed server drops (else exact execution fails with 503)
@@ -122,8 +125,9 @@ def _validation_message(exc: ValidationError) -> tuple[str, str]:
 
 # ---- the app ------------------------------------------------------------------------------------------------
 def create_app(engine, model_name: str, api_key: str | None = None, limits: Limits = Limits(),
-               default_user: int = 0) -> FastAPI:
-    """The FastAPI app serving `engine` (edgemoe.serve.engine.Engine) as model `model_name`."""
+               default_user: int = 0, dial=None) -> FastAPI:
+    """The FastAPI app serving `engine` (edgemoe.serve.engine.Engine) as model `model_name`; dial: the
+    deployment's QualityDial (edgemoe.eval.dial), which maps a request's `max_ppl_increase` to its budget."""
     app = FastAPI(title="edgemoe", docs_url=None, redoc_url=None, openapi_url=None)
     tele = engine.telemetry
     dep = engine.dep
@@ -233,13 +237,23 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
         opts = body.edgemoe
         if opts is not None and opts.exact and opts.budget is not None:
             raise ApiError(400, "edgemoe: give a budget or exact: true, not both", param="edgemoe.budget")
+        budget = None if opts is None else opts.budget
+        if opts is not None and opts.max_ppl_increase is not None:
+            if opts.exact or opts.budget is not None:
+                raise ApiError(400, "edgemoe: give one of max_ppl_increase, budget or exact: true",
+                               param="edgemoe.max_ppl_increase")
+            if dial is None:
+                raise ApiError(400, "edgemoe.max_ppl_increase: this server has no quality dial (start it with "
+                               "`edgemoe serve --dial FILE`, the file made by `edgemoe dial`)",
+                               param="edgemoe.max_ppl_increase")
+            budget = float(dial.budget(opts.max_ppl_increase))
         seed = body.seed if body.seed is not None else secrets.randbits(63)
         try:
             sampling = SamplingParams(body.temperature, body.top_p, max(body.top_k, 0), seed)
         except EdgeMoEError as exc:
             raise ApiError(400, str(exc)) from None
         return GenerationRequest(tuple(ids), max_tokens, sampling, stops(body) + tuple(extra_stop), logprobs,
-                                 user_of(opts), bool(opts and opts.exact), None if opts is None else opts.budget,
+                                 user_of(opts), bool(opts and opts.exact), budget,
                                  bool(opts and opts.explain), engine.new_request_id(prefix),
                                  bool(opts and opts.allow_degraded))
 

@@ -1,7 +1,8 @@
 """`edgemoe serve` (the HTTP service, in-process or on the Ray deployment with `--backend ray`: one option list for
-both) and `edgemoe generate`.
+both), `edgemoe generate` and `edgemoe dial` (a deployment's quality dial, edgemoe.serve.dial).
 
-Mounted by the main CLI: `app.command("serve")(serve_command)`, `app.command("generate")(generate_command)`.
+Mounted by the main CLI: `app.command("serve")(serve_command)`, `app.command("generate")(generate_command)`,
+`app.command("dial")(dial_command)`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ ModeOpt = Annotated[str, typer.Option(help="token location mode: home or migrate
 CacheOpt = Annotated[Path, typer.Option(help="where planned placements and profiles are cached")]
 CalibOpt = Annotated[str, typer.Option(help="text the default profile is measured on ('offline', 'shared:PATH', ...)")]
 CalibTokensOpt = Annotated[int, typer.Option(min=256, help="tokens the default profile is measured on")]
+DialOpt = Annotated[Path | None, typer.Option(help="quality dial file of this deployment (`edgemoe dial`): maps a "
+                                                   "request's max_ppl_increase to its budget")]
 
 
 def _spec(model, cluster, placement, planner, profile, policy, param, mode, cache_dir, calib_data, calib_tokens,
@@ -87,6 +90,7 @@ def serve_command(
     gen_tokens: Annotated[int, typer.Option(min=1, help="ray: tokens generated per load request")] = 16,
     dilation: Annotated[str, typer.Option(help="ray: time dilation k of the emulated cluster (>= 1, or 'auto')")] = "1",
     out: Annotated[Path, typer.Option(help="ray: where the load run's metrics go (JSON)")] = Path("runs/serve.json"),
+    dial: DialOpt = None,
 ):
     """Serve the model over an OpenAI-style HTTP API (in-process, continuous batching, a runtime policy per
     token and MoE layer); with no options: the shipped default model on edge8 on 127.0.0.1:8000."""
@@ -97,6 +101,8 @@ def serve_command(
         if chosen not in BACKENDS:
             raise EdgeMoEError(f"--backend {chosen!r}: expected one of {', '.join(BACKENDS)}")
         check_bind(host, api_key)
+        if chosen == "ray" and dial is not None:
+            raise EdgeMoEError("--dial: the quality dial is served by the in-process backend only (--backend inprocess)")
         if chosen == "ray":
             from .api import Limits
 
@@ -118,7 +124,8 @@ def serve_command(
 
         svc = make_service(spec, api_key=api_key, limits=Limits(max_body_bytes, max_prompt_tokens, max_tokens),
                            max_running=max_running, max_queue=max_queue, user=user, model_name=served_name,
-                           log_routing=None if log_routing is None else str(log_routing), log=typer.echo)
+                           log_routing=None if log_routing is None else str(log_routing), log=typer.echo,
+                           dial=None if dial is None else str(dial))
     except EdgeMoEError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2) from None
@@ -244,6 +251,9 @@ def generate_command(
     user: Annotated[str | None, typer.Option(help="cluster user (name or index): whose home runs the request")] = None,
     exact: Annotated[bool, typer.Option("--exact", help="run every routed expert exactly")] = False,
     budget: Annotated[float | None, typer.Option(min=0, help="quality allowance per token-layer (capped by the server's)")] = None,
+    max_ppl_increase: Annotated[float | None, typer.Option(min=0, help="quality as a maximum relative perplexity "
+                                                           "increase (0.05: +5%), mapped by the quality dial")] = None,
+    dial: DialOpt = None,
     explain: Annotated[bool, typer.Option("--explain", help="show where each token's experts ran and what stood in")] = False,
     model: ModelOpt = "default",
     cluster: ClusterOpt = "edge8",
@@ -262,6 +272,15 @@ def generate_command(
         opts = {"exact": exact, "explain": explain}
         if budget is not None:
             opts["budget"] = budget
+        if max_ppl_increase is not None:
+            if budget is not None or exact:
+                raise EdgeMoEError("give one of --max-ppl-increase, --budget or --exact")
+            if url is None and dial is None:
+                raise EdgeMoEError("--max-ppl-increase needs --dial FILE (`edgemoe dial`) in-process, or --url of a "
+                                   "server started with --dial")
+            opts["max_ppl_increase"] = max_ppl_increase
+        if dial is not None and url is not None:
+            raise EdgeMoEError("--dial is the in-process deployment's; a server (--url) uses its own")
         if user is not None:
             opts["user"] = int(user) if user.isdigit() else user
         if url:
@@ -270,7 +289,8 @@ def generate_command(
         else:
             text, reason, stats = _generate_local(_spec(model, cluster, placement, planner, profile, policy, param,
                                                         mode, cache_dir, calib_data, calib_tokens),
-                                                  prompt, max_tokens, temperature, top_p, top_k, seed, stop, opts)
+                                                  prompt, max_tokens, temperature, top_p, top_k, seed, stop, opts,
+                                                  dial)
     except EdgeMoEError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2) from None
@@ -283,13 +303,18 @@ def generate_command(
         typer.echo(explain_table(stats.get("explain", [])))
 
 
-def _generate_local(spec, prompt, max_tokens, temperature, top_p, top_k, seed, stop, opts) -> tuple[str, str, dict]:
+def _generate_local(spec, prompt, max_tokens, temperature, top_p, top_k, seed, stop, opts,
+                    dial: Path | None = None) -> tuple[str, str, dict]:
     from edgemoe.distributed.sampling import SamplingParams
 
     from .engine import Engine, GenerationRequest, run_to_end
+    from .service import deployment_dial
     from .setup import load_deployment
 
     dep = load_deployment(spec, lambda m: typer.echo(m, err=True))
+    quality_dial = None if dial is None else deployment_dial(str(dial), dep)
+    if "max_ppl_increase" in opts:
+        opts = {**opts, "budget": float(quality_dial.budget(opts["max_ppl_increase"]))}
     ctx = dep.ctx
     user = opts.get("user", 0)
     if isinstance(user, str):
@@ -354,3 +379,48 @@ def explain_table(tokens: list[dict]) -> str:
         layers = " | ".join(" ".join(slot(s) for s in layer) for layer in t["layers"])
         lines.append(f"{i:5d}  {json.dumps(t.get('text', ''))[:12]:<12}  {at:<10}  {layers}")
     return "\n".join(lines)
+
+
+def dial_command(
+    out: Annotated[Path, typer.Option(help="the dial file to write (JSON)")] = Path("runs/dial.json"),
+    data: Annotated[str | None, typer.Option(help="calibration text of the dial (an edgemoe.data spec; default: "
+                                             "--calib-data): it should look like what the server will be sent")] = None,
+    tokens: Annotated[int, typer.Option(min=64, help="calibration tokens the dial is measured on")] = 4096,
+    refine: Annotated[int, typer.Option(min=0, help="extra grid points where the calibration curve turns sharply")] = 4,
+    model: ModelOpt = "default",
+    cluster: ClusterOpt = "edge8",
+    placement: PlacementOpt = None,
+    planner: PlannerOpt = "ordermoe",
+    profile: ProfileOpt = None,
+    policy: Annotated[str, typer.Option(help="runtime policy of the deployment (one with a budget: ordermoe, drop, "
+                                        "skip, ...)")] = "ordermoe",
+    param: ParamOpt = [],  # noqa: B006
+    mode: ModeOpt = "home",
+    cache_dir: CacheOpt = Path("runs/cache"),
+    calib_data: CalibOpt = "offline",
+    calib_tokens: CalibTokensOpt = 8192,
+):
+    """Calibrate the quality dial of a deployment (the same options as `edgemoe serve`): its perplexity increase
+    on calibration text at fractions of the deployment's budget, written to --out for `edgemoe serve --dial`."""
+    try:
+        from edgemoe.eval.dial import save_dial
+        from edgemoe.io import file_target
+
+        from .dial import calibrate_serving_dial, identity
+        from .setup import load_deployment
+
+        file_target(out)
+        spec = _spec(model, cluster, placement, planner, profile, policy, param, mode, cache_dir, calib_data, calib_tokens)
+        dep = load_deployment(spec, typer.echo)
+        text = data or calib_data
+        typer.echo(f"calibrating the {policy} dial on {tokens} tokens of {text}")
+        dial = calibrate_serving_dial(dep, text, tokens=tokens, refine=refine, log=typer.echo)
+        save_dial(out, dial, {**identity(dep), "data": text})
+    except EdgeMoEError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=2) from None
+    env = dial.envelope
+    typer.echo("budget      credited increase")
+    for b, r in zip(dial.budgets, env, strict=True):
+        typer.echo(f"{b:<10.4g}  {100 * r:+.2f}%")
+    typer.echo(f"wrote {out} (max_ppl_increase up to {100 * env[-1]:.2f}% is mapped below the deployment's budget)")

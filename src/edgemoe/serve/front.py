@@ -345,8 +345,11 @@ def front_main(conn, status, settings: dict) -> None:
         tokenizer = load_tokenizer(settings["model"])
         remote = RemoteEngine(socket.socket(fileno=os.dup(conn.fileno())), settings["info"], tokenizer, HttpTelemetry())
         conn.close()
+        from edgemoe.eval.dial import QualityDial
+
+        dial = None if settings.get("dial") is None else QualityDial.from_dict(settings["dial"])
         app = create_app(remote, settings["model_name"], api_key=settings["api_key"], limits=Limits(**settings["limits"]),
-                         default_user=settings["default_user"])
+                         default_user=settings["default_user"], dial=dial)
         host = settings["host"]
         # proto IPPROTO_TCP, as asyncio's own listeners have: asyncio sets TCP_NODELAY only on connections of
         # such sockets, and without it a keep-alive connection's small writes wait out the peer's delayed ACK
@@ -377,13 +380,14 @@ class FrontProcess:
     (0: a free port). start() returns once it listens; stop() ends it (SIGTERM: uvicorn's graceful stop)."""
 
     def __init__(self, engine, model: str, model_name: str, api_key: str | None = None, limits=None,
-                 default_user: int = 0, host: str = "127.0.0.1", port: int = 0):
+                 default_user: int = 0, host: str = "127.0.0.1", port: int = 0, dial=None):
         from .api import Limits
 
         self.engine = engine
         self.host, self.port = host, port
         self.settings = {"model": model, "model_name": model_name, "api_key": api_key,
-                         "limits": asdict(limits or Limits()), "default_user": default_user, "host": host, "port": port}
+                         "limits": asdict(limits or Limits()), "default_user": default_user, "host": host, "port": port,
+                         "dial": None if dial is None else dial.to_dict()}
         self.proc = None
         self.host_thread: EngineHost | None = None
 
@@ -391,7 +395,7 @@ class FrontProcess:
     def of(cls, svc, host: str = "127.0.0.1", port: int = 0) -> FrontProcess:
         """The front of a Service (edgemoe.serve.service.make_service), with its API key, limits and user."""
         return cls(svc.engine, svc.deployment.spec.model, svc.model_name, svc.api_key, svc.limits, svc.default_user,
-                   host, port)
+                   host, port, svc.dial)
 
     def start(self, timeout_s: float = 120.0) -> FrontProcess:
         mp = multiprocessing.get_context("spawn")

@@ -34,6 +34,7 @@ class Service:
     api_key: str | None = None
     limits: Limits = Limits()
     default_user: int = 0
+    dial: object = None  # edgemoe.eval.dial.QualityDial: maps a request's max_ppl_increase (None: no dial)
 
     def close(self) -> None:
         self.engine.close()
@@ -41,17 +42,32 @@ class Service:
 
 def make_service(spec: DeploymentSpec, api_key: str | None = None, limits: Limits | None = None, max_running: int = 16,
                  max_queue: int = 64, user: str | int | None = None, model_name: str | None = None,
-                 deployment: Deployment | None = None, log_routing: str | None = None, log=lambda _m: None) -> Service:
+                 deployment: Deployment | None = None, log_routing: str | None = None, log=lambda _m: None,
+                 dial: str | None = None) -> Service:
     """Load `spec` (or reuse `deployment`), start its engine, build the app. user: the default user (name or
-    index; default the cluster's first); log_routing: a trace file the served routing is appended to."""
+    index; default the cluster's first); log_routing: a trace file the served routing is appended to; dial: a
+    dial file (`edgemoe dial`) calibrated on this deployment, which maps requests' `max_ppl_increase`."""
     dep = deployment or load_deployment(spec, log)
+    quality_dial = None if dial is None else deployment_dial(dial, dep)
     ctx = dep.ctx
     default_user = default_user_index(ctx, user)
     tele = Telemetry(ctx.node_names, policies=tuple(sorted({"exact", dep.spec.policy})))
     engine = Engine(dep, max_running=max_running, max_queue=max_queue, telemetry=tele, log_routing=log_routing)
     name = model_name or dep.spec.model
-    app = create_app(engine, name, api_key=api_key, limits=limits or Limits(), default_user=default_user)
-    return Service(dep, engine, app, name, api_key, limits or Limits(), default_user)
+    app = create_app(engine, name, api_key=api_key, limits=limits or Limits(), default_user=default_user,
+                     dial=quality_dial)
+    return Service(dep, engine, app, name, api_key, limits or Limits(), default_user, quality_dial)
+
+
+def deployment_dial(path: str, dep: Deployment):
+    """The QualityDial of the dial file `path`, checked to be calibrated on `dep` (edgemoe.serve.dial)."""
+    from edgemoe.eval.dial import load_dial
+
+    from .dial import check_identity
+
+    quality_dial, found = load_dial(path)
+    check_identity(found, dep, path)
+    return quality_dial
 
 
 def default_user_index(ctx, user: str | int | None) -> int:

@@ -1,0 +1,161 @@
+"""The served quality dial: dial files, calibration as the server runs, `max_ppl_increase` over HTTP and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from edgemoe.cli import app
+from edgemoe.errors import EdgeMoEError
+from edgemoe.eval.dial import DIAL_SCHEMA, QualityDial, load_dial, save_dial
+from edgemoe.serve.dial import calibrate_serving_dial, check_identity, deployment_budget, identity
+
+SMALL = ["--planner", "uniform", "--calib-tokens", "2048", "--policy", "ordermoe"]  # the conftest deployment
+PROMPT = "The history of the city"
+
+
+@pytest.fixture(scope="module")
+def calibrated(deployment):
+    """The conftest deployment's dial on two blocks of its calibration text, at half and all of its budget."""
+    return calibrate_serving_dial(deployment, "offline", tokens=512, fractions=(0.5, 1.0), refine=0)
+
+
+@pytest.fixture(scope="module")
+def dial_file(calibrated, deployment, tmp_path_factory):
+    path = tmp_path_factory.mktemp("dial") / "dial.json"
+    save_dial(path, calibrated, identity(deployment))
+    return path
+
+
+def test_a_dial_file_round_trips(tmp_path):
+    dial = QualityDial(np.array([0.0, 0.01, 0.05]), np.array([0.0, 0.02, 0.01]), "ordermoe", 512, "isotonic")
+    path = tmp_path / "d.json"
+    save_dial(path, dial, {"policy": "ordermoe"})
+    back, dep = load_dial(path)
+    assert dep == {"policy": "ordermoe"} and back.policy == "ordermoe" and back.curve == "isotonic"
+    np.testing.assert_array_equal(back.budgets, dial.budgets)
+    np.testing.assert_array_equal(back.rise, dial.rise)  # the measured curve, not the credited one
+    assert back.budget(0.012) == dial.budget(0.012)
+    assert [p.name for p in tmp_path.iterdir()] == ["d.json"]  # written through a temporary file, renamed
+
+
+@pytest.mark.parametrize("doc, where", [
+    ("not json", "d.json"),
+    ({"schema": "other"}, "not a dial file"),
+    ({"schema": DIAL_SCHEMA, "dial": {}}, "deployment"),
+    ({"schema": DIAL_SCHEMA, "deployment": {}, "dial": {"budgets": [0, 1]}}, "calib_ppl_rel_increase"),
+    ({"schema": DIAL_SCHEMA, "deployment": {}, "dial": {"budgets": [0, True], "calib_ppl_rel_increase": [0, 1]}},
+     "budgets"),
+    ({"schema": DIAL_SCHEMA, "deployment": {}, "dial": {"budgets": [0.5, 0.1], "calib_ppl_rel_increase": [0, 1]}},
+     "ascending"),
+    ({"schema": DIAL_SCHEMA, "deployment": {}, "dial": {"budgets": [0, 1], "calib_ppl_rel_increase": [0, 1],
+                                                        "curve": "cubic"}}, "curve"),
+])
+def test_a_bad_dial_file_is_a_clear_error(tmp_path, doc, where):
+    path = tmp_path / "d.json"
+    path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    with pytest.raises(EdgeMoEError, match=where):
+        load_dial(path)
+
+
+def test_calibration_as_the_server_runs(calibrated, deployment):
+    from edgemoe.runtime import make_policy
+
+    top = deployment_budget(make_policy("ordermoe", deployment.ctx))
+    np.testing.assert_allclose(calibrated.budgets, [0.0, top / 2, top])
+    assert calibrated.rise[0] == 0.0  # a zero budget is exact execution, bit for bit
+    assert calibrated.calib_tokens == 512 and calibrated.policy == "ordermoe"
+    assert calibrated.budget(calibrated.envelope[-1] + 1.0) == pytest.approx(top)  # never past the deployment's
+
+
+def test_row_allowance_is_the_servers_request_budget(deployment):
+    """score_local(row_allowance=): rows granted 0 run exactly; rows granted the policy's own allowance are the
+    policy run as made."""
+    from edgemoe.models.scoring import token_scores
+    from edgemoe.runtime import make_policy
+    from edgemoe.runtime.local import score_local
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, deployment.vocab_size, size=(2, 64))
+    users = np.array([0, 1])
+    exact = token_scores(deployment.adapter, ids)[0]
+    pol = lambda: make_policy("ordermoe", deployment.ctx, budget=0.5)  # noqa: E731
+    zero = score_local(deployment.adapter, pol(), ids, users, row_allowance=np.zeros(2))[0]
+    np.testing.assert_array_equal(zero, exact)
+    own = score_local(deployment.adapter, pol(), ids, users, row_allowance=np.full(2, 0.5))[0]
+    np.testing.assert_array_equal(own, score_local(deployment.adapter, pol(), ids, users)[0])
+    with pytest.raises(EdgeMoEError, match="row_allowance"):
+        score_local(deployment.adapter, pol(), ids, users, row_allowance=np.array([0.1, -1.0]))
+
+
+def test_identity_names_what_differs(deployment, tmp_path):
+    ident = identity(deployment)
+    check_identity(ident, deployment, "d.json")  # its own: accepted
+    with pytest.raises(EdgeMoEError, match=r"policy_params: file \{'budget': 9\.0\}"):
+        check_identity({**ident, "policy_params": {"budget": 9.0}}, deployment, "d.json")
+    with pytest.raises(EdgeMoEError, match="weights.*placement"):
+        check_identity({**ident, "weights": "0", "placement": "0"}, deployment, "d.json")
+
+
+def test_exact_policy_has_no_dial(deployment):
+    from edgemoe.runtime import make_policy
+
+    with pytest.raises(EdgeMoEError, match="budget > 0"):
+        deployment_budget(make_policy("exact", deployment.ctx))
+
+
+def test_max_ppl_increase_over_http_is_the_dials_budget(deployment, dial_file, calibrated):
+    """A request's max_ppl_increase runs as the budget the dial maps it to: the same text and counts as a request
+    that gives that budget itself (same seed); without a dial, or with a budget too, it is a 400."""
+    from edgemoe.serve.service import ServerThread, make_service
+
+    svc = make_service(deployment.spec, deployment=deployment, max_running=4, max_queue=8, dial=str(dial_file))
+    try:
+        with ServerThread(svc.app) as server:
+            asked = float(calibrated.envelope[1]) / 2
+            body = {"model": "default", "prompt": PROMPT, "max_tokens": 6, "seed": 5}
+
+            def post(opts):
+                return httpx.post(server.url + "/v1/completions", json={**body, "edgemoe": opts}, timeout=120)
+
+            by_dial, by_budget = post({"max_ppl_increase": asked}), post({"budget": float(calibrated.budget(asked))})
+            assert by_dial.status_code == by_budget.status_code == 200, by_dial.text
+            a, b = by_dial.json(), by_budget.json()
+            assert a["choices"][0]["text"] == b["choices"][0]["text"]
+            for key in ("expert_slots", "budget_granted", "budget_spent"):
+                assert a["edgemoe"][key] == b["edgemoe"][key]
+            assert a["edgemoe"]["budget_granted"] > 0
+            both = post({"max_ppl_increase": asked, "budget": 0.01})
+            assert both.status_code == 400 and both.json()["error"]["param"] == "edgemoe.max_ppl_increase"
+            neg = post({"max_ppl_increase": -0.1})
+            assert neg.status_code == 400 and "max_ppl_increase" in neg.json()["error"]["message"]
+    finally:
+        svc.close()
+
+
+def test_a_server_without_a_dial_refuses_max_ppl_increase(server):
+    r = httpx.post(server.url + "/v1/completions", timeout=60,
+                   json={"model": "default", "prompt": PROMPT, "max_tokens": 2, "edgemoe": {"max_ppl_increase": 0.05}})
+    assert r.status_code == 400 and "no quality dial" in r.json()["error"]["message"]
+
+
+def test_dial_and_generate_commands(serve_cache, deployment, tmp_path):
+    out = tmp_path / "dial.json"
+    made = CliRunner().invoke(app, ["dial", "--out", str(out), "--tokens", "256", "--refine", "0",
+                                    "--cache-dir", str(serve_cache), *SMALL])
+    assert made.exit_code == 0, made.stderr
+    dial, found = load_dial(out)
+    assert found["data"] == "offline" and found["policy"] == "ordermoe" and len(dial.budgets) == 9
+    gen = CliRunner().invoke(app, ["generate", "The history of", "--max-tokens", "3", "--dial", str(out),
+                                   "--max-ppl-increase", "0.02", "--cache-dir", str(serve_cache), *SMALL])
+    assert gen.exit_code == 0, gen.stderr
+    assert gen.stdout.startswith("The history of") and "ordermoe at" in gen.stderr
+    other = CliRunner().invoke(app, ["generate", "x", "--max-tokens", "1", "--dial", str(out), "--max-ppl-increase",
+                                     "0.02", "--param", "budget=0.3", "--cache-dir", str(serve_cache), *SMALL])
+    assert other.exit_code == 2 and "calibrated on another deployment" in other.stderr
+    alone = CliRunner().invoke(app, ["generate", "x", "--max-ppl-increase", "0.02", *SMALL])
+    assert alone.exit_code == 2 and "--dial" in alone.stderr
