@@ -149,7 +149,7 @@ def test_dial_and_generate_commands(serve_cache, deployment, tmp_path):
                                     "--cache-dir", str(serve_cache), *SMALL])
     assert made.exit_code == 0, made.stderr
     dial, found = load_dial(out)
-    assert found["data"] == "offline" and found["policy"] == "ordermoe" and len(dial.budgets) == 9
+    assert found["data"] == "offline" and found["policy"] == "ordermoe" and len(dial.budgets) == 13
     gen = CliRunner().invoke(app, ["generate", "The history of", "--max-tokens", "3", "--dial", str(out),
                                    "--max-ppl-increase", "0.02", "--cache-dir", str(serve_cache), *SMALL])
     assert gen.exit_code == 0, gen.stderr

@@ -25,7 +25,10 @@ import numpy as np
 from edgemoe.errors import EdgeMoEError
 from edgemoe.eval.dial import QualityDial, calibrate_dial
 
-DIAL_FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 1.0)  # grid budgets as shares of the deployment's budget
+# grid budgets as shares of the deployment's budget, spread over three orders of magnitude: a deployment budget is
+# set for its largest asked value, and the small ones (+1%) sit at a thousandth of it (with 2 nats per token-layer:
+# 0.002 ... 2, the study's calibrated grid)
+DIAL_FRACTIONS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
 DIAL_REFINE = 4  # extra grid points at the calibration curve's sharpest turns (calibrate_dial(refine=))
 DIAL_TOKENS = 4096  # calibration tokens of `edgemoe dial` (the study's dial uses 8192: fewer to fit a start-up)
 
@@ -62,10 +65,11 @@ def deployment_budget(policy) -> float:
     return top
 
 
-def calibrate_serving_dial(dep, data: str, tokens: int = DIAL_TOKENS, fractions=DIAL_FRACTIONS,
+def calibrate_serving_dial(dep, data, tokens: int = DIAL_TOKENS, fractions=DIAL_FRACTIONS,
                            refine: int = DIAL_REFINE, log=lambda _m: None) -> QualityDial:
-    """The dial of deployment `dep` on the first `tokens` tokens of the text `data` (an edgemoe.data spec), cut
-    into the deployment's blocks; every block's rows are a request of user (block index mod users)."""
+    """The dial of deployment `dep` on the first `tokens` tokens of the text `data` (an edgemoe.data spec, or a
+    list of its TextSources), cut into the deployment's blocks; every block's rows are a request of user (block
+    index mod users)."""
     from edgemoe.data import resolve, tokenize_blocks
     from edgemoe.models.scoring import token_scores
     from edgemoe.runtime import make_policy
@@ -77,7 +81,8 @@ def calibrate_serving_dial(dep, data: str, tokens: int = DIAL_TOKENS, fractions=
     if fr.ndim != 1 or len(fr) == 0 or not ((fr > 0) & (fr <= 1)).all():
         raise EdgeMoEError(f"dial: fractions must be shares of the deployment's budget in (0, 1], got {fractions}")
     block = dep.spec.block_len
-    ids = tokenize_blocks(resolve(data), dep.tokenizer, block, max_tokens_per_source=tokens).ids[: max(1, tokens // block)]
+    sources = resolve(data) if isinstance(data, str) else list(data)
+    ids = tokenize_blocks(sources, dep.tokenizer, block, max_tokens_per_source=tokens).ids[: max(1, tokens // block)]
     if len(ids) == 0:
         raise EdgeMoEError(f"dial: the text {data!r} gave no block of {block} tokens")
     exact = token_scores(dep.adapter, ids)[0].astype(np.float64)
