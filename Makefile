@@ -57,6 +57,7 @@ results: $(STAMP)
 	$(BIN)/python -m bench.studies.equal_quality --models default-upcycled,default,upcycled-diverged,finegrained-shared \
 		--methods ordermoe-full --dial-method ordermoe-full --dial-beyond --out bench/results/equal_quality_full.json --reuse bench/results/equal_quality.json \
 		bench/results/equal_quality_ladder_diverged.json bench/results/equal_quality_ladder_finegrained.json
+	$(BIN)/python -m bench.studies.served_dial
 	$(BIN)/python -m bench.studies.equal_quality --models default-upcycled,default,upcycled-diverged,finegrained-shared \
 		--methods ordermoe-full-h0 --dial-method ordermoe-full --out bench/results/equal_quality_full_h0.json \
 		--reuse bench/results/equal_quality_full.json

@@ -112,7 +112,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eval-tokens", type=int, default=16_384)
     ap.add_argument("--cache-dir", default="runs/cache")
     ap.add_argument("--out", type=Path, default=RESULTS / "served_dial.json")
+    ap.add_argument("--merge", type=Path, nargs="+", help="join these part files (one run per model set) into --out")
     args = ap.parse_args(argv)
+    if args.merge:
+        merge(args.merge, args.out)
+        return
     if not SHARED.is_dir():
         raise SystemExit(f"served_dial needs the shared data at {SHARED}")
     load0, cpu0, wall0 = os.getloadavg(), time.process_time(), time.perf_counter()
@@ -130,6 +134,21 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{m['model']} | {100 * r['asked']:.1f}% | {r['budget']:.4g} | {100 * r['measured']:+.2f}% | "
                   f"{r['ratio']:.2f} | {100 * r['measured_long']:+.2f}% | {r['ratio_long']:.2f}")
     print(f"wrote {args.out}")
+
+
+def merge(parts: list[Path], out: Path) -> None:
+    """One results file from part files of the same configuration run side by side (their models in order)."""
+    import json
+
+    docs = [json.loads(Path(p).read_text()) for p in parts]
+    if any(d["config"] != docs[0]["config"] for d in docs):
+        raise SystemExit("served_dial --merge: the parts were run with different configurations")
+    doc = {**docs[0], "models": [m for d in docs for m in d["models"]], "cpu_s": round(sum(d["cpu_s"] for d in docs), 1),
+           "wall_s": max(d["wall_s"] for d in docs), "load_average_end": docs[-1]["load_average_end"],
+           "parts": [{"file": Path(p).name, "models": [m["model"] for m in d["models"]], "commit": d["environment"].get("git_commit"),
+                      "cpu_s": d["cpu_s"], "wall_s": d["wall_s"]} for p, d in zip(parts, docs, strict=True)]}
+    atomic_write_json(out, doc)
+    print(f"wrote {out} ({len(doc['models'])} models)")
 
 
 if __name__ == "__main__":

@@ -508,7 +508,34 @@ def ladder() -> list[str]:
             out += [f"- `{m['model']}`: {m['full_policy']['verdict']}" for m in full]
             out.append("")
             out += full_policy_dial(RESULTS / full[0]["full_policy"]["results_file"].removeprefix("bench/results/"))
+    out += served_dial(RESULTS / "served_dial.json")
     return out
+
+
+def served_dial(path: Path) -> list[str]:
+    """The served dial (`edgemoe dial` on a deployment; bench.studies.served_dial): measured over asked on the
+    evaluation text after calibration on in-domain held-out text."""
+    r = _load(path)
+    models = (r or {}).get("models", [])
+    if not models:
+        return []
+    rows = [[f"`{m['model']}`", ", ".join(f"{a['ratio']:.2f}" + ("+" if a["saturated"] else "") for a in m["asked_vs_measured"]),
+             f"{m['in_band']} of {len(m['asked_vs_measured'])}",
+             ", ".join(f"{a['ratio_long']:.2f}" for a in m["asked_vs_measured"]),
+             f"{m['in_band_long']} of {len(m['asked_vs_measured'])}", f"+{100 * m['dial']['credited'][-1]:.1f}%"]
+            for m in models]
+    c = r["config"]
+    asked = ", ".join(f"{100 * a:g}%" for a in c["asked"])
+    n = sum(len(m["asked_vs_measured"]) for m in models)
+    return [f"The served dial (`{path.name}`, `python -m bench.studies.served_dial`; `edgemoe dial` on a deployment of "
+            f"the full policy with empty layers allowed, budget {c['budget']:g} nats per token-layer, calibrated on "
+            f"{models[0]['dial']['calib_tokens']:,} tokens of {models[0]['calibration_text']}): measured increase on "
+            f"{models[0]['evaluation_text']} over asked at {asked}, on its first {models[0]['short_tokens']:,} tokens "
+            f"and on {models[0]['eval_tokens']:,}; + an asked value beyond the largest calibrated increase:\n",
+            _table(["model", "measured / asked", "in band", f"on {models[0]['eval_tokens']:,} tokens", "in band",
+                    "largest calibrated increase"], rows),
+            f"\nIn band at {sum(m['in_band'] for m in models)} of {n} asked values on the "
+            f"{models[0]['short_tokens']:,} tokens, {sum(m['in_band_long'] for m in models)} of {n} on the longer text.\n"]
 
 
 def full_policy_dial(path: Path) -> list[str]:

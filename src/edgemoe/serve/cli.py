@@ -19,6 +19,8 @@ import typer
 from edgemoe.errors import EdgeMoEError
 from edgemoe.params import parse_params
 
+from .dial import DIAL_REFINE, DIAL_TOKENS
+
 BACKENDS = ("inprocess", "ray")
 
 # Options shared by `serve` and `generate` (the deployment).
@@ -385,8 +387,8 @@ def dial_command(
     out: Annotated[Path, typer.Option(help="the dial file to write (JSON)")] = Path("runs/dial.json"),
     data: Annotated[str | None, typer.Option(help="calibration text of the dial (an edgemoe.data spec; default: "
                                              "--calib-data): it should look like what the server will be sent")] = None,
-    tokens: Annotated[int, typer.Option(min=64, help="calibration tokens the dial is measured on")] = 4096,
-    refine: Annotated[int, typer.Option(min=0, help="extra grid points where the calibration curve turns sharply")] = 4,
+    tokens: Annotated[int, typer.Option(min=64, help="calibration tokens the dial is measured on")] = DIAL_TOKENS,
+    refine: Annotated[int, typer.Option(min=0, help="extra grid points where the calibration curve turns sharply")] = DIAL_REFINE,
     model: ModelOpt = "default",
     cluster: ClusterOpt = "edge8",
     placement: PlacementOpt = None,

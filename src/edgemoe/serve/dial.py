@@ -3,7 +3,7 @@
 
 `edgemoe dial` calibrates the dial of one deployment and writes a dial file (`edgemoe.eval.dial.save_dial`);
 `edgemoe serve --dial FILE` (and `edgemoe generate --dial FILE`) reads it, checks that it was calibrated on this
-deployment (`check_identity`) and maps each request's `max_ppl_increase` with it (`request_budget`).
+deployment (`check_identity`) and maps each request's `max_ppl_increase` with it (`QualityDial.budget`).
 
 Why it is calibrated as the server runs, not as the study's per-budget policies: every request of a deployment
 shares one policy, whose quality price and budget grid come from the deployment's `budget` parameter, and a
@@ -98,8 +98,3 @@ def calibrate_serving_dial(dep, data, tokens: int = DIAL_TOKENS, fractions=DIAL_
     return calibrate_dial(rise_at, top * fr, policy=spec.policy, calib_tokens=int(ids.size), curve="isotonic",
                           refine=refine, up_to=0.3)
 
-
-def request_budget(dial: QualityDial, max_ppl_increase: float) -> float:
-    """A request's budget per token-layer for its asked `max_ppl_increase` (the dial's largest budget whose
-    calibrated increase fits; the server still caps it at the deployment's)."""
-    return float(dial.budget(max_ppl_increase))
