@@ -26,13 +26,12 @@ def in_process(lab3, tiny_path):
 
 
 @pytest.fixture(scope="module")
-def ray_client(ray_session, lab3, tiny_path):
+def ray_engine(ray_session, lab3, tiny_path):
+    """(the Ray deployment, its RayEngine)."""
     from edgemoe.distributed.serve import Deployment
     from edgemoe.distributed.server import ServerConfig
     from edgemoe.models import load_tokenizer
-    from edgemoe.serve.api import create_app
     from edgemoe.serve.ray_engine import RayEngine
-    from edgemoe.serve.service import ServerThread
 
     # use_load off: the in-process engine's policy sees no node backlogs, so neither may the homes' (the
     # decisions would otherwise depend on the emulated queues)
@@ -40,11 +39,23 @@ def ray_client(ray_session, lab3, tiny_path):
                                          wire="fp32", use_load=False, call_timeout_s=3.0))
     engine = RayEngine(dep, load_tokenizer(str(tiny_path)))
     try:
-        with ServerThread(create_app(engine, "tiny")) as s:
-            yield openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=120)
+        yield dep, engine
     finally:
         engine.close()
         dep.shutdown()
+
+
+def _client(url: str):
+    return openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def ray_client(ray_engine):
+    from edgemoe.serve.api import create_app
+    from edgemoe.serve.service import ServerThread
+
+    with ServerThread(create_app(ray_engine[1], "tiny")) as s:
+        yield _client(s.url)
 
 
 def local_answer(engine, **edgemoe):
@@ -97,3 +108,39 @@ def test_a_request_budget_is_capped_by_the_deployment(ray_client, in_process):
     rows = len(PROMPT) + over.usage.completion_tokens - 1  # the prompt's rows, then one row per later token
     assert a["budget_granted"] == pytest.approx(0.5 * layers * rows)
     assert np.isfinite(a["budget_spent"]) and a["budget_spent"] <= a["budget_granted"] + 1e-9
+
+
+def test_a_dial_calibrated_in_process_serves_max_ppl_increase_on_ray(ray_engine, in_process, tmp_path):
+    """A dial file made on the in-process deployment is accepted by the Ray server of the same model, cluster,
+    placement, mode and policy (`ray_identity` == `identity`), refused by another policy's, and a request's
+    `max_ppl_increase` runs as the request that gives the dial's budget itself."""
+    from edgemoe.errors import EdgeMoEError
+    from edgemoe.eval.dial import QualityDial, save_dial
+    from edgemoe.serve.api import create_app
+    from edgemoe.serve.dial import identity, ray_identity
+    from edgemoe.serve.service import ServerThread, deployment_dial
+
+    dep, engine = ray_engine
+    assert ray_identity(dep.cfg) == identity(in_process.dep)
+    path = tmp_path / "dial.json"
+    save_dial(path, QualityDial(np.array([0.0, 0.05, 0.5]), np.array([0.0, 0.02, 0.08]), "ordermoe", 512, "isotonic"),
+              identity(in_process.dep))
+    dial = deployment_dial(str(path), ray_identity(dep.cfg))
+    with pytest.raises(EdgeMoEError, match="policy_params"):
+        from dataclasses import replace
+
+        deployment_dial(str(path), ray_identity(replace(dep.cfg, policy_params=(("budget", 0.25),))))
+    asked = 0.03
+    budget = float(dial.budget(asked))
+    assert 0.05 < budget < 0.5  # inside the curve: interpolated, neither end
+    with ServerThread(create_app(engine, "tiny", dial=dial)) as s:
+        client = _client(s.url)
+        by_dial = client.completions.create(model="tiny", prompt=list(PROMPT), max_tokens=4, temperature=0,
+                                            extra_body={"edgemoe": {"user": "u1", "max_ppl_increase": asked}})
+        by_budget = client.completions.create(model="tiny", prompt=list(PROMPT), max_tokens=4, temperature=0,
+                                              extra_body={"edgemoe": {"user": "u1", "budget": budget}})
+    a, b = by_dial.model_extra["edgemoe"], by_budget.model_extra["edgemoe"]
+    assert by_dial.choices[0].text == by_budget.choices[0].text and a["expert_slots"] == b["expert_slots"]
+    assert a["budget_granted"] == pytest.approx(b["budget_granted"])
+    rows = len(PROMPT) + by_dial.usage.completion_tokens - 1
+    assert a["budget_granted"] == pytest.approx(budget * in_process.ctx.num_layers * rows)

@@ -94,11 +94,11 @@ def test_row_allowance_is_the_servers_request_budget(deployment):
 
 def test_identity_names_what_differs(deployment, tmp_path):
     ident = identity(deployment)
-    check_identity(ident, deployment, "d.json")  # its own: accepted
+    check_identity(ident, identity(deployment), "d.json")  # its own: accepted
     with pytest.raises(EdgeMoEError, match=r"policy_params: file \{'budget': 9\.0\}"):
-        check_identity({**ident, "policy_params": {"budget": 9.0}}, deployment, "d.json")
+        check_identity({**ident, "policy_params": {"budget": 9.0}}, identity(deployment), "d.json")
     with pytest.raises(EdgeMoEError, match="weights.*placement"):
-        check_identity({**ident, "weights": "0", "placement": "0"}, deployment, "d.json")
+        check_identity({**ident, "weights": "0", "placement": "0"}, identity(deployment), "d.json")
 
 
 def test_exact_policy_has_no_dial(deployment):

@@ -103,8 +103,8 @@ def serve_command(
         if chosen not in BACKENDS:
             raise EdgeMoEError(f"--backend {chosen!r}: expected one of {', '.join(BACKENDS)}")
         check_bind(host, api_key)
-        if chosen == "ray" and dial is not None:
-            raise EdgeMoEError("--dial: the quality dial is served by the in-process backend only (--backend inprocess)")
+        if chosen == "ray" and dial is not None and load_users:
+            raise EdgeMoEError("--dial: a load run (--load-users) sends no requests to map; serve over HTTP to use it")
         if chosen == "ray":
             from .api import Limits
 
@@ -113,7 +113,8 @@ def serve_command(
                        calib_tokens, domain_fallback, ray_address, links, wire, load_users, load_seconds, gen_tokens,
                        dilation, out, http=dict(host=host, port=port, api_key=api_key, limits=limits,
                                                 max_running=max_running, max_queue=max_queue, user=user,
-                                                served_name=served_name, dtype=dtype, device=device))
+                                                served_name=served_name, dtype=dtype, device=device,
+                                                dial=None if dial is None else str(dial)))
             return
         if log_routing is not None:
             from edgemoe.io import file_target
@@ -208,8 +209,9 @@ def _serve_ray(model, cluster, placement, planner, profile, policy, param, mode,
 
 def _serve_ray_http(cluster, placement, profile, model, policy, param, mode, wire, domain_fallback, links, ray_address,
                     dilation, host, port, api_key, limits, max_running, max_queue, user, served_name, dtype="float32",
-                    device="cpu") -> None:
-    """One Ray actor per server (edgemoe.distributed), fronted by the HTTP app through `RayEngine`."""
+                    device="cpu", dial: str | None = None) -> None:
+    """One Ray actor per server (edgemoe.distributed), fronted by the HTTP app through `RayEngine`; dial: a dial
+    file calibrated in-process on the same deployment (`ray_identity` must match), mapping `max_ppl_increase`."""
     import uvicorn
 
     from edgemoe.distributed.cli import _dilation, launch
@@ -228,10 +230,16 @@ def _serve_ray_http(cluster, placement, profile, model, policy, param, mode, wir
                  ray_address, k, typer.echo, dtype, device)
     ctx = dep.cfg.ctx
     try:
+        quality_dial = None
+        if dial is not None:
+            from .dial import ray_identity
+            from .service import deployment_dial
+
+            quality_dial = deployment_dial(dial, ray_identity(dep.cfg))
         engine = RayEngine(dep, load_tokenizer(model), max_running, max_queue,
                            Telemetry(ctx.node_names, policies=(policy,)))
         app = create_app(engine, served_name or model, api_key=api_key, limits=limits,
-                         default_user=default_user_index(ctx, user))
+                         default_user=default_user_index(ctx, user), dial=quality_dial)
         typer.echo(f"serving {served_name or model!r} on {len(dep.handles)} Ray actors ({ctx.cluster_name}), policy "
                    f"{policy}; OpenAI API at http://{host}:{port}/v1{' (API key required)' if api_key else ''}")
         uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="off", timeout_graceful_shutdown=5)
@@ -309,12 +317,13 @@ def _generate_local(spec, prompt, max_tokens, temperature, top_p, top_k, seed, s
                     dial: Path | None = None) -> tuple[str, str, dict]:
     from edgemoe.distributed.sampling import SamplingParams
 
+    from .dial import identity
     from .engine import Engine, GenerationRequest, run_to_end
     from .service import deployment_dial
     from .setup import load_deployment
 
     dep = load_deployment(spec, lambda m: typer.echo(m, err=True))
-    quality_dial = None if dial is None else deployment_dial(str(dial), dep)
+    quality_dial = None if dial is None else deployment_dial(str(dial), identity(dep))
     if "max_ppl_increase" in opts:
         opts = {**opts, "budget": float(quality_dial.budget(opts["max_ppl_increase"]))}
     ctx = dep.ctx

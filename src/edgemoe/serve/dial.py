@@ -37,18 +37,32 @@ def identity(dep) -> dict:
     """What a dial file must match to be used on the deployment `dep` (edgemoe.serve.setup.Deployment): the
     model's weights, the cluster, the placement (a digest of which experts each node hosts), the mode, the
     policy and its parameters (the budget among them), all as strict JSON values."""
+    spec = dep.spec
+    return _identity(dep.ctx, dep.adapter.weights_hash(), spec.mode, spec.policy, spec.params)
+
+
+def ray_identity(cfg) -> dict:
+    """`identity` of a Ray deployment (edgemoe.distributed.server.ServerConfig): the same fields, its weights
+    digest from the model loaded here in the servers' dtype, so that a dial calibrated in-process on the same
+    model, cluster, placement, mode and policy is accepted by the Ray server and no other."""
+    from edgemoe.models import load_moe
+
+    return _identity(cfg.ctx, load_moe(cfg.model_path, dtype=cfg.torch_dtype()).weights_hash(), cfg.ctx.mode,
+                     cfg.policy, cfg.params)
+
+
+def _identity(ctx, weights_hash: str, mode: str, policy: str, params) -> dict:
     from edgemoe.io import jsonable
 
-    ctx, spec = dep.ctx, dep.spec
     hosts = hashlib.sha256(np.ascontiguousarray(ctx.hosts, dtype=bool).tobytes()).hexdigest()[:16]
-    ident = {"weights": dep.adapter.weights_hash()[:16], "cluster": ctx.cluster_name, "placement": hosts,
-             "mode": spec.mode, "policy": spec.policy, "policy_params": dict(spec.params)}
+    ident = {"weights": weights_hash[:16], "cluster": ctx.cluster_name, "placement": hosts, "mode": mode,
+             "policy": policy, "policy_params": dict(params)}
     return json.loads(json.dumps(jsonable(ident)))
 
 
-def check_identity(found: dict, dep, path) -> None:
-    """Raise an EdgeMoEError naming every field where the dial file's deployment `found` differs from `dep`'s."""
-    want = identity(dep)
+def check_identity(found: dict, want: dict, path) -> None:
+    """Raise an EdgeMoEError naming every field where the dial file's deployment `found` differs from this
+    server's `want` (`identity` / `ray_identity`)."""
     diff = [k for k in want if found.get(k) != want[k]]
     if diff:
         parts = "; ".join(f"{k}: file {found.get(k)!r}, this server {want[k]!r}" for k in diff)

@@ -20,6 +20,7 @@ try:
     from .api import Limits, create_app
 except ImportError as exc:  # the optional extra
     raise EdgeMoEError(f"the HTTP service needs the serve extra ({exc.name} is missing): pip install -e '.[serve]'") from exc
+from .dial import identity
 from .engine import Engine
 from .setup import Deployment, DeploymentSpec, load_deployment
 from .telemetry import Telemetry
@@ -48,7 +49,7 @@ def make_service(spec: DeploymentSpec, api_key: str | None = None, limits: Limit
     index; default the cluster's first); log_routing: a trace file the served routing is appended to; dial: a
     dial file (`edgemoe dial`) calibrated on this deployment, which maps requests' `max_ppl_increase`."""
     dep = deployment or load_deployment(spec, log)
-    quality_dial = None if dial is None else deployment_dial(dial, dep)
+    quality_dial = None if dial is None else deployment_dial(dial, identity(dep))
     ctx = dep.ctx
     default_user = default_user_index(ctx, user)
     tele = Telemetry(ctx.node_names, policies=tuple(sorted({"exact", dep.spec.policy})))
@@ -59,14 +60,15 @@ def make_service(spec: DeploymentSpec, api_key: str | None = None, limits: Limit
     return Service(dep, engine, app, name, api_key, limits or Limits(), default_user, quality_dial)
 
 
-def deployment_dial(path: str, dep: Deployment):
-    """The QualityDial of the dial file `path`, checked to be calibrated on `dep` (edgemoe.serve.dial)."""
+def deployment_dial(path: str, want: dict):
+    """The QualityDial of the dial file `path`, checked to be calibrated on the deployment whose identity is
+    `want` (edgemoe.serve.dial: `identity` in-process, `ray_identity` on Ray)."""
     from edgemoe.eval.dial import load_dial
 
     from .dial import check_identity
 
     quality_dial, found = load_dial(path)
-    check_identity(found, dep, path)
+    check_identity(found, want, path)
     return quality_dial
 
 
