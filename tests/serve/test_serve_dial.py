@@ -159,3 +159,26 @@ def test_dial_and_generate_commands(serve_cache, deployment, tmp_path):
     assert other.exit_code == 2 and "calibrated on another deployment" in other.stderr
     alone = CliRunner().invoke(app, ["generate", "x", "--max-ppl-increase", "0.02", *SMALL])
     assert alone.exit_code == 2 and "--dial" in alone.stderr
+
+
+@pytest.mark.parametrize("args", [["serve"], ["serve", "--backend", "ray"], ["generate", "x", "--max-ppl-increase", "0.02"]],
+                         ids=["serve", "serve-ray", "generate"])
+def test_a_bad_dial_file_fails_before_the_deployment_is_built(tmp_path, monkeypatch, args):
+    """A broken --dial is refused, naming the file, before the model loads or Ray starts (both would fail the
+    test here: they are replaced by functions that raise)."""
+    import edgemoe.serve.setup as setup
+
+    def never(*_a, **_k):
+        raise AssertionError("the deployment was built before the dial file was checked")
+
+    monkeypatch.setattr(setup, "load_deployment", never)
+    monkeypatch.setattr("edgemoe.serve.cli._serve_ray", never)
+    bad = tmp_path / "dial.json"
+    bad.write_text('{"schema": "edgemoe.dial/1", "deployment": {}, "dial": {"budgets": "x"}}')
+    r = CliRunner().invoke(app, [*args, "--dial", str(bad)])
+    assert r.exit_code == 2 and str(bad) in r.stderr and "budgets" in r.stderr, r.stderr
+
+
+def test_a_ray_load_run_refuses_a_dial(tmp_path):
+    r = CliRunner().invoke(app, ["serve", "--backend", "ray", "--load-users", "2", "--dial", str(tmp_path / "d.json")])
+    assert r.exit_code == 2 and "--load-users" in r.stderr

@@ -105,6 +105,7 @@ def serve_command(
         check_bind(host, api_key)
         if chosen == "ray" and dial is not None and load_users:
             raise EdgeMoEError("--dial: a load run (--load-users) sends no requests to map; serve over HTTP to use it")
+        _check_dial_file(dial)
         if chosen == "ray":
             from .api import Limits
 
@@ -133,6 +134,14 @@ def serve_command(
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2) from None
     _run_http(svc, host, port, api_key)
+
+
+def _check_dial_file(dial: Path | None) -> None:
+    """A bad dial file fails before the model loads or Ray starts (its deployment is checked once it is built)."""
+    if dial is not None:
+        from edgemoe.eval.dial import load_dial
+
+        load_dial(dial)
 
 
 @contextmanager
@@ -291,6 +300,7 @@ def generate_command(
             opts["max_ppl_increase"] = max_ppl_increase
         if dial is not None and url is not None:
             raise EdgeMoEError("--dial is the in-process deployment's; a server (--url) uses its own")
+        _check_dial_file(dial)
         if user is not None:
             opts["user"] = int(user) if user.isdigit() else user
         if url:
