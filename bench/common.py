@@ -60,6 +60,24 @@ def environment(**extra) -> dict:
     return {**base(), **extra}
 
 
+def merge_results(files, part_keys=("environment", "load_average_start", "load_average_end", "cpu_s", "wall_s"),
+                  environment_cpu: str = "cpu_s") -> dict:
+    """One results document from part files of one study run apart (`--merge`): the first part's record with
+    every part's models in order, each part's `part_keys` under `parts`, the CPU seconds added up, the longest
+    wall, the highest final load. environment_cpu: what the merged `environment.cpu_s` adds up, each part's
+    "cpu_s" or its "environment" record's own."""
+    from edgemoe.io import read_json
+
+    docs = [read_json(f, what="results file") for f in files]
+    env_cpu = sum(d["cpu_s"] if environment_cpu == "cpu_s" else d["environment"]["cpu_s"] for d in docs)
+    return {**docs[0], "models": [m for d in docs for m in d["models"]],
+            "parts": [{k: d[k] for k in part_keys} for d in docs],
+            "cpu_s": round(sum(d["cpu_s"] for d in docs), 1), "wall_s": max(d["wall_s"] for d in docs),
+            "load_average_end": max((d["load_average_end"] for d in docs), key=lambda v: v[0]),
+            # the parts' CPU s added up (they ran apart); the rest of the record is the first part's
+            "environment": {**docs[0]["environment"], "cpu_s": round(env_cpu, 1)}}
+
+
 @contextmanager
 def ray_serving(policy: str, log=print, max_running: int = 64, max_queue: int = 64):
     """(Deployment, RayEngine, FastAPI app) as `edgemoe serve --backend ray --policy POLICY` makes them (the

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import RESULTS
+from bench.common import RESULTS, merge_results
 from bench.studies.equal_quality import scoring_setting
 from edgemoe.eval.dial import calibrate_dial
 from edgemoe.eval.experiment import (
@@ -247,15 +247,7 @@ def main() -> None:
     ap.add_argument("--merge", nargs="+", help="join these results files' models into --out (runs made apart)")
     args = ap.parse_args()
     if args.merge:
-        from edgemoe.io import read_json
-
-        docs = [read_json(f, what="results file") for f in args.merge]
-        doc = {**docs[0], "models": [m for d in docs for m in d["models"]], "parts": [
-            {k: d[k] for k in ("environment", "load_average_start", "load_average_end", "cpu_s", "wall_s")} for d in docs],
-            "cpu_s": round(sum(d["cpu_s"] for d in docs), 1), "wall_s": max(d["wall_s"] for d in docs),
-            "load_average_end": max((d["load_average_end"] for d in docs), key=lambda v: v[0]),
-            # the parts' CPU s added up (they ran apart); the rest of the record is the first part's
-            "environment": {**docs[0]["environment"], "cpu_s": round(sum(d["environment"]["cpu_s"] for d in docs), 1)}}
+        doc = merge_results(args.merge, environment_cpu="environment")
         atomic_write_json(Path(args.out), doc)
         print_tables(doc["models"])
         return

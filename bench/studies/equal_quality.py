@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import RESULTS
+from bench.common import RESULTS, merge_results
 from edgemoe.eval.dial import calibrate_dial, handoff, rise_interval
 from edgemoe.eval.experiment import (
     OPERATING_POINTS,
@@ -57,6 +57,8 @@ from edgemoe.eval.experiment import (
 from edgemoe.io import atomic_write_json
 from edgemoe.results import environment
 from edgemoe.runtime.policies.field_baselines import kind_scales
+
+PART_KEYS = ("environment", "load_average_start", "load_average_end", "cpu_s", "wall_s", "config")  # `--merge`'s record of each part
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = ("default-upcycled", "default")
@@ -506,13 +508,7 @@ def main() -> None:
     from edgemoe.io import read_json
 
     if args.merge:
-        docs = [read_json(f, what="results file") for f in args.merge]
-        doc = {**docs[0], "models": [m for d in docs for m in d["models"]], "parts": [
-            {k: d[k] for k in ("environment", "load_average_start", "load_average_end", "cpu_s", "wall_s", "config")}
-            for d in docs], "cpu_s": round(sum(d["cpu_s"] for d in docs), 1), "wall_s": max(d["wall_s"] for d in docs),
-            "load_average_end": max((d["load_average_end"] for d in docs), key=lambda v: v[0]),
-            # the parts' CPU s added up (they ran apart); the rest of the record is the first part's
-            "environment": {**docs[0]["environment"], "cpu_s": round(sum(d["cpu_s"] for d in docs), 1)}}
+        doc = merge_results(args.merge, PART_KEYS)
         atomic_write_json(Path(args.out), doc)
         print_table(doc["models"])
         return

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import RESULTS
-from bench.studies.equal_quality import DIAL_ASKED, model_calibration
+from bench.common import RESULTS, merge_results
+from bench.studies.equal_quality import DIAL_ASKED, PART_KEYS, model_calibration
 from edgemoe.eval.dial import rise_interval
 from edgemoe.io import atomic_write_json
 from edgemoe.results import environment
@@ -138,15 +138,9 @@ def main(argv: list[str] | None = None) -> None:
 
 def merge(parts: list[Path], out: Path) -> None:
     """One results file from part files of the same configuration run side by side (their models in order)."""
-    import json
-
-    docs = [json.loads(Path(p).read_text()) for p in parts]
-    if any(d["config"] != docs[0]["config"] for d in docs):
+    doc = merge_results(parts, PART_KEYS)
+    if any(p["config"] != doc["config"] for p in doc["parts"]):
         raise SystemExit("served_dial --merge: the parts were run with different configurations")
-    doc = {**docs[0], "models": [m for d in docs for m in d["models"]], "cpu_s": round(sum(d["cpu_s"] for d in docs), 1),
-           "wall_s": max(d["wall_s"] for d in docs), "load_average_end": docs[-1]["load_average_end"],
-           "parts": [{"file": Path(p).name, "models": [m["model"] for m in d["models"]], "commit": d["environment"].get("git_commit"),
-                      "cpu_s": d["cpu_s"], "wall_s": d["wall_s"]} for p, d in zip(parts, docs, strict=True)]}
     atomic_write_json(out, doc)
     print(f"wrote {out} ({len(doc['models'])} models)")
 

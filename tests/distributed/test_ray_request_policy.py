@@ -114,6 +114,8 @@ def test_a_dial_calibrated_in_process_serves_max_ppl_increase_on_ray(ray_engine,
     """A dial file made on the in-process deployment is accepted by the Ray server of the same model, cluster,
     placement, mode and policy (`ray_identity` == `identity`), refused by another policy's, and a request's
     `max_ppl_increase` runs as the request that gives the dial's budget itself."""
+    from dataclasses import replace
+
     from edgemoe.errors import EdgeMoEError
     from edgemoe.eval.dial import QualityDial, save_dial
     from edgemoe.serve.api import create_app
@@ -127,8 +129,6 @@ def test_a_dial_calibrated_in_process_serves_max_ppl_increase_on_ray(ray_engine,
               identity(in_process.dep))
     dial = deployment_dial(str(path), ray_identity(dep.cfg))
     with pytest.raises(EdgeMoEError, match="policy_params"):
-        from dataclasses import replace
-
         deployment_dial(str(path), ray_identity(replace(dep.cfg, policy_params=(("budget", 0.25),))))
     asked = 0.03
     budget = float(dial.budget(asked))
