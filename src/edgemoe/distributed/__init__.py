@@ -12,7 +12,8 @@ states really moving between them over emulated links, fault handling, load gene
 
 Nothing here imports Ray at module import time; Ray is the optional extra `edgemoe[ray]`. Ray reads
 its authentication mode when it is imported, so importing this package first switches token
-authentication on (RAY_AUTH_MODE=token) unless the environment already chose a mode.
+authentication on (RAY_AUTH_MODE=token) unless the environment already chose a mode. It also gives a
+starting GCS 180 s instead of Ray's 30 s to come up (RAY_gcs_server_port_wait_time_s), for busy small hosts.
 
 
 Loopback only by default: with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (read at import, like the auth mode)
@@ -28,3 +29,7 @@ import sys
 RAY_IMPORTED_TOO_EARLY = "ray" in sys.modules and "RAY_AUTH_MODE" not in os.environ
 os.environ.setdefault("RAY_AUTH_MODE", "token")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# Ray waits 30 s by default for a starting GCS to publish its port, and on a small edge server whose cores are busy
+# (or a 2-core CI machine compiling numba beside it) the GCS can take longer: the start then fails with "Timed out
+# waiting for file .../gcs_server_port". A slow start is not a failure here; an explicit setting wins.
+os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "180")
