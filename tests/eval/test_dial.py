@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from edgemoe.distributed.batching import mix_rows, row_allowance
 from edgemoe.errors import EdgeMoEError
 from edgemoe.eval.dial import (
     CURVES,
@@ -78,6 +79,53 @@ def test_the_budget_is_monotone_in_the_asked_increase_and_fits(curve, rise, aske
     assert (env_at <= np.maximum(asked, dial.envelope[0]) + 1e-9).all()
     # never credited with more harm than the running maximum credits
     assert (dial.envelope <= QualityDial(grid, np.array(rise)).envelope + 1e-12).all()
+
+def test_the_mixture_lands_inside_a_cliff_known_answers():
+    # a plateau, then a cliff: no budget between 0.2 and 0.4 is measured, and a rise of 0.15 needs a mixture
+    dial = QualityDial(np.array([0.0, 0.1, 0.2, 0.4]), np.array([0.0, 0.05, 0.05, 1.0]))
+    assert dial.mix(0.0) == (0.0, 0.1, 0.0)
+    assert dial.mix(0.05) == (0.2, 0.4, 0.0)  # the plateau's largest budget, nothing dealt above it
+    low, high, share = dial.mix(0.15)
+    assert (low, high) == (0.2, 0.4)
+    assert share == pytest.approx((np.log1p(0.15) - np.log1p(0.05)) / (np.log1p(1.0) - np.log1p(0.05)))
+    assert dial.mix(2.0) == (0.4, 0.4, 0.0)  # beyond the curve: its top budget
+    with pytest.raises(EdgeMoEError, match="max_ppl_increase"):
+        dial.mix(-0.01)
+
+
+@pytest.mark.parametrize("curve", CURVES)
+@given(rise=st.lists(st.floats(-0.01, 5.0), min_size=2, max_size=8), asked=st.floats(0.0, 6.0))
+def test_the_mixture_meets_the_asked_rise_on_the_calibration_curve(curve, rise, asked):
+    """Its mean extra nats are the asked ones whenever the curve reaches them, and its budgets bracket them."""
+    grid = np.arange(len(rise), dtype=float) / 10
+    dial = QualityDial(grid, np.array(rise), curve=curve)
+    env = dial.envelope
+    low, high, share = dial.mix(asked)
+    nats = (1 - share) * np.log1p(np.interp(low, grid, env)) + share * np.log1p(np.interp(high, grid, env))
+    assert 0 <= share <= 1 and low <= high and low in grid and high in grid
+    if env[0] <= asked <= env[-1]:
+        assert nats == pytest.approx(np.log1p(asked), abs=1e-9)
+    else:  # below the curve's start (it credits exact execution with a rise): exact; beyond its end: its top
+        assert low == high == (grid[0] if asked < env[0] else grid[-1]) and share == 0
+
+
+@given(share=st.floats(0.0, 1.0), start=st.integers(0, 10_000), n=st.integers(1, 2000))
+def test_mixed_rows_hold_their_share_in_every_window(share, start, n):
+    """Of any n consecutive positions, share x n run at the high budget, give or take a few (a Weyl sequence)."""
+    rows = mix_rows(1.0, 2.0, share, np.arange(start, start + n))
+    assert set(np.unique(rows)) <= {1.0, 2.0}
+    assert abs((rows == 2.0).sum() - share * n) <= 3 + np.log2(n)
+
+
+def test_row_allowances_deal_each_requests_mixture_under_the_ceiling():
+    owner, positions = np.array([0, 0, 0, 1, 1, 2]), np.array([0, 1, 2, 0, 1, 7])
+    got = row_allowance([0.5, 0.5, 0.5], [False, False, True], [0.1, np.nan, 0.1], [(0.9, 1.0), None, (0.2, 1.0)],
+                        owner, positions)
+    # request 0: every row at its high budget, capped at the ceiling; 1: its own ceiling; 2: exact, nothing
+    np.testing.assert_allclose(got, [0.5, 0.5, 0.5, 0.5, 0.5, 0.0])
+    half = row_allowance([1.0], [False], [0.1], [(0.3, 0.5)], np.zeros(4, np.int64), np.arange(4))
+    np.testing.assert_allclose(half, mix_rows(0.1, 0.3, 0.5, np.arange(4)))
+
 
 def test_isotonic_known_answers():
     np.testing.assert_allclose(isotonic(np.array([0.0, 0.0037, 0.0045, 0.002, 0.0037, 0.0056])),

@@ -108,28 +108,42 @@ def test_exact_policy_has_no_dial(deployment):
         deployment_budget(make_policy("exact", deployment.ctx))
 
 
-def test_max_ppl_increase_over_http_is_the_dials_budget(deployment, dial_file, calibrated):
-    """A request's max_ppl_increase runs as the budget the dial maps it to: the same text and counts as a request
-    that gives that budget itself (same seed); without a dial, or with a budget too, it is a 400."""
+def test_max_ppl_increase_over_http_runs_the_dials_mixture(deployment, dial_file, calibrated):
+    """Asked at a grid point's credited rise, a request runs as that grid budget itself (the same text and counts as
+    a request giving it, same seed); asked halfway in nats up a step, its token rows are dealt between the step's
+    two budgets (mix_rows) and the budget granted is their sum x layers. With a budget too, or negative: a 400."""
+    from edgemoe.distributed.batching import mix_rows
     from edgemoe.serve.service import ServerThread, make_service
 
+    env = calibrated.envelope
+    step = int(np.argmax(np.diff(env) > 0))
+    assert env[step + 1] > env[step]
     svc = make_service(deployment.spec, deployment=deployment, max_running=4, max_queue=8, dial=str(dial_file))
     try:
         with ServerThread(svc.app) as server:
-            asked = float(calibrated.envelope[1]) / 2
             body = {"model": "default", "prompt": PROMPT, "max_tokens": 6, "seed": 5}
 
             def post(opts):
                 return httpx.post(server.url + "/v1/completions", json={**body, "edgemoe": opts}, timeout=120)
 
-            by_dial, by_budget = post({"max_ppl_increase": asked}), post({"budget": float(calibrated.budget(asked))})
+            low, _, share = calibrated.mix(float(env[step + 1]))  # the largest budget credited with that rise
+            assert share == 0 and low == calibrated.budgets[np.flatnonzero(env <= env[step + 1])[-1]]
+            by_dial, by_budget = post({"max_ppl_increase": float(env[step + 1])}), post({"budget": low})
             assert by_dial.status_code == by_budget.status_code == 200, by_dial.text
             a, b = by_dial.json(), by_budget.json()
             assert a["choices"][0]["text"] == b["choices"][0]["text"]
             for key in ("expert_slots", "budget_granted", "budget_spent"):
                 assert a["edgemoe"][key] == b["edgemoe"][key]
             assert a["edgemoe"]["budget_granted"] > 0
-            both = post({"max_ppl_increase": asked, "budget": 0.01})
+
+            halfway = float(np.expm1(np.log1p(env[step : step + 2]).mean()))
+            low, high, share = calibrated.mix(halfway)
+            assert (low, high) == tuple(calibrated.budgets[step : step + 2]) and share == pytest.approx(0.5)
+            mixed = post({"max_ppl_increase": halfway}).json()
+            rows = np.arange(mixed["usage"]["prompt_tokens"] + mixed["usage"]["completion_tokens"] - 1)
+            want = mix_rows(low, high, share, rows).sum() * deployment.ctx.num_layers
+            assert mixed["edgemoe"]["budget_granted"] == pytest.approx(want)
+            both = post({"max_ppl_increase": halfway, "budget": 0.01})
             assert both.status_code == 400 and both.json()["error"]["param"] == "edgemoe.max_ppl_increase"
             neg = post({"max_ppl_increase": -0.1})
             assert neg.status_code == 400 and "max_ppl_increase" in neg.json()["error"]["message"]

@@ -55,6 +55,34 @@ def request_allowance(ceiling: np.ndarray, exact: np.ndarray, budget: np.ndarray
     return np.where(np.asarray(exact, bool), 0.0, own)
 
 
+GOLDEN = (np.sqrt(5.0) - 1.0) / 2.0  # the Weyl step of `mix_rows`: its points spread evenly in every window
+
+
+def mix_rows(low, high, share, positions) -> np.ndarray:
+    """[T] each token row's budget in a mixture (edgemoe.eval.dial.QualityDial.mix): `high` where frac(0.5 + position x GOLDEN)
+    < share, else `low`. low, high, share: scalars or [T]; positions [T]: each row's token position in its
+    request. Deterministic and spread out: of any n consecutive positions, share x n run at `high` up to a count
+    that grows like log n (a Weyl sequence with the golden ratio), so a short request gets its share too, the same
+    request gets the same rows on every server, and a stream resumed elsewhere keeps them."""
+    pos = np.asarray(positions, dtype=np.float64)
+    u = np.mod(0.5 + pos * GOLDEN, 1.0)
+    return np.where(u < np.asarray(share, float), np.asarray(high, float), np.asarray(low, float))
+
+
+def row_allowance(ceiling, exact, budget, mix, owner, positions) -> np.ndarray:
+    """[T] quality allowance per token-layer of each token row of B requests: `request_allowance` of its request,
+    or, for a request with a budget mix (high, share), its rows dealt between its capped budget and its capped
+    `high` by `mix_rows`. ceiling, exact, budget: [B] as in `request_allowance`; mix: [B] (high, share) or None;
+    owner: [T] each row's request; positions: [T] each row's token position in its request."""
+    mix = list(mix)
+    high = np.array([np.nan if m is None else m[0] for m in mix], float)
+    share = np.array([0.0 if m is None else m[1] for m in mix], float)
+    low = request_allowance(ceiling, exact, budget)
+    high = request_allowance(ceiling, exact, np.where(np.isnan(high), np.asarray(budget, float), high))
+    owner = np.asarray(owner, np.int64)
+    return mix_rows(low[owner], high[owner], share[owner], positions)
+
+
 def explain_slots(names, topk, experts, node, location, zeroed) -> list[dict]:
     """The K slot records of one token row at one layer (the `explain` of a response): the routed expert, the
     one that ran (None: not run), the node it ran on, where the token was, and the slot's kind (SLOT_KINDS).
@@ -117,6 +145,7 @@ class StreamRequest:
     exact: bool = False  # the exact policy decides this stream's rows, whatever the deployment's policy
     budget: float | None = None  # quality allowance per token-layer (capped at the deployment's); None: its own
     explain: bool = False  # record, per token and layer, where each slot ran and what stood in (poll's "explain")
+    budget_mix: tuple[float, float] | None = None  # (high, share): that share of the rows at budget high (mix_rows)
 
 
 class _Stream:
@@ -325,9 +354,12 @@ class HomeBatcher:
         strict = np.array([s.strict(home.cfg.policy) for s in batch], bool)
         exact = np.array([s.req.exact for s in batch], bool)
         overrides = exact.any() or any(s.req.budget is not None for s in batch)
-        allowance = home.policies.allowances(users, exact, [np.nan if s.req.budget is None else s.req.budget for s in batch])
         per = len(batch[0].req.prompt) if prefill else 1
         owner = np.repeat(np.arange(len(batch)), per)  # [B x S] which stream each row is
+        positions = np.arange(per) if prefill else np.array([s.length for s in batch])  # [B x S] in its stream
+        allowance = home.policies.row_allowances(users, exact, [np.nan if s.req.budget is None else s.req.budget
+                                                                for s in batch],
+                                                 [s.req.budget_mix for s in batch], owner, positions)  # [B x S]
         last = np.arange(len(batch)) * per + per - 1  # [B] the row whose logits each stream samples from
         layers: dict[int, list] = {b: [] for b, s in enumerate(batch) if s.req.explain}  # explained streams' slots
 
@@ -374,7 +406,7 @@ class HomeBatcher:
         with self._cv:
             for b, s in enumerate(batch):
                 s.degraded += int(degraded[owner == b].sum())
-                s.granted += float(allowance[b]) * home.ctx.num_layers * per
+                s.granted += float(allowance[owner == b].sum()) * home.ctx.num_layers
                 self._sample(s, logits[b])
                 if b in layers:
                     s.explain.append(layers[b])

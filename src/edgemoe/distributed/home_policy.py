@@ -80,6 +80,15 @@ class HomePolicies:
         policy, _ = self.get()
         return request_allowance(policy.allowance[np.asarray(users, np.int64)], exact, budget)
 
+    def row_allowances(self, users, exact, budget, mix, owner, positions) -> np.ndarray:
+        """[T] quality allowance per token-layer of each token row (owner [T]: its request; positions [T]: its
+        token position) of B requests (users, exact, budget as in `allowances`; mix [B]: each request's budget
+        mix (high, share) or None): edgemoe.distributed.batching.row_allowance under the deployment's ceiling."""
+        from .batching import row_allowance
+
+        policy, _ = self.get()
+        return row_allowance(policy.allowance[np.asarray(users, np.int64)], exact, budget, mix, owner, positions)
+
     def decide(self, layer: int, topk: np.ndarray, gates: np.ndarray, state, groups, load_s) -> Decision:
         """The decision for a pass's rows at `layer` (topk, gates [T, K]; state: the rows' TokenState).
 
@@ -96,7 +105,7 @@ class HomePolicies:
         return merge_decisions(parts, topk.shape)
 
     def row_groups(self, node: int, state, S: int, allowance, exact) -> list | None:
-        """A batched pass's row groups (for `decide`) for per-sequence allowances [B] and exact flags [B], rows
+        """A batched pass's row groups (for `decide`) for per-row allowances [B x S] and exact flags [B], rows
         B x S in batch-major order, every row at `node`; None when neither is given (the deployment's policy
         decides every row of `state` at its own budget)."""
         if allowance is None and (exact is None or not np.any(exact)):
@@ -111,7 +120,7 @@ class HomePolicies:
             st.home[:] = node
             st.location[:] = node
             if allowance is not None:
-                st.budget_total = np.repeat(np.asarray(allowance, float), S)[rows] * self.ctx.num_layers
+                st.budget_total = np.asarray(allowance, float)[rows] * self.ctx.num_layers
             groups.append((kind, rows, st))
         return groups
 

@@ -303,8 +303,8 @@ class HomeEngine:
         """One pass of several sequences at once (edgemoe.distributed.batching): ids [B, S] (a prefill is
         B = 1; a decode step S = 1), users [B] and strict [B] per sequence, observer(layer, topk, final) per MoE
         layer (rows in batch-major order, B x S). Every MoE layer's slots bound for one server leave as one
-        call, whichever sequence they belong to. allowance: [B] each sequence's quality allowance per
-        token-layer (`HomePolicies.allowances`; None: the policy's own); exact: [B] bool, sequences the exact policy decides
+        call, whichever sequence they belong to. allowance: [B x S] each row's quality allowance per
+        token-layer (`HomePolicies.row_allowances`; None: the policy's own); exact: [B] bool, sequences the exact policy decides
         (None: none). Returns (logits [B, V] at each sequence's last position, degraded slots per row [B x S]).
         Real clock only; the policy's adaptive feedback is not fed (one request's latency must not change
         another's text, as in the in-process engine)."""

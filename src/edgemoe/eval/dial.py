@@ -12,7 +12,9 @@ around the asked value rather than below it. `raw_monotone` says whether the mea
 monotone at all (a measured increase that falls with more budget is a defect of the policy, reported,
 not hidden).
 
-Per user: `dial.budget(max_ppl_increase)` with a [U] array gives the policy's [U] budgets. Per request:
+Per user: `dial.budget(max_ppl_increase)` with a [U] array gives the policy's [U] budgets. A server uses
+`dial.mix(max_ppl_increase)` instead: a mixture of the two bracketing grid budgets over a request's token rows
+(`edgemoe.distributed.batching.mix_rows`), which lands inside a jump of the curve where no single budget can. Per request:
 `dial.grant(state, rows, max_ppl_increase)` sets the budget of one request's rows in a started TokenState.
 
 A dial file (`save_dial` / `load_dial`, schema DIAL_SCHEMA) is the dial plus the deployment it was calibrated
@@ -77,6 +79,30 @@ class QualityDial:
         lo, hi = env[i], env[j]
         frac = np.where((j > i) & (hi > lo), (asked - lo) / np.where(hi > lo, hi - lo, 1.0), 0.0)
         return np.where(j > i, b[i] + np.clip(frac, 0.0, 1.0) * (b[j] - b[i]), b[i])
+
+    def mix(self, max_ppl_increase) -> tuple[float, float, float]:
+        """(low, high, share) for one asked increase: the budgets of the two grid points whose credited rises
+        bracket it and the share of token rows to run at `high` (the rest at `low`; edgemoe.distributed.batching.mix_rows deals them) so
+        that the mixture's mean extra NLL is the asked one on the calibration curve. Why a mixture, not a budget
+        between the two: a policy's rise can jump anywhere between grid points (a whole mechanism becoming
+        affordable to every token at once: a cliff), and no single budget lands inside the jump; a mixture of
+        rows does, whatever the policy does between them. Mean extra NLL is the rows' mean, so the share is
+        linear in nats: share = (log1p(asked) - log1p(rise_low)) / (log1p(rise_high) - log1p(rise_low)).
+        Assumption: a row's extra NLL depends on its own budget only (to first order: a degraded row also
+        changes the keys and values later rows attend to). Beyond the last credited rise: (top, top, 0)."""
+        asked = float(np.asarray(max_ppl_increase, dtype=float))
+        if not np.isfinite(asked) or asked < 0:
+            raise EdgeMoEError(f"max_ppl_increase must be finite and >= 0, got {max_ppl_increase}")
+        b, env = np.asarray(self.budgets, float), self.envelope
+        i = int(np.searchsorted(env, asked, side="right")) - 1
+        if i < 0:  # below the rise credited to budget 0 (a curve that never starts at 0): exact execution
+            return float(b[0]), float(b[0]), 0.0
+        if i >= len(b) - 1:
+            return float(b[-1]), float(b[-1]), 0.0
+        # the first grid point past i whose credited rise is above i's (a plateau's points add nothing)
+        j = i + 1 + int(np.argmax(env[i + 1:] > env[i]))
+        lo, hi = np.log1p(env[i]), np.log1p(env[j])
+        return float(b[i]), float(b[j]), float(np.clip((np.log1p(asked) - lo) / (hi - lo), 0.0, 1.0))
 
     def grant(self, state, rows, max_ppl_increase, num_layers: int) -> None:
         """Per request: give the TokenState rows `rows` [R] of one request the budget of max_ppl_increase

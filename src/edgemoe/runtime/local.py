@@ -138,19 +138,22 @@ def score_local(adapter: MoEAdapter, policy: Policy, ids: np.ndarray, row_users:
                 batch_size: int = 8, row_allowance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, TraceDecisions]:
     """`run_local` plus the most likely next token at every position: (nll [B, S-1], top1 [B, S-1], decisions).
     Row r of the decisions is token r of the blocks in block-major order (the `tokens` a policy is started with).
-    row_allowance: [B] each block's own quality allowance per token-layer, set on its rows after `start` as a
-    server sets a request's budget (`edgemoe.serve.engine`); None: the policy's allowance of the block's user."""
+    row_allowance: [B] each block's own quality allowance per token-layer, or [B, S] each token's, set on its rows
+    after `start` as a server sets a request's budget (`edgemoe.serve.engine`; [B, S]: a budget mix, dealt by
+    edgemoe.distributed.batching.mix_rows); None: the policy's allowance of the block's user."""
     from edgemoe.models.scoring import token_scores
 
     S = ids.shape[1]
     if row_allowance is not None:
         row_allowance = np.asarray(row_allowance, dtype=float)
-        if row_allowance.shape != (len(ids),) or not np.isfinite(row_allowance).all() or (row_allowance < 0).any():
-            raise EdgeMoEError(f"score_local: row_allowance must be [B={len(ids)}] finite and >= 0")
+        if row_allowance.shape not in ((len(ids),), ids.shape) or not np.isfinite(row_allowance).all() \
+                or (row_allowance < 0).any():
+            raise EdgeMoEError(f"score_local: row_allowance must be [B={len(ids)}] or [B, S={S}] finite and >= 0")
+        row_allowance = np.broadcast_to(row_allowance.reshape(len(ids), -1), ids.shape)
     bridge = _PolicyBridge(policy, adapter.num_layers)
 
     def begin(i: int, j: int) -> None:
-        allow = None if row_allowance is None else np.repeat(row_allowance[i:j], S)
+        allow = None if row_allowance is None else row_allowance[i:j].ravel()
         bridge.begin(np.repeat(row_users[i:j], S), np.arange(i * S, j * S), allow)
 
     nll, top1 = token_scores(adapter, ids, policy=bridge, batch_size=batch_size, on_batch=begin)

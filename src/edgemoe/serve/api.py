@@ -238,6 +238,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
         if opts is not None and opts.exact and opts.budget is not None:
             raise ApiError(400, "edgemoe: give a budget or exact: true, not both", param="edgemoe.budget")
         budget = None if opts is None else opts.budget
+        mix = None  # (high, share) of a max_ppl_increase request's budget mixture
         if opts is not None and opts.max_ppl_increase is not None:
             if opts.exact or opts.budget is not None:
                 raise ApiError(400, "edgemoe: give one of max_ppl_increase, budget or exact: true",
@@ -246,7 +247,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
                 raise ApiError(400, "edgemoe.max_ppl_increase: this server has no quality dial (start it with "
                                "`edgemoe serve --dial FILE`, the file made by `edgemoe dial`)",
                                param="edgemoe.max_ppl_increase")
-            budget = float(dial.budget(opts.max_ppl_increase))
+            budget, high, share = dial.mix(opts.max_ppl_increase)
+            mix = (high, share)
         seed = body.seed if body.seed is not None else secrets.randbits(63)
         try:
             sampling = SamplingParams(body.temperature, body.top_p, max(body.top_k, 0), seed)
@@ -255,7 +257,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
         return GenerationRequest(tuple(ids), max_tokens, sampling, stops(body) + tuple(extra_stop), logprobs,
                                  user_of(opts), bool(opts and opts.exact), budget,
                                  bool(opts and opts.explain), engine.new_request_id(prefix),
-                                 bool(opts and opts.allow_degraded))
+                                 bool(opts and opts.allow_degraded), mix)
 
     remote = getattr(engine, "remote", False)  # the engine runs in another process (edgemoe.serve.front)
 

@@ -335,7 +335,8 @@ def _generate_local(spec, prompt, max_tokens, temperature, top_p, top_k, seed, s
     dep = load_deployment(spec, lambda m: typer.echo(m, err=True))
     quality_dial = None if dial is None else deployment_dial(str(dial), identity(dep))
     if "max_ppl_increase" in opts:
-        opts = {**opts, "budget": float(quality_dial.budget(opts["max_ppl_increase"]))}
+        low, high, share = quality_dial.mix(opts["max_ppl_increase"])
+        opts = {**opts, "budget": low, "budget_mix": (high, share)}
     ctx = dep.ctx
     user = opts.get("user", 0)
     if isinstance(user, str):
@@ -354,7 +355,8 @@ def _generate_local(spec, prompt, max_tokens, temperature, top_p, top_k, seed, s
     engine = Engine(dep, max_running=1, max_queue=0)
     try:
         req = GenerationRequest(tuple(ids), max_tokens, SamplingParams(temperature, top_p, top_k, seed), tuple(stop),
-                                None, user, opts["exact"], opts.get("budget"), opts["explain"], engine.new_request_id())
+                                None, user, opts["exact"], opts.get("budget"), opts["explain"], engine.new_request_id(),
+                                budget_mix=opts.get("budget_mix"))
         text, _, fin = run_to_end(engine, req)
     finally:
         engine.close()

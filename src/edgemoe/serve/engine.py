@@ -32,6 +32,7 @@ from edgemoe.distributed.batching import (
     batch_caches,
     explain_slots,
     request_allowance,
+    row_allowance,
     slot_kinds,
 )
 from edgemoe.distributed.sampling import SamplingParams, next_token, top_logprobs
@@ -67,6 +68,9 @@ class GenerationRequest:
     explain: bool = False  # record, per token and layer, where each slot ran and what stood in
     request_id: str = ""
     allow_degraded: bool = False  # ray backend: a failure may drop slots of an exact request (else 503)
+    # (high, share): that share of the token rows runs at budget `high` instead of `budget` (the quality dial's
+    # mixture, edgemoe.eval.dial.QualityDial.mix; which rows: edgemoe.distributed.batching.mix_rows)
+    budget_mix: tuple[float, float] | None = None
 
 
 @dataclass
@@ -169,7 +173,8 @@ class PolicyBridge:
         self.groups = [(pol, np.flatnonzero(exact == flag)) for pol, flag in
                        ((engine.policy, False), (engine.exact_policy, True))]
         self.groups = [(pol, rows) for pol, rows in self.groups if len(rows)]
-        self.allow = np.array([engine.allowance(s.req) for s in seqs], float)[self.owner]
+        pos = np.zeros(len(self.owner), np.int64) if positions is None else np.asarray(positions, np.int64)
+        self.allow = engine.row_allowances(seqs, self.owner, pos)  # [T]
         self.states: list = []
         self.layer_records: list = []  # per layer (topk, experts, node, location, zeroed) for explained rows
         self.routing: list = []  # per layer (topk, gates, router logits) when the engine logs routing
@@ -313,6 +318,14 @@ class Engine:
         """Quality allowance per token-layer of a request (edgemoe.distributed.batching.request_allowance)."""
         budget = np.nan if req.budget is None else float(req.budget)
         return float(request_allowance([self.policy.allowance[req.user]], [req.exact], [budget])[0])
+
+    def row_allowances(self, seqs: list[Sequence], owner: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """[T] quality allowance per token-layer of a pass's token rows (owner [T]: index into seqs; positions
+        [T]: each row's token position in its request), budget mixes dealt (edgemoe.distributed.batching)."""
+        reqs = [s.req for s in seqs]
+        return row_allowance(self.policy.allowance[[r.user for r in reqs]], [r.exact for r in reqs],
+                             [np.nan if r.budget is None else float(r.budget) for r in reqs],
+                             [r.budget_mix for r in reqs], owner, positions)
 
     def submit(self, req: GenerationRequest, sink) -> Sequence:
         """Queue `req`; events go to sink(event) from the engine thread. Raises Busy or Closed."""

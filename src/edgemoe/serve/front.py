@@ -53,6 +53,8 @@ def request_from_wire(d: dict) -> GenerationRequest:
     d = dict(d)
     d["sampling"] = SamplingParams(**d["sampling"])
     d["prompt_ids"], d["stop"] = tuple(d["prompt_ids"]), tuple(d["stop"])
+    if d.get("budget_mix") is not None:
+        d["budget_mix"] = tuple(d["budget_mix"])
     return GenerationRequest(**d)
 
 

@@ -173,7 +173,7 @@ class RayEngine:
             sreq = StreamRequest(key, int(req.user), np.asarray(req.prompt_ids + tuple(h.generated), np.int64),
                                  req.max_tokens - len(h.generated), req.sampling, len(h.generated), req.logprobs,
                                  tuple(sorted(self.eos)), self.dep.context_length, req.allow_degraded, req.exact,
-                                 req.budget, req.explain)
+                                 req.budget, req.explain, req.budget_mix)
             try:
                 ray.get(actor.stream_start.remote(sreq), timeout=CALL_SLACK_S)
                 have = 0
