@@ -353,7 +353,7 @@ class HomeBatcher:
         users = np.array([s.req.user for s in batch], np.int64)
         strict = np.array([s.strict(home.cfg.policy) for s in batch], bool)
         exact = np.array([s.req.exact for s in batch], bool)
-        overrides = exact.any() or any(s.req.budget is not None for s in batch)
+        overrides = exact.any() or any(s.req.budget is not None or s.req.budget_mix is not None for s in batch)
         per = len(batch[0].req.prompt) if prefill else 1
         owner = np.repeat(np.arange(len(batch)), per)  # [B x S] which stream each row is
         positions = np.arange(per) if prefill else np.array([s.length for s in batch])  # [B x S] in its stream
