@@ -118,12 +118,17 @@ def test_mixed_rows_hold_their_share_in_every_window(share, start, n):
 
 
 def test_row_allowances_deal_each_requests_mixture_under_the_ceiling():
+    from edgemoe.distributed.batching import StreamRequest
+
+    def req(user, **kw):
+        return StreamRequest("r", user, np.array([1]), 1, **kw)
+
     owner, positions = np.array([0, 0, 0, 1, 1, 2]), np.array([0, 1, 2, 0, 1, 7])
-    got = row_allowance([0.5, 0.5, 0.5], [False, False, True], [0.1, np.nan, 0.1], [(0.9, 1.0), None, (0.2, 1.0)],
-                        owner, positions)
+    reqs = [req(0, budget=0.1, budget_mix=(0.9, 1.0)), req(1), req(0, exact=True, budget=0.1, budget_mix=(0.2, 1.0))]
+    got = row_allowance([0.5, 0.5], reqs, owner, positions)
     # request 0: every row at its high budget, capped at the ceiling; 1: its own ceiling; 2: exact, nothing
     np.testing.assert_allclose(got, [0.5, 0.5, 0.5, 0.5, 0.5, 0.0])
-    half = row_allowance([1.0], [False], [0.1], [(0.3, 0.5)], np.zeros(4, np.int64), np.arange(4))
+    half = row_allowance([1.0], [req(0, budget=0.1, budget_mix=(0.3, 0.5))], np.zeros(4, np.int64), np.arange(4))
     np.testing.assert_allclose(half, mix_rows(0.1, 0.3, 0.5, np.arange(4)))
 
 

@@ -48,7 +48,7 @@ def request_allowance(ceiling: np.ndarray, exact: np.ndarray, budget: np.ndarray
     """[B] quality allowance per token-layer of B requests: 0 when exact, else the request's budget capped at the
     deployment's allowance for its user (the operator's ceiling), or that allowance when it names none.
     ceiling: [B] the deployment policy's allowance of each request's user; exact: [B] bool; budget: [B] float,
-    nan where the request names none. The in-process engine and the Ray homes both grant budgets by this rule."""
+    nan where the request names none (`row_allowance` applies it to each token row)."""
     ceiling = np.asarray(ceiling, float)
     budget = np.asarray(budget, float)
     own = np.where(np.isnan(budget), ceiling, np.minimum(budget, ceiling))
@@ -69,16 +69,20 @@ def mix_rows(low, high, share, positions) -> np.ndarray:
     return np.where(u < np.asarray(share, float), np.asarray(high, float), np.asarray(low, float))
 
 
-def row_allowance(ceiling, exact, budget, mix, owner, positions) -> np.ndarray:
-    """[T] quality allowance per token-layer of each token row of B requests: `request_allowance` of its request,
-    or, for a request with a budget mix (high, share), its rows dealt between its capped budget and its capped
-    `high` by `mix_rows`. ceiling, exact, budget: [B] as in `request_allowance`; mix: [B] (high, share) or None;
-    owner: [T] each row's request; positions: [T] each row's token position in its request."""
-    mix = list(mix)
-    high = np.array([np.nan if m is None else m[0] for m in mix], float)
-    share = np.array([0.0 if m is None else m[1] for m in mix], float)
+def row_allowance(ceiling_of_user: np.ndarray, reqs, owner, positions) -> np.ndarray:
+    """[T] quality allowance per token-layer of each token row of the requests `reqs` [B] (each with `user`,
+    `exact`, `budget` and `budget_mix`: a GenerationRequest or a StreamRequest): `request_allowance` of its request
+    under ceiling_of_user [U] (the deployment policy's allowance per user), or, for a request with a budget mix
+    (high, share), its rows dealt between its capped budget and its capped `high` by `mix_rows`. owner: [T] each
+    row's request; positions: [T] each row's token position in its request. The in-process engine and the Ray
+    homes both grant budgets by this rule."""
+    ceiling = np.asarray(ceiling_of_user, float)[[r.user for r in reqs]]
+    exact = [r.exact for r in reqs]
+    budget = np.array([np.nan if r.budget is None else r.budget for r in reqs], float)
+    high = np.array([np.nan if r.budget_mix is None else r.budget_mix[0] for r in reqs], float)
+    share = np.array([0.0 if r.budget_mix is None else r.budget_mix[1] for r in reqs], float)
     low = request_allowance(ceiling, exact, budget)
-    high = request_allowance(ceiling, exact, np.where(np.isnan(high), np.asarray(budget, float), high))
+    high = request_allowance(ceiling, exact, np.where(np.isnan(high), budget, high))
     owner = np.asarray(owner, np.int64)
     return mix_rows(low[owner], high[owner], share[owner], positions)
 
@@ -357,9 +361,7 @@ class HomeBatcher:
         per = len(batch[0].req.prompt) if prefill else 1
         owner = np.repeat(np.arange(len(batch)), per)  # [B x S] which stream each row is
         positions = np.arange(per) if prefill else np.array([s.length for s in batch])  # [B x S] in its stream
-        allowance = home.policies.row_allowances(users, exact, [np.nan if s.req.budget is None else s.req.budget
-                                                                for s in batch],
-                                                 [s.req.budget_mix for s in batch], owner, positions)  # [B x S]
+        allowance = home.policies.row_allowances([s.req for s in batch], owner, positions)  # [B x S]
         last = np.arange(len(batch)) * per + per - 1  # [B] the row whose logits each stream samples from
         layers: dict[int, list] = {b: [] for b, s in enumerate(batch) if s.req.explain}  # explained streams' slots
 

@@ -72,22 +72,13 @@ class HomePolicies:
         with self._lock:
             self._made[version, kind] = policy
 
-    def allowances(self, users, exact, budget) -> np.ndarray:
-        """[B] quality allowance per token-layer of B requests (users [B], exact [B] bool, budget [B] float, nan:
-        none named): edgemoe.distributed.batching.request_allowance under the deployment policy's ceiling."""
-        from .batching import request_allowance
-
-        policy, _ = self.get()
-        return request_allowance(policy.allowance[np.asarray(users, np.int64)], exact, budget)
-
-    def row_allowances(self, users, exact, budget, mix, owner, positions) -> np.ndarray:
-        """[T] quality allowance per token-layer of each token row (owner [T]: its request; positions [T]: its
-        token position) of B requests (users, exact, budget as in `allowances`; mix [B]: each request's budget
-        mix (high, share) or None): edgemoe.distributed.batching.row_allowance under the deployment's ceiling."""
+    def row_allowances(self, reqs, owner, positions) -> np.ndarray:
+        """[T] quality allowance per token-layer of each token row (owner [T]: its request in reqs [B]; positions
+        [T]: its token position): edgemoe.distributed.batching.row_allowance under the deployment's ceiling."""
         from .batching import row_allowance
 
         policy, _ = self.get()
-        return row_allowance(policy.allowance[np.asarray(users, np.int64)], exact, budget, mix, owner, positions)
+        return row_allowance(policy.allowance, reqs, owner, positions)
 
     def decide(self, layer: int, topk: np.ndarray, gates: np.ndarray, state, groups, load_s) -> Decision:
         """The decision for a pass's rows at `layer` (topk, gates [T, K]; state: the rows' TokenState).

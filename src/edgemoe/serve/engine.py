@@ -31,7 +31,6 @@ from edgemoe.distributed.batching import (
     append_step,
     batch_caches,
     explain_slots,
-    request_allowance,
     row_allowance,
     slot_kinds,
 )
@@ -174,7 +173,7 @@ class PolicyBridge:
                        ((engine.policy, False), (engine.exact_policy, True))]
         self.groups = [(pol, rows) for pol, rows in self.groups if len(rows)]
         pos = np.zeros(len(self.owner), np.int64) if positions is None else np.asarray(positions, np.int64)
-        self.allow = engine.row_allowances(seqs, self.owner, pos)  # [T]
+        self.allow = engine.row_allowances([s.req for s in seqs], self.owner, pos)  # [T]
         self.states: list = []
         self.layer_records: list = []  # per layer (topk, experts, node, location, zeroed) for explained rows
         self.routing: list = []  # per layer (topk, gates, router logits) when the engine logs routing
@@ -315,17 +314,13 @@ class Engine:
         return f"{prefix}-{self._run_id}{next(self._ids):06d}"
 
     def allowance(self, req: GenerationRequest) -> float:
-        """Quality allowance per token-layer of a request (edgemoe.distributed.batching.request_allowance)."""
-        budget = np.nan if req.budget is None else float(req.budget)
-        return float(request_allowance([self.policy.allowance[req.user]], [req.exact], [budget])[0])
+        """Quality allowance per token-layer of a request's first token row (`row_allowances`)."""
+        return float(self.row_allowances([req], [0], [0])[0])
 
-    def row_allowances(self, seqs: list[Sequence], owner: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """[T] quality allowance per token-layer of a pass's token rows (owner [T]: index into seqs; positions
+    def row_allowances(self, reqs: list[GenerationRequest], owner, positions) -> np.ndarray:
+        """[T] quality allowance per token-layer of a pass's token rows (owner [T]: index into reqs; positions
         [T]: each row's token position in its request), budget mixes dealt (edgemoe.distributed.batching)."""
-        reqs = [s.req for s in seqs]
-        return row_allowance(self.policy.allowance[[r.user for r in reqs]], [r.exact for r in reqs],
-                             [np.nan if r.budget is None else float(r.budget) for r in reqs],
-                             [r.budget_mix for r in reqs], owner, positions)
+        return row_allowance(self.policy.allowance, reqs, owner, positions)
 
     def submit(self, req: GenerationRequest, sink) -> Sequence:
         """Queue `req`; events go to sink(event) from the engine thread. Raises Busy or Closed."""
