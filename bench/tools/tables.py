@@ -522,17 +522,13 @@ def served_dial(path: Path) -> list[str]:
     def ratios(av, key):
         return ", ".join(f"{a[key]:.2f}" + ("+" if a["saturated"] else "") for a in av)
 
-    mixed = all("interpolated" in m for m in models)  # the mixture, and beside it one interpolated budget
     rows = []
-    for m in models:
-        av, n = m["asked_vs_measured"], len(m["asked_vs_measured"])
-        row = [f"`{m['model']}`", ratios(av, "ratio"), f"{m['in_band']} of {n}", ratios(av, "ratio_long"),
-               f"{m['in_band_long']} of {n}"]
-        if mixed:
-            o = m["interpolated"]
-            row += [f"{ratios(o['asked_vs_measured'], 'ratio')} / {ratios(o['asked_vs_measured'], 'ratio_long')}",
-                    f"{o['in_band']} / {o['in_band_long']} of {n}"]
-        rows.append(row + [f"+{100 * m['dial']['credited'][-1]:.1f}%"])
+    for m in models:  # the mixture, and beside it one interpolated budget
+        av, o, n = m["asked_vs_measured"], m["interpolated"], len(m["asked_vs_measured"])
+        rows.append([f"`{m['model']}`", ratios(av, "ratio"), f"{m['in_band']} of {n}", ratios(av, "ratio_long"),
+                     f"{m['in_band_long']} of {n}",
+                     f"{ratios(o['asked_vs_measured'], 'ratio')} / {ratios(o['asked_vs_measured'], 'ratio_long')}",
+                     f"{o['in_band']} / {o['in_band_long']} of {n}", f"+{100 * m['dial']['credited'][-1]:.1f}%"])
     c = r["config"]
     asked = ", ".join(f"{100 * a:g}%" for a in c["asked"])
     n = sum(len(m["asked_vs_measured"]) for m in models)
@@ -540,17 +536,16 @@ def served_dial(path: Path) -> list[str]:
             f"the full policy with empty layers allowed, budget {c['budget']:g} nats per token-layer, calibrated on "
             f"{models[0]['dial']['calib_tokens']:,} tokens of {models[0]['calibration_text']}): measured increase on "
             f"{models[0]['evaluation_text']} over asked at {asked}, on its first {models[0]['short_tokens']:,} tokens "
-            f"and on {models[0]['eval_tokens']:,}; + an asked value beyond the largest calibrated increase"
-            + (". The server's mapping, a mixture of the two bracketing grid budgets over each request's token rows, "
-               "then, beside it, one budget interpolated inside the grid step (the mapping before the mixture), "
-               "both on both texts" if mixed else "") + ":\n",
-            _table(["model", "measured / asked", "in band", f"on {models[0]['eval_tokens']:,} tokens", "in band"]
-                   + (["interpolated budget (both texts)", "in band"] if mixed else [])
-                   + ["largest calibrated increase"], rows),
+            f"and on {models[0]['eval_tokens']:,}; + an asked value beyond the largest calibrated increase. The "
+            "server's mapping, a mixture of the two bracketing grid budgets over each request's token rows, then, "
+            "beside it, one budget interpolated inside the grid step (the mapping before the mixture), both on both "
+            "texts:\n",
+            _table(["model", "measured / asked", "in band", f"on {models[0]['eval_tokens']:,} tokens", "in band",
+                    "interpolated budget (both texts)", "in band", "largest calibrated increase"], rows),
             f"\nIn band at {sum(m['in_band'] for m in models)} of {n} asked values on the "
             f"{models[0]['short_tokens']:,} tokens, {sum(m['in_band_long'] for m in models)} of {n} on the longer text"
-            + (f" (one interpolated budget: {sum(m['interpolated']['in_band'] for m in models)} and "
-               f"{sum(m['interpolated']['in_band_long'] for m in models)})" if mixed else "") + ".\n"]
+            f" (one interpolated budget: {sum(m['interpolated']['in_band'] for m in models)} and "
+            f"{sum(m['interpolated']['in_band_long'] for m in models)}).\n"]
 
 
 def full_policy_dial(path: Path) -> list[str]:
