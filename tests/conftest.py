@@ -205,7 +205,7 @@ def pytest_unconfigure(config):
 # for it (`_compile_once_across_workers`): so each worker starts with compiles the others do not need yet.
 # Lane one: the rule loop, then the OrderMoE wave loop (the longest compile). Lane two: OrderMoE's decode path,
 # then the tests on the session's Ray instance, which call it and run long on little CPU of their own (Ray's
-# processes and timeouts); at the head of a queue they are never stolen, so one worker starts one Ray instance
+# processes and timeouts); no other worker steals them (`NEVER_STOLEN`), so one worker starts one Ray instance
 # and nothing long starts last. Lane three: the multi-node Ray check (a cluster of its own in a subprocess: the
 # longest test, mostly waiting on Ray's processes, and the one Ray test that needs no session Ray), so that its
 # waits overlap the other lanes' compiles. With fewer workers than lanes, lane i joins worker i % workers (with
@@ -257,6 +257,59 @@ def pytest_collection_modifyitems(config, items):
         return  # EDGEMOE_TEST_ORDER=collected: pytest's own order
     order = lane_order([item.nodeid for item in items], int(workers))
     items[:] = [items[i] for i in order]
+
+
+# Tests that stay on the worker they are dealt to: worksteal never moves them. Why: the Ray tests share one Ray
+# instance and one deployment per worker (tests/distributed/conftest.py), so a Ray test stolen by another worker
+# starts a second instance and deployment there (about 22 CPU s, a minute on a busy 2-core host) to save the
+# few seconds the test itself takes. In the last cold run before this rule the other two workers, idle at the
+# end, stole the request-policy module's tests and each started its own.
+NEVER_STOLEN = ("tests/distributed/test_ray_",)
+MIN_QUEUE = 2  # as worksteal: a worker with fewer tests queued than this asks for more
+
+
+def steal_choice(queues: dict, nodeids: list[str]) -> tuple[object, list[int]]:
+    """(victim, the indices to take from it): half of the stealable tests of the worker with the most of them,
+    taken from its queue's end, leaving it at least `MIN_QUEUE` queued; (None, []) when nothing can be taken.
+
+    queues: worker -> its queued test indices (into nodeids), in run order. A test whose node id starts with one
+    of `NEVER_STOLEN` is not stealable."""
+    stealable = {w: [i for i in q if not nodeids[i].startswith(NEVER_STOLEN)] for w, q in queues.items()}
+    victim = max(stealable, key=lambda w: len(stealable[w]), default=None)
+    if victim is None:
+        return None, []
+    take = min(len(stealable[victim]) // 2, len(queues[victim]) - MIN_QUEUE)
+    return (victim, stealable[victim][len(stealable[victim]) - take:]) if take > 0 else (None, [])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """(xdist controller) `--dist worksteal` whose steals pass over `NEVER_STOLEN` tests (`steal_choice`);
+    every other choice is worksteal's own: the tests not yet dealt go to the idle workers in equal shares,
+    one steal is asked at a time, and an idle worker with nothing left to take is shut down."""
+    if config.getvalue("dist") != "worksteal":
+        return None
+    from xdist.scheduler import WorkStealingScheduling
+
+    class KeepNeverStolenTests(WorkStealingScheduling):
+        def check_schedule(self) -> None:
+            queues = {node: q for node, q in self.node2pending.items() if not node.shutting_down}
+            idle = [node for node, q in queues.items() if len(q) < MIN_QUEUE]
+            if self.pending and idle:
+                for k, node in enumerate(idle):
+                    self._send_tests(node, len(self.pending) // (len(idle) - k))
+                idle = [node for node in idle if len(queues[node]) < MIN_QUEUE]
+            if not idle or self.steal_requested_from_node is not None:
+                return
+            victim, take = steal_choice(queues, self.collection)
+            if victim is None:
+                for node in idle:
+                    node.shutdown()  # it runs what it holds and stops
+                return
+            victim.send_steal(take)
+            self.steal_requested_from_node = victim
+
+    return KeepNeverStolenTests(config, log)
 
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

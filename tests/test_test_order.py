@@ -1,9 +1,13 @@
 """The order the xdist workers start in (`conftest.lane_order`): a permutation that puts each lane's tests at
-the head of the half of the collection its worker is dealt, and names only tests that exist."""
+the head of the half of the collection its worker is dealt, and names only tests that exist; and what a steal
+takes (`conftest.steal_choice`): never a Ray test."""
 
 import importlib.util
 import re
 from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,3 +84,35 @@ def test_every_lane_entry_names_a_test_that_exists():
             if name:
                 func = re.sub(r"\[.*\]$", "", name)
                 assert re.search(rf"^def {func}\(", (ROOT / path).read_text(encoding="utf-8"), re.M), prefix
+
+
+steal_choice, NEVER_STOLEN, MIN_QUEUE = _CONFTEST.steal_choice, _CONFTEST.NEVER_STOLEN, _CONFTEST.MIN_QUEUE
+RAY = "tests/distributed/test_ray_backend.py::t"
+
+
+def test_a_steal_takes_half_the_stealable_tail_of_the_longest_and_never_a_ray_test():
+    ids = [RAY] * 4 + _ids(6)  # 0-3 are Ray tests, 4-9 ordinary
+    assert steal_choice({"a": list(range(10)), "b": []}, ids) == ("a", [7, 8, 9])
+    # the victim is the worker with the most stealable tests, not the longest queue
+    assert steal_choice({"a": [0, 1, 2, 3, 4], "b": [5, 6, 7, 8], "c": []}, ids) == ("b", [7, 8])
+    assert steal_choice({"a": [0, 1, 2, 3], "b": []}, ids) == (None, [])  # only Ray tests left: nothing to take
+    assert steal_choice({"a": [0, 4, 5], "b": []}, ids) == ("a", [5])  # leaves the victim MIN_QUEUE tests
+    assert steal_choice({"a": [4, 5], "b": []}, ids) == (None, [])
+    assert steal_choice({}, ids) == (None, [])
+
+
+@given(st.lists(st.booleans(), min_size=1, max_size=30), st.integers(1, 4), st.randoms(use_true_random=False))
+def test_a_steal_never_moves_a_ray_test_nor_empties_its_victim(ray_flags, workers, rnd):
+    ids = [RAY if ray else f"tests/x/test_{i:02d}.py::t" for i, ray in enumerate(ray_flags)]
+    order = list(range(len(ids)))
+    rnd.shuffle(order)
+    queues = {w: order[w::workers] for w in range(workers)}
+    victim, take = steal_choice(queues, ids)
+    if victim is None:
+        assert take == []
+        return
+    queue = queues[victim]
+    assert take and set(take) <= set(queue) and not any(ids[i].startswith(NEVER_STOLEN) for i in take)
+    assert len(queue) - len(take) >= MIN_QUEUE
+    stealable = [i for i in queue if not ids[i].startswith(NEVER_STOLEN)]
+    assert take == stealable[len(stealable) - len(take):]  # the end of its queue, in order

@@ -26,23 +26,28 @@ def in_process(lab3, tiny_path):
 
 
 @pytest.fixture(scope="module")
-def ray_engine(ray_session, lab3, tiny_path):
-    """(the Ray deployment, its RayEngine)."""
-    from edgemoe.distributed.serve import Deployment
-    from edgemoe.distributed.server import ServerConfig
+def ray_engine(lab3_deployment, tiny_path):
+    """(the session's lab3 deployment running POLICY, its RayEngine); the deployment's own configuration is put
+    back when the module's tests are done.
+
+    Why the session's deployment, reconfigured: `configure` gives every server a fresh core and home (new
+    policy, empty queues and budgets) without starting processes, where a deployment of this module's own cost
+    a second set of server processes (about 17 CPU s, half a minute on a busy 2-core host)."""
+    from dataclasses import replace
+
     from edgemoe.models import load_tokenizer
     from edgemoe.serve.ray_engine import RayEngine
 
+    dep, before = lab3_deployment, lab3_deployment.cfg
     # use_load off: the in-process engine's policy sees no node backlogs, so neither may the homes' (the
     # decisions would otherwise depend on the emulated queues)
-    dep = Deployment.launch(ServerConfig(lab3(), str(tiny_path), policy=POLICY[0], policy_params=POLICY[1],
-                                         wire="fp32", use_load=False, call_timeout_s=3.0))
+    dep.configure(replace(before, policy=POLICY[0], policy_params=POLICY[1], use_load=False))
     engine = RayEngine(dep, load_tokenizer(str(tiny_path)))
     try:
         yield dep, engine
     finally:
         engine.close()
-        dep.shutdown()
+        dep.configure(before)
 
 
 def _client(url: str):
