@@ -44,3 +44,40 @@ def test_moe_family_without_experts_is_rejected(tmp_path):
     Qwen2MoeForCausalLM(cfg).save_pretrained(tmp_path / "dense")
     with pytest.raises(EdgeMoEError, match="no MoE layers"):
         load_moe(str(tmp_path / "dense"))
+
+
+def test_checkpoint_digest_names_the_weight_files_and_dtype_only(tmp_path):
+    """The digest a served dial checks (edgemoe.serve.dial): the same for a copy of the folder, changed by one
+    byte of a weight file or of config.json, or by the dtype; not by the tokenizer's files."""
+    import shutil
+
+    from edgemoe.models import checkpoint_digest
+
+    a = save_tiny("mixtral", tmp_path / "a")
+    b = tmp_path / "b"
+    shutil.copytree(a, b)
+    base = checkpoint_digest(str(a), torch.float32)
+    assert checkpoint_digest(str(b), torch.float32) == base and len(base) == 64
+    assert checkpoint_digest(str(a), torch.bfloat16) != base
+    (b / "tokenizer_config.json").write_text("{}")
+    assert checkpoint_digest(str(b), torch.float32) == base
+    weights = bytearray((b / "model.safetensors").read_bytes())
+    weights[-1] ^= 1  # the last byte of the last tensor's data
+    (b / "model.safetensors").write_bytes(bytes(weights))
+    assert checkpoint_digest(str(b), torch.float32) != base
+    shutil.copy(a / "model.safetensors", b / "model.safetensors")
+    assert checkpoint_digest(str(b), torch.float32) == base
+    (b / "config.json").write_text((a / "config.json").read_text() + " ")
+    assert checkpoint_digest(str(b), torch.float32) != base
+
+
+def test_checkpoint_digest_without_weight_files_or_a_local_copy_is_a_clear_error(tmp_path):
+    from edgemoe.models import checkpoint_digest
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    with pytest.raises(EdgeMoEError, match=r"no weight files \(\*\.safetensors, \*\.bin\)"):
+        checkpoint_digest(str(folder), torch.float32)
+    with pytest.raises(EdgeMoEError, match="'nobody/no-such-model': no local copy"):
+        checkpoint_digest("nobody/no-such-model", torch.float32)

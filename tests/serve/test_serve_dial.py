@@ -101,6 +101,36 @@ def test_identity_names_what_differs(deployment, tmp_path):
         check_identity({**ident, "weights": "0", "placement": "0"}, identity(deployment), "d.json")
 
 
+def test_an_older_dial_file_says_to_calibrate_again(tmp_path):
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps({"schema": "edgemoe.dial/1", "deployment": {}, "dial": {}}))
+    with pytest.raises(EdgeMoEError, match=r"older edgemoe .*run `edgemoe dial` again"):
+        load_dial(path)
+
+
+def test_the_ray_identity_is_the_in_process_one_without_loading_the_model(deployment, monkeypatch):
+    """`ray_identity` names the weights from the checkpoint's files: equal to the loaded deployment's `identity`
+    for the same model, dtype, cluster, placement, mode and policy, with every model loader made to fail."""
+    from dataclasses import replace
+
+    import edgemoe.models
+    import edgemoe.models.loader
+    from edgemoe.distributed.server import ServerConfig
+    from edgemoe.serve.dial import ray_identity
+
+    spec, want = deployment.spec, identity(deployment)
+    cfg = ServerConfig(deployment.ctx, spec.model, policy=spec.policy, policy_params=spec.policy_params,
+                       dtype=spec.dtype)
+
+    def never(*_a, **_k):
+        raise AssertionError("ray_identity loaded the model")
+
+    for module in (edgemoe.models, edgemoe.models.loader):
+        monkeypatch.setattr(module, "load_moe", never)
+    assert ray_identity(cfg) == want
+    assert ray_identity(replace(cfg, dtype="bfloat16"))["weights"] != want["weights"]  # the dtype computed in counts
+
+
 def test_exact_policy_has_no_dial(deployment):
     from edgemoe.runtime import make_policy
 
@@ -188,7 +218,7 @@ def test_a_bad_dial_file_fails_before_the_deployment_is_built(tmp_path, monkeypa
     monkeypatch.setattr(setup, "load_deployment", never)
     monkeypatch.setattr("edgemoe.serve.cli._serve_ray", never)
     bad = tmp_path / "dial.json"
-    bad.write_text('{"schema": "edgemoe.dial/1", "deployment": {}, "dial": {"budgets": "x"}}')
+    bad.write_text(json.dumps({"schema": DIAL_SCHEMA, "deployment": {}, "dial": {"budgets": "x"}}))
     r = CliRunner().invoke(app, [*args, "--dial", str(bad)])
     assert r.exit_code == 2 and str(bad) in r.stderr and "budgets" in r.stderr, r.stderr
 

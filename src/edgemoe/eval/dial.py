@@ -31,7 +31,7 @@ import numpy as np
 
 from edgemoe.errors import EdgeMoEError
 
-DIAL_SCHEMA = "edgemoe.dial/1"
+DIAL_SCHEMA = "edgemoe.dial/2"  # /2: the weights digest is read from the checkpoint's files (/1 hashed the loaded model)
 
 
 @dataclass(frozen=True)
@@ -160,6 +160,9 @@ def load_dial(path) -> tuple[QualityDial, dict]:
     doc = read_json(path, "dial file")
     if not isinstance(doc, dict) or doc.get("schema") != DIAL_SCHEMA:
         got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        if got == "edgemoe.dial/1":
+            raise EdgeMoEError(f"{path}: a dial file of an older edgemoe (schema 'edgemoe.dial/1', which named the "
+                               f"weights differently); run `edgemoe dial` again to make a {DIAL_SCHEMA!r} file")
         raise EdgeMoEError(f"{path}: not a dial file (expected schema {DIAL_SCHEMA!r}, got {got!r})")
     if not isinstance(doc.get("deployment"), dict):
         raise EdgeMoEError(f"{path}: deployment: expected an object (what the dial was calibrated on)")

@@ -53,6 +53,42 @@ def resolve_model_path(spec: str) -> str:
     return spec
 
 
+WEIGHT_FILES = ("*.safetensors", "*.bin")  # what HF reads a checkpoint's weights from (and their shard indexes' shards)
+DIGEST_CHUNK = 8 << 20  # bytes read at a time: the digest never holds more than this of a checkpoint
+
+
+def checkpoint_digest(spec: str, dtype: torch.dtype) -> str:
+    """sha256 naming the weights a deployment serves: model `spec`'s config.json and weight files (`WEIGHT_FILES`,
+    each its name and bytes, in name order) and the dtype they are computed in.
+
+    Read from the files in chunks, without building the model: a process that only has to check which weights
+    its servers run (the Ray front of `serve --dial`) never holds them. A hub id is looked up in the local hub
+    cache only. Raises EdgeMoEError when the checkpoint cannot be found or read."""
+    import hashlib
+
+    path = Path(resolve_model_path(spec))
+    if not path.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+
+            path = Path(snapshot_download(str(spec), local_files_only=True))
+        except Exception as exc:  # noqa: BLE001 - not cached, or no hub client: one clear line
+            raise EdgeMoEError(f"model {spec!r}: no local copy of its files to name its weights by ({exc})") from None
+    files = sorted({f for pattern in WEIGHT_FILES for f in path.glob(pattern) if f.is_file()}, key=lambda f: f.name)
+    if not files:
+        raise EdgeMoEError(f"model {spec!r}: no weight files ({', '.join(WEIGHT_FILES)}) in {path}")
+    h = hashlib.sha256(str(dtype).encode())
+    for f in [path / "config.json", *files]:
+        h.update(b"\0" + f.name.encode() + b"\0")
+        try:
+            with open(f, "rb") as stream:
+                while chunk := stream.read(DIGEST_CHUNK):
+                    h.update(chunk)
+        except OSError as exc:
+            raise EdgeMoEError(f"model {spec!r}: cannot read {f} ({exc})") from None
+    return h.hexdigest()
+
+
 def adapter_for(model: torch.nn.Module, source: str = "") -> MoEAdapter:
     """Wrap an already-built HF model in its family adapter."""
     model_type = getattr(model.config, "model_type", None)

@@ -35,20 +35,25 @@ DIAL_TOKENS = 4096  # calibration tokens of `edgemoe dial` (the study's dial use
 
 def identity(dep) -> dict:
     """What a dial file must match to be used on the deployment `dep` (edgemoe.serve.setup.Deployment): the
-    model's weights, the cluster, the placement (a digest of which experts each node hosts), the mode, the
-    policy and its parameters (the budget among them), all as strict JSON values."""
+    model's weights (`checkpoint_digest` of its files and the dtype it computes in), the cluster, the placement
+    (a digest of which experts each node hosts), the mode, the policy and its parameters (the budget among
+    them), all as strict JSON values."""
+    from edgemoe.models import checkpoint_digest
+
     spec = dep.spec
-    return _identity(dep.ctx, dep.adapter.weights_hash(), spec.mode, spec.policy, spec.params)
+    dtype = next(dep.adapter.model.parameters()).dtype
+    return _identity(dep.ctx, checkpoint_digest(spec.model, dtype), spec.mode, spec.policy, spec.params)
 
 
 def ray_identity(cfg) -> dict:
-    """`identity` of a Ray deployment (edgemoe.distributed.server.ServerConfig): the same fields, its weights
-    digest from the model loaded here in the servers' dtype, so that a dial calibrated in-process on the same
-    model, cluster, placement, mode and policy is accepted by the Ray server and no other."""
-    from edgemoe.models import load_moe
+    """`identity` of a Ray deployment (edgemoe.distributed.server.ServerConfig): the same fields, the weights
+    named from the checkpoint's files and the servers' dtype, so that a dial calibrated in-process on the same
+    model, cluster, placement, mode and policy is accepted by the Ray server and no other. Nothing is loaded: the
+    front process of a Ray deployment never holds the model."""
+    from edgemoe.models import checkpoint_digest
 
-    return _identity(cfg.ctx, load_moe(cfg.model_path, dtype=cfg.torch_dtype()).weights_hash(), cfg.ctx.mode,
-                     cfg.policy, cfg.params)
+    return _identity(cfg.ctx, checkpoint_digest(cfg.model_path, cfg.torch_dtype()), cfg.ctx.mode, cfg.policy,
+                     cfg.params)
 
 
 def _identity(ctx, weights_hash: str, mode: str, policy: str, params) -> dict:
