@@ -54,17 +54,20 @@ def resolve_model_path(spec: str) -> str:
 
 
 WEIGHT_FILES = ("*.safetensors", "*.bin")  # what HF reads a checkpoint's weights from (and their shard indexes' shards)
-DIGEST_CHUNK = 8 << 20  # bytes read at a time: the digest never holds more than this of a checkpoint
 
 
 def checkpoint_digest(spec: str, dtype: torch.dtype) -> str:
-    """sha256 naming the weights a deployment serves: model `spec`'s config.json and weight files (`WEIGHT_FILES`,
-    each its name and bytes, in name order) and the dtype they are computed in.
+    """sha256 naming the weights a deployment serves: model `spec`'s config.json and weight files (`WEIGHT_FILES`),
+    and the dtype they are computed in. It is the sha256 of the dtype's name and, for each file in name order, its
+    name and its own sha256.
 
-    Read from the files in chunks, without building the model: a process that only has to check which weights
-    its servers run (the Ray front of `serve --dial`) never holds them. A hub id is looked up in the local hub
+    Read from the files, without building the model: a process that only has to check which weights its servers
+    run (the Ray front of `serve --dial`) never holds them. The files are hashed side by side in threads (hashlib
+    releases the GIL), so a sharded checkpoint is read at the disk's pace. A hub id is looked up in the local hub
     cache only. Raises EdgeMoEError when the checkpoint cannot be found or read."""
     import hashlib
+    import os
+    from concurrent.futures import ThreadPoolExecutor
 
     path = Path(resolve_model_path(spec))
     if not path.is_dir():
@@ -77,15 +80,20 @@ def checkpoint_digest(spec: str, dtype: torch.dtype) -> str:
     files = sorted({f for pattern in WEIGHT_FILES for f in path.glob(pattern) if f.is_file()}, key=lambda f: f.name)
     if not files:
         raise EdgeMoEError(f"model {spec!r}: no weight files ({', '.join(WEIGHT_FILES)}) in {path}")
-    h = hashlib.sha256(str(dtype).encode())
-    for f in [path / "config.json", *files]:
-        h.update(b"\0" + f.name.encode() + b"\0")
+    files = [path / "config.json", *files]
+
+    def file_sha(f: Path) -> bytes:
         try:
             with open(f, "rb") as stream:
-                while chunk := stream.read(DIGEST_CHUNK):
-                    h.update(chunk)
+                return hashlib.file_digest(stream, "sha256").digest()
         except OSError as exc:
             raise EdgeMoEError(f"model {spec!r}: cannot read {f} ({exc})") from None
+
+    with ThreadPoolExecutor(max_workers=min(len(files), os.cpu_count() or 1)) as pool:
+        shas = list(pool.map(file_sha, files))
+    h = hashlib.sha256(str(dtype).encode())
+    for f, sha in zip(files, shas, strict=True):
+        h.update(b"\0" + f.name.encode() + b"\0" + sha)
     return h.hexdigest()
 
 
