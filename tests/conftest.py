@@ -265,7 +265,10 @@ def pytest_collection_modifyitems(config, items):
 # few seconds the test itself takes. In the last cold run before this rule the other two workers, idle at the
 # end, stole the request-policy module's tests and each started its own.
 NEVER_STOLEN = ("tests/distributed/test_ray_",)
-MIN_QUEUE = 2  # as worksteal: a worker with fewer tests queued than this asks for more
+try:  # worksteal's own bound: a worker with fewer tests queued than this asks for more
+    from xdist.scheduler.worksteal import MIN_PENDING as MIN_QUEUE
+except ImportError:  # no xdist (a plain pytest run never steals): the value it has had since 3.x
+    MIN_QUEUE = 2
 
 
 def steal_choice(queues: dict, nodeids: list[str]) -> tuple[object, list[int]]:
@@ -286,7 +289,9 @@ def steal_choice(queues: dict, nodeids: list[str]) -> tuple[object, list[int]]:
 def pytest_xdist_make_scheduler(config, log):
     """(xdist controller) `--dist worksteal` whose steals pass over `NEVER_STOLEN` tests (`steal_choice`);
     every other choice is worksteal's own: the tests not yet dealt go to the idle workers in equal shares,
-    one steal is asked at a time, and an idle worker with nothing left to take is shut down."""
+    one steal is asked at a time, and an idle worker with nothing left to take is shut down. It reads
+    worksteal's internal state; an xdist that names that state otherwise gets its plain worksteal (None), so
+    the suite still runs, only with Ray tests stealable again."""
     if config.getvalue("dist") != "worksteal":
         return None
     from xdist.scheduler import WorkStealingScheduling
@@ -309,7 +314,9 @@ def pytest_xdist_make_scheduler(config, log):
             victim.send_steal(take)
             self.steal_requested_from_node = victim
 
-    return KeepNeverStolenTests(config, log)
+    sched = KeepNeverStolenTests(config, log)
+    internals = ("node2pending", "pending", "collection", "steal_requested_from_node", "_send_tests")
+    return sched if all(hasattr(sched, name) for name in internals) else None
 
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

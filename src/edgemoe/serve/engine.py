@@ -160,8 +160,9 @@ class PolicyBridge:
     whether it is a generated token (its decisions are kept for `explain` and the modelled time)."""
 
     def __init__(self, engine: Engine, seqs: list[Sequence], per_seq_rows: list[int], generated: list[bool],
-                 positions: np.ndarray | None = None):
-        """positions: [T] each row's token position in its request (for the routing log)."""
+                 positions: np.ndarray):
+        """positions: [T] each row's token position in its request (which rows of a budget mix run at its high
+        budget, and the routing log's positions)."""
         self.engine = engine
         self.positions = positions
         self.seqs = seqs
@@ -172,8 +173,7 @@ class PolicyBridge:
         self.groups = [(pol, np.flatnonzero(exact == flag)) for pol, flag in
                        ((engine.policy, False), (engine.exact_policy, True))]
         self.groups = [(pol, rows) for pol, rows in self.groups if len(rows)]
-        pos = np.zeros(len(self.owner), np.int64) if positions is None else np.asarray(positions, np.int64)
-        self.allow = engine.row_allowances([s.req for s in seqs], self.owner, pos)  # [T]
+        self.allow = engine.row_allowances([s.req for s in seqs], self.owner, positions)  # [T]
         self.states: list = []
         self.layer_records: list = []  # per layer (topk, experts, node, location, zeroed) for explained rows
         self.routing: list = []  # per layer (topk, gates, router logits) when the engine logs routing

@@ -13,7 +13,7 @@ lose one fails with 503 unless it sends `edgemoe.allow_degraded: true`.
 
 The home runs the policy, so a request's own `budget` (capped at the deployment's allowance for its user) and
 `exact: true` travel with the stream to the home's decisions, by the in-process engine's rule
-(edgemoe.distributed.batching.request_allowance); with `explain: true` the home records, per token and layer,
+(edgemoe.distributed.batching.row_allowance); with `explain: true` the home records, per token and layer,
 where each slot ran and what stood in, and the response carries it as the in-process engine's does. The
 response's `edgemoe` object carries the home's counts (`backend: "ray"`), among them `expert_slots.degraded`:
 slots a failed server dropped or substituted.
