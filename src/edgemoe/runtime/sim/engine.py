@@ -12,9 +12,11 @@ docstring of `edgemoe.runtime.sim.simulate`; this module only makes them cheap.
 
 Speed notes (measured with perf): numba reference-counts every array argument of a real call and of an
 inlined call, so the per-wave parts take grouped arrays (the NamedTuples `Passes`, `Nodes`, `ScenarioArrays`,
-`Cost`) and are inlined once per wave, and the hot inner loops call nothing with array arguments. CPython
-passes a call of more than 30 arguments as *args, which numba cannot inline: keep calls between compiled
-functions under that.
+`Cost`), and the hot inner loops call nothing with array arguments. CPython passes a call of more than 30
+arguments as *args, which numba cannot inline: keep calls between compiled functions under that. `_wave_step`
+itself is a call of its own, once per wave (not inlined): the three loops that run it (`_wave_call`,
+`rules._drive`, `ordermoe_loop._drive_ordermoe`) then share one compiled copy, which took a third of a cold
+start's compile time when each inlined its own, and one call per wave costs nothing measurable.
 
 Numbers: the event order is that of the earlier numpy formulation (same waves, same ready-list order, same
 job seq), and the FIFO recursion is the reference engine's sequential `finish = max(free, arrival) +
@@ -409,7 +411,7 @@ def _rows(ids, layer, pass_row_start, pass_row_count, row_trace):
     return rows, rpass, rlayer, rtok
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _wave_step(has_wave, stamp, wave_ids, dec, passes, nodes, scenario, cost):
     """Finish the current wave (jobs of its decision, FIFO service, advance) and pick the next wave with
     decisions; waves without decisions are run through here. Returns (ids, rows, pass, layer, token, stamp,
@@ -417,8 +419,8 @@ def _wave_step(has_wave, stamp, wave_ids, dec, passes, nodes, scenario, cost):
 
     The arrays come in groups (`WaveEngine` builds them): dec (the wave's decision: [T] pass, layer, home,
     [T, K] node, expert, [T] location, next location), passes, nodes, scenario and cost. Grouped, every call
-    here has few arguments, so numba inlines it (CPython passes a call of more than 30 arguments as *args,
-    which numba's inliner refuses) and a wave pays no per-call reference counting of ~50 arrays.
+    here has few arguments (CPython passes a call of more than 30 arguments as *args, which numba's inliner
+    refuses). Called once per wave, not inlined: see the module's speed notes.
     """
     dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc, dec_next = dec
     layer, start_t, done_t, outstanding, pass_begin, pass_end, mark, pass_home, pass_dense, ended = passes

@@ -180,9 +180,9 @@ def _drive_ordermoe(tab, chunk_rows, every, stamp, b, wave):  # pragma: no cover
     passes (`Feedback.flush`: every `every`-th wave, when passes ended since the last observation; the
     engine logs ended passes in `ended`; `_observe_ended` then observes them), or the next wave does not fit
     in the buffers or the job queue. tab: a `LoopTables`. Returns (next wave's ids, rows, pass, layer, token,
-    stamp, more, rows buffered, observed now). It inlines the engine's parts and calls the kernel's
-    `_decide_ordermoe` once per wave (a function of its own: half the compile time, the decode path shares
-    it); numba's disk cache of this function checks only this file, so after a change to either, clear the
+    stamp, more, rows buffered, observed now). It calls the engine's `_wave_step` and the kernel's
+    `_decide_ordermoe` once per wave (functions of their own: compiled once, shared with the other loops and
+    the decode path); numba's disk cache of this function checks only this file, so after a change to either, clear the
     cache (see `rules._drive`)."""
     ex, ex_scratch, scratch_out, om, work = tab.ex, tab.ex_scratch, tab.scratch_out, tab.om, tab.work
     fb, ob, out, extra = tab.fb, tab.ob, tab.out, tab.extra

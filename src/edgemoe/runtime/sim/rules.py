@@ -112,7 +112,7 @@ def _sort_candidates(loc, rt, cand_ptr, cand_node, cand_compute, srt_static, srt
             srt_node[loc, a + j] = cand_node[a + order[j]]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _decide_rows(rule, rows, rpass, rlayer, rtok, tables, load, xfer, num_layers, out, b):
     """Decide the T rows of one wave by `rule` (RULES) into the buffers' rows b .. b + T and update the token
     state (location, next layer, top-1) as `Policy.decide` does.
@@ -122,6 +122,8 @@ def _decide_rows(rule, rows, rpass, rlayer, rtok, tables, load, xfer, num_layers
     One of four copies of the layer rule (the others: `edgemoe.runtime.policy`, the reference;
     `plan.ordermoe.runtime_model.PathModel`; `runtime.policies.ordermoe_kernel`); pinned to the policies'
     own `decide` by tests/runtime/sim/test_sim_speed.py (`test_compiled_rule_is_the_policy_call_bit_for_bit`).
+    A call of its own per wave (not inlined): `_drive` and the OrderMoE kernel (twice per wave) share one
+    compiled copy.
     """
     (topk_tab, gates_tab, st_user, st_home, st_loc, st_layer, st_top1, zero_load, usable, hosts, rt, compute, hold_ptr,
      hold_node, hold_compute, is_cloud, migrate, sorted_on, cand_ptr, cand_node, cand_compute, srt_built, srt_static,
@@ -234,8 +236,9 @@ def _drive(chunk_rows, rule, stamp, wave, tables, out, passes, nodes, scenario, 
     does not fit in them or in the job queue. tables: `RuleTables`; out: `DecisionBuffers`; the rest: the engine's groups (`WaveEngine._groups`).
     Returns (next wave's ids, rows, pass, layer, token, stamp, more,
     rows in the buffers); the caller counts the buffered decisions, makes room if needed, and calls again.
-    It inlines `engine._wave_step`, and numba's disk cache checks only this file: after a change to the
-    engine's inlined parts, clear the cache (`__pycache__/*.nbi`) or its old code keeps running here."""
+    It calls `engine._wave_step` once per wave, whose compiled code numba's disk cache keeps inside this
+    function's, and that cache checks only this file: after a change to the engine's compiled parts, clear the
+    cache (`__pycache__/*.nbi`) or their old code keeps running here."""
     ids, rows, rpass, rlayer, rtok = wave
     out_experts, out_node, out_loc, out_next, out_lat, out_topk, out_layer, out_home, out_pass = out
     load, jobs_f, counters = nodes.load, nodes.queue.jobs_f, nodes.counters
