@@ -107,10 +107,22 @@ def _steered_inputs(layer, location, topk, node_x, short, real, usable, xfer, lo
     return cand, base, meet, sub_first
 
 
+def _read_only(a, dtype=None) -> np.ndarray:
+    """`a` as a C-contiguous array of `dtype`, viewed read-only (no copy unless the layout or dtype differs).
+
+    Why: numba compiles a function once per distinct argument signature, and read-only is part of an array's
+    type; callers pass some arrays writable and others read-only (a context's tables are read-only, a view of a
+    caller's work array is not), so the numpy path's compiled helpers take every input read-only and compile
+    once."""
+    view = np.ascontiguousarray(a, dtype).view()
+    view.flags.writeable = False
+    return view
+
+
 def steered_inputs(layer, location, topk, node_x, short, real, usable, xfer, load, comp, is_sub, ready_sub,
                    all_nodes: bool):
     """(cand [R, K, J], base [R, K, J], meet [R, G], sub_first [R, M]): see `_steered_inputs`."""
-    c = np.ascontiguousarray
+    c = _read_only
     return _steered_inputs(c(layer, np.int64), c(location, np.int64), c(topk, np.int64), c(node_x, np.int64),
                            c(short, np.int64), c(real), c(usable), c(xfer, float), c(load, float), c(comp, float),
                            c(is_sub), c(ready_sub, float), bool(all_nodes))
@@ -251,12 +263,11 @@ def steered_pick(opt, part: np.ndarray | None, stride: int, table: np.ndarray, l
     use_wait = wait is not None
     if wait is None:
         wait = np.zeros((1, 1))
-    return _steered_pick(np.ascontiguousarray(opt.cand_ready), np.ascontiguousarray(opt.cand), np.ascontiguousarray(opt.meet),
-                         np.ascontiguousarray(opt.xfer_s), np.ascontiguousarray(opt.mask), np.ascontiguousarray(opt.node_m),
-                         np.ascontiguousarray(opt.sub_ready, dtype=float), location.astype(np.int64), home.astype(np.int64),
-                         np.ascontiguousarray(last), np.ascontiguousarray(feasible), np.ascontiguousarray(qterm, dtype=float),
-                         np.ascontiguousarray(alpha, dtype=float), np.ascontiguousarray(part, dtype=np.int64), int(stride),
-                         table, use_table, np.ascontiguousarray(wait, dtype=float), use_wait)
+    c = _read_only
+    return _steered_pick(c(opt.cand_ready), c(opt.cand), c(opt.meet), c(opt.xfer_s), c(opt.mask), c(opt.node_m),
+                         c(opt.sub_ready, float), c(location, np.int64), c(home, np.int64), c(last), c(feasible),
+                         c(qterm, float), c(alpha, float), c(part, np.int64), int(stride), c(table), use_table,
+                         c(wait, float), use_wait)
 
 
 # ----------------------------------------------------------- the whole decision, row by row (`_decide_ordermoe`)
@@ -422,7 +433,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
             if budget_total[rows[t]] > 0:
                 any_budget = True
         if not any_budget:
-            _decide_rows(RULE_EXACT, rows, rpass, rlayer, rtok, ex, load, xfer, num_layers, out, b)
+            _decide_rows(np.int64(RULE_EXACT), rows, rpass, rlayer, rtok, ex, load, xfer, num_layers, out, b)
             for t in range(T):
                 out_quality[b + t] = 0.0
                 budget_used[rows[t]] = budget_used[rows[t]] + 0.0
@@ -433,7 +444,9 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
             return
     for t in range(T):
         s_loc[rows[t]] = st_loc[rows[t]]
-    _decide_rows(RULE_EXACT, rows, rpass, rlayer, rtok, ex_scratch, load, xfer, num_layers, scratch_out, 0)
+    # np.int64(...): a plain constant would make numba compile `_decide_rows` again for its literal type
+    _decide_rows(np.int64(RULE_EXACT), rows, rpass, rlayer, rtok, ex_scratch, load, xfer, num_layers, scratch_out,
+                 np.int64(0))
     enumerated = K <= ints[I_ENUM]
     M = (1 << K) if enumerated else K + 1  # `action_count`
     full = (1 << K) - 1

@@ -218,7 +218,8 @@ def _drive_ordermoe(tab, chunk_rows, every, stamp, b, wave):  # pragma: no cover
         e = b + T
         dec = (out_pass[b:e], out.layer[b:e], out.home[b:e], out.node[b:e], out.experts[b:e], out.loc[b:e],
                out.next[b:e])
-        ids, rows, rpass, rlayer, rtok, stamp, more = _wave_step(True, stamp, ids, dec, passes, nodes, scenario, cost)
+        # np.bool_(True): `_wave_call`'s signature (a literal True would make numba compile `_wave_step` again)
+        ids, rows, rpass, rlayer, rtok, stamp, more = _wave_step(np.bool_(True), stamp, ids, dec, passes, nodes, scenario, cost)
         b = e
         calls[FB_CALLS] += 1
         if calls[FB_CALLS] % every == 0 and counters[C_ENDED] > calls[FB_ENDED_SEEN]:  # passes ended since the last observation

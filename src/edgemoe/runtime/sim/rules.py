@@ -244,7 +244,7 @@ def _drive(chunk_rows, rule, stamp, wave, tables, out, passes, nodes, scenario, 
     load, jobs_f, counters = nodes.load, nodes.queue.jobs_f, nodes.counters
     xfer, num_layers = cost.xfer, cost.num_layers
     K = tables.topk.shape[2]
-    b = 0
+    b = np.int64(0)  # not a literal 0: `_decide_rows` would compile again for it
     more = True
     while True:
         T = rows.shape[0]
@@ -254,7 +254,8 @@ def _drive(chunk_rows, rule, stamp, wave, tables, out, passes, nodes, scenario, 
         e = b + T
         dec = (out_pass[b:e], out_layer[b:e], out_home[b:e], out_node[b:e], out_experts[b:e], out_loc[b:e],
                out_next[b:e])
-        ids, rows, rpass, rlayer, rtok, stamp, more = _wave_step(True, stamp, ids, dec, passes, nodes, scenario, cost)
+        # np.bool_(True): `_wave_call`'s signature (a literal True would make numba compile `_wave_step` again)
+        ids, rows, rpass, rlayer, rtok, stamp, more = _wave_step(np.bool_(True), stamp, ids, dec, passes, nodes, scenario, cost)
         b = e
         if not more or b >= chunk_rows:
             break
