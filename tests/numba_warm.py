@@ -2,8 +2,8 @@
 
 Why: every `@njit(cache=True)` function compiles on its first call in a process and then writes
 `__pycache__/*.nbi|nbc`; a process that finds those files loads them instead. On a fresh clone each xdist
-worker met every compiled function cold and compiled its own copy (the OrderMoE wave loop alone is about
-100 CPU s), so the compile work was done once per worker. Here it is done once, split in three groups that run
+worker met every compiled function cold and compiled its own copy (the OrderMoE wave loop alone was about
+100 CPU s then; docs/runtime.md, "Compile time"), so the compile work was done once per worker. Here it is done once, split in three groups that run
 side by side in three processes: the OrderMoE wave loop; OrderMoE's compiled decode path (the local, Ray and
 serving backends' per-layer call); everything else.
 
