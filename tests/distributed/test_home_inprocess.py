@@ -7,6 +7,7 @@ import torch
 
 from edgemoe.distributed.server import HomeEngine, LocalTransport, ServerConfig, ServerCore
 from edgemoe.distributed.wire import GenerateRequest
+from edgemoe.errors import EdgeMoEError
 
 PROMPT = np.array([5, 6, 7, 8, 9, 10, 11])
 
@@ -50,6 +51,23 @@ def test_exact_generation_matches_the_model_and_bytes_match_the_tally(tiny_path,
     assert c["link_bytes"] == c["predicted_bytes"] > 0  # bytes moved on links = the cost model's accounting
     assert res.topk.shape == (len(PROMPT) + 4, 3, 2) and res.decode_s.shape == (4,)
     assert engine.generate(GenerateRequest("r", 0, PROMPT, 5)).replayed  # same id: answered from the cache
+
+
+def test_a_pass_in_flight_finishes_on_its_own_engine_after_a_reconfiguration(tiny_path, lab3):
+    """A reconfigured server builds a new engine on the same loaded backbone (`ServerActor._configure`) while a
+    pass of the old one may still run: both engines' passes go through the shared stubs, each on its own engine
+    (it used to fail with "'_thread._local' object has no attribute 'current'" on a Ray test run)."""
+    from edgemoe.distributed.server import RemoteExperts
+
+    old, servers = _engine(lab3("home"), tiny_path)
+    cfg = ServerConfig(old.ctx, str(tiny_path), policy="drop", wire="fp32", links_enabled=False, call_timeout_s=2.0)
+    new = HomeEngine(cfg, 0, LocalTransport(servers), adapter=old.adapter)
+    assert new.adapter is old.adapter and all(isinstance(b.experts, RemoteExperts) for b in old.adapter.blocks)
+    before = old.generate(GenerateRequest("old", 0, PROMPT, 3))  # the old engine's pass, after the new one took over
+    assert before.tokens.tolist() == _greedy_local(tiny_path, 3) and before.counts["dropped"] == 0  # exact's decisions
+    assert new.generate(GenerateRequest("new", 0, PROMPT, 3)).counts["dropped"] > 0  # the new engine's policy
+    with pytest.raises(EdgeMoEError, match="outside a pass"):
+        old.adapter.forward_logits(torch.as_tensor(PROMPT)[None])
 
 
 def test_drop_policy_combines_like_the_local_backend(tiny_path, lab3):

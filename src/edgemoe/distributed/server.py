@@ -191,15 +191,28 @@ class LocalTransport(Transport):
         return self.pool.submit(server.run_experts, call)
 
 
-class RemoteExperts(torch.nn.Module):
-    """Stands in for a sparse block's experts module: `forward(hidden, index, weights)` dispatches."""
+# (engine, pass) of the pass each thread is running through a backbone (`HomeEngine._run`). One for the process,
+# not one per engine: a reconfigured server builds a new HomeEngine on the same loaded backbone, whose stubs then
+# belong to the new engine, while a pass of the old engine may still be running in another thread; each stub
+# hands its layer to the engine of the pass in its own thread, so that pass finishes on its own engine.
+_RUNNING = threading.local()
 
-    def __init__(self, engine: HomeEngine, layer: int):
+
+class RemoteExperts(torch.nn.Module):
+    """Stands in for a sparse block's experts module: `forward(hidden, index, weights)` dispatches to the engine
+    whose pass this thread is running (`_RUNNING`)."""
+
+    def __init__(self, layer: int):
         super().__init__()
-        self.engine, self.layer = engine, layer
+        self.layer = layer
 
     def forward(self, hidden, index, weights):
-        return self.engine.moe_layer(self.layer, hidden, index, weights)
+        current = getattr(_RUNNING, "current", None)
+        if current is None:
+            raise EdgeMoEError(f"MoE layer {self.layer} ran outside a pass: a backbone with remote experts runs "
+                               "only through HomeEngine (its stubs have no experts of their own)")
+        engine, p = current
+        return engine.step(p, self.layer, hidden, index, weights)
 
 
 class HomeEngine:
@@ -226,7 +239,6 @@ class HomeEngine:
         self.backbone_bytes = sum(p.numel() * p.element_size() for p in self.adapter.model.parameters())
         self.hidden_size = self.adapter.hidden_size
         self.links = cfg.links(self.hidden_size)
-        self._local = threading.local()  # the pass this thread is running
         self.policies = HomePolicies(cfg, self.membership)
         self.dispatch = SlotDispatch(self.node, cfg, transport, self.membership, self.links, self.clock, self.policies)
         self.step = LayerStep(self.ctx, self.node, self.adapter, self.links, self.clock, self.policies, self.dispatch,
@@ -247,7 +259,8 @@ class HomeEngine:
             raise EdgeMoEError(f"model {cfg.model_path} has L={adapter.num_layers}, E={adapter.num_experts}; "
                                f"the deployment's profile has L={self.ctx.num_layers}, E={self.ctx.num_experts}")
         for layer, block in enumerate(adapter.blocks):
-            block.experts = RemoteExperts(self, layer)
+            if not isinstance(block.experts, RemoteExperts):  # a reused backbone keeps its stubs
+                block.experts = RemoteExperts(layer)
         return adapter
 
     def retime(self, cfg: ServerConfig) -> None:
@@ -257,17 +270,15 @@ class HomeEngine:
         self.dispatch.retime(cfg, self.clock)
         self.step.retime(self.clock)
 
-    def moe_layer(self, layer: int, hidden: torch.Tensor, index, weights) -> torch.Tensor:
-        """One MoE layer of the pass this thread runs (RemoteExperts.forward)."""
-        return self.step(self._local.current, layer, hidden, index, weights)
-
     def _run(self, p: Pass, **model_inputs):
-        """The backbone's forward over model_inputs with `p` as this thread's pass (the stubs' book-keeping)."""
-        self._local.current = p
+        """The backbone's forward over model_inputs with `p` as this thread's pass on this engine (`_RUNNING`, which
+        the stubs read)."""
+        outer = getattr(_RUNNING, "current", None)
+        _RUNNING.current = (self, p)
         try:
             return self.adapter.model(use_cache=True, **model_inputs)
         finally:
-            self._local.current = None
+            _RUNNING.current = outer
 
     # ---- passes -------------------------------------------------------------------------------
     def _forward(self, ids: torch.Tensor, cache, user: int, index: int, t: float, record: RequestRecord,
