@@ -14,9 +14,9 @@ Speed notes (measured with perf): numba reference-counts every array argument of
 inlined call, so the per-wave parts take grouped arrays (the NamedTuples `Passes`, `Nodes`, `ScenarioArrays`,
 `Cost`), and the hot inner loops call nothing with array arguments. CPython passes a call of more than 30
 arguments as *args, which numba cannot inline: keep calls between compiled functions under that. `_wave_step`
-itself is a call of its own, once per wave (not inlined): the three loops that run it (`_wave_call`,
-`rules._drive`, `ordermoe_loop._drive_ordermoe`) then share one compiled copy, which took a third of a cold
-start's compile time when each inlined its own, and one call per wave costs nothing measurable.
+itself is a call of its own, once per wave (not inlined): what runs it (`WaveEngine` from Python, `rules._drive`,
+`ordermoe_loop._drive_ordermoe`) then shares one compiled copy, where each wave loop inlining its own took a
+third of a cold start's compile time, and one call per wave costs nothing measurable.
 
 Numbers: the event order is that of the earlier numpy formulation (same waves, same ready-list order, same
 job seq), and the FIFO recursion is the reference engine's sequential `finish = max(free, arrival) +
@@ -456,11 +456,6 @@ def _wave_step(has_wave, stamp, wave_ids, dec, passes, nodes, scenario, cost):
         has_wave = True
 
 
-@njit(cache=True)
-def _wave_call(has_wave, stamp, wave_ids, dec, passes, nodes, scenario, cost):
-    """`_wave_step` as a call of its own (the per-wave entry of the numpy policy path)."""
-    return _wave_step(has_wave, stamp, wave_ids, dec, passes, nodes, scenario, cost)
-
 
 
 class WaveEngine:
@@ -542,7 +537,7 @@ class WaveEngine:
         return passes, nodes, self.scenario_args, self.cost_args
 
     def _step(self, has_wave, row_pass, row_layer, home, node, experts, loc, nxt):
-        ids, rows, rpass, rlayer, rtok, self.stamp, more = _wave_call(
+        ids, rows, rpass, rlayer, rtok, self.stamp, more = _wave_step(
             has_wave, self.stamp, self.ids, (row_pass, row_layer, home, node, experts, loc, nxt), *self._groups())
         if not more:
             return None

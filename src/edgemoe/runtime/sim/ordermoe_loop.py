@@ -218,7 +218,7 @@ def _drive_ordermoe(tab, chunk_rows, every, stamp, b, wave):  # pragma: no cover
         e = b + T
         dec = (out_pass[b:e], out.layer[b:e], out.home[b:e], out.node[b:e], out.experts[b:e], out.loc[b:e],
                out.next[b:e])
-        # np.bool_(True): `_wave_call`'s signature (a literal True would make numba compile `_wave_step` again)
+        # np.bool_(True): the type a Python bool has (a literal True would make numba compile `_wave_step` again)
         ids, rows, rpass, rlayer, rtok, stamp, more = _wave_step(np.bool_(True), stamp, ids, dec, passes, nodes, scenario, cost)
         b = e
         calls[FB_CALLS] += 1

@@ -254,7 +254,7 @@ def _drive(chunk_rows, rule, stamp, wave, tables, out, passes, nodes, scenario, 
         e = b + T
         dec = (out_pass[b:e], out_layer[b:e], out_home[b:e], out_node[b:e], out_experts[b:e], out_loc[b:e],
                out_next[b:e])
-        # np.bool_(True): `_wave_call`'s signature (a literal True would make numba compile `_wave_step` again)
+        # np.bool_(True): the type a Python bool has (a literal True would make numba compile `_wave_step` again)
         ids, rows, rpass, rlayer, rtok, stamp, more = _wave_step(np.bool_(True), stamp, ids, dec, passes, nodes, scenario, cost)
         b = e
         if not more or b >= chunk_rows:
