@@ -259,8 +259,7 @@ class HomeEngine:
             raise EdgeMoEError(f"model {cfg.model_path} has L={adapter.num_layers}, E={adapter.num_experts}; "
                                f"the deployment's profile has L={self.ctx.num_layers}, E={self.ctx.num_experts}")
         for layer, block in enumerate(adapter.blocks):
-            if not isinstance(block.experts, RemoteExperts):  # a reused backbone keeps its stubs
-                block.experts = RemoteExperts(layer)
+            block.experts = RemoteExperts(layer)
         return adapter
 
     def retime(self, cfg: ServerConfig) -> None:

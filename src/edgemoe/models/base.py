@@ -175,12 +175,17 @@ class MoEAdapter:
         return int(getattr(self.config, "hidden_size", None) or self.config.d_model)
 
     @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the loaded parameters compute in."""
+        return next(self.model.parameters()).dtype
+
+    @property
     def storage_dtype(self) -> torch.dtype:
         """The checkpoint's dtype (what a server stores), falling back to the loaded parameters'."""
         dt = self.checkpoint_dtype or getattr(self.config, "dtype", None) or getattr(self.config, "torch_dtype", None)
         if isinstance(dt, str):
             dt = getattr(torch, dt, None)
-        return dt if isinstance(dt, torch.dtype) else next(self.model.parameters()).dtype
+        return dt if isinstance(dt, torch.dtype) else self.compute_dtype
 
     def expert_params(self) -> np.ndarray:
         """[L, E] parameter count of each routed expert."""

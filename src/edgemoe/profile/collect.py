@@ -93,7 +93,7 @@ def collect_profile(
     gate = np.stack([torch.cat(v).numpy() for v in gates], axis=1)
     sample_topk = torch.from_numpy(topk[sample])
     subst = np.stack([
-        substitution_error(adapter, layer, torch.cat(kept_hidden[layer]).to(_param_dtype(adapter)), sample_topk[:, layer])
+        substitution_error(adapter, layer, torch.cat(kept_hidden[layer]).to(adapter.compute_dtype), sample_topk[:, layer])
         for layer in range(L)
     ])
     domain = np.repeat(blocks.domain, S)
@@ -107,9 +107,6 @@ def collect_profile(
     )
     return build_profile(meta, router_logits, topk, gate, domain, subst, adapter.expert_bytes(), adapter.expert_flops())
 
-
-def _param_dtype(adapter: MoEAdapter) -> torch.dtype:
-    return next(adapter.model.parameters()).dtype
 
 
 def _versions() -> dict:

@@ -41,8 +41,8 @@ def identity(dep) -> dict:
     from edgemoe.models import checkpoint_digest
 
     spec = dep.spec
-    dtype = next(dep.adapter.model.parameters()).dtype
-    return _identity(dep.ctx, checkpoint_digest(spec.model, dtype), spec.mode, spec.policy, spec.params)
+    return _identity(dep.ctx, checkpoint_digest(spec.model, dep.adapter.compute_dtype), spec.mode, spec.policy,
+                     spec.params)
 
 
 def ray_identity(cfg) -> dict:
