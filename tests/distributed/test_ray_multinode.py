@@ -5,6 +5,7 @@ its machine returns."""
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,11 @@ SCRIPT = Path(__file__).resolve().parent / "multinode_run.py"
 def test_three_node_cluster_on_loopback_serves_fails_over_and_readmits(tiny_path):
     env = dict(os.environ, RAY_AUTH_MODE="token")
     env.pop("RAY_ADDRESS", None)
+    # The cluster's own token. ray.cluster_utils.Cluster starts a GCS that reads a token and never makes one: on a
+    # fresh machine with no ~/.ray/auth_token (which a local ray.init writes, so it exists only once another test
+    # has started Ray) the GCS exits at once and the driver waits out RAY_gcs_server_port_wait_time_s for nothing.
+    if not (env.get("RAY_AUTH_TOKEN") or env.get("RAY_AUTH_TOKEN_PATH")):
+        env["RAY_AUTH_TOKEN"] = secrets.token_hex(16)
     proc = subprocess.run([sys.executable, str(SCRIPT), str(tiny_path)], capture_output=True, text=True,
                           timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
