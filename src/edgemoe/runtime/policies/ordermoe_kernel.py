@@ -374,9 +374,9 @@ def _work_arrays(K, N, J, G, M):  # pragma: no cover - compiled
     return (np.empty(K), np.empty(K, _I), np.empty(K), np.empty(K), np.empty((K, K)), np.empty((M, K), _I),
             np.empty((M, K)), np.empty((M, K)), np.empty(M), np.empty(M, np.bool_), np.empty(M, np.bool_), np.empty(M),
             np.empty(M, _I), np.empty(M), np.empty(K), np.empty(K), np.empty(K), np.empty((K, J), _I), np.empty((K, J)),
-            np.empty(G, _I), np.empty((K, G)), np.empty((M, G)), np.empty(G), np.zeros(G), np.zeros(G, np.bool_),
-            np.full(N, -1, _I), np.empty(K, _I), np.empty(max(G, K + 1)), np.empty((K, J), _I),
-            np.zeros(K, _I), np.zeros(M, _I), np.empty(K, _I), np.empty(K))
+            np.empty(G, _I), np.empty((K, G)), np.empty((M, G)), np.empty(G), np.zeros(G), np.full(N, -1, _I),
+            np.empty(K, _I), np.empty(max(G, K + 1)), np.zeros(K, _I), np.zeros(M, _I), np.empty(K, _I),
+            np.empty(K))
 
 
 @njit(cache=True, inline="always")
@@ -390,7 +390,7 @@ def _backlog_s(exposure, lv, g, key, N, C, load):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om, work, load, xfer, num_layers, out,
+def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load, xfer, num_layers, out,
                      extra, b):
     """OrderMoE's decision for the T rows of one wave into the buffers' rows b .. b + T, and the token state
     updated as `Policy.decide` does (location, budget used, layer, top-1), then the queue pressure (`_track`).
@@ -399,13 +399,12 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
     the same compiled code, and each compiles in about half the CPU time it took with this body inlined
     into it (LLVM's cost grows faster than the function's size).
 
-    ex / ex_scratch: rules' `_decide_rows` tables (`RuleTables`) on the real token state / on a scratch copy
-    of it (exact's replica choice node_x comes from the scratch call into scratch_out); om: `OrderMoETables`;
+    ex: rules' `_decide_rows` tables (`RuleTables`) on the token state (exact's replica choice x_node comes from
+    its nodes-only call into scratch_out, which leaves the state alone); om: `OrderMoETables`;
     out: a `DecisionBuffers`; extra: (quality [B], zeroed [B, K])."""
     (topk_tab, gates_tab, st_user, st_home, st_loc, st_layer, st_top1, zero_load, usable, hosts, rt, compute, hold_ptr,
      hold_node, hold_compute, is_cloud, migrate, sorted_on, cand_ptr, cand_node, cand_compute, srt_built, srt_static,
      srt_node) = ex
-    s_loc = ex_scratch.loc
     (best_sub, best_sub_err, subst_err, flags, short_node, table, ints, params, budget_total, budget_used,
      qpress, latency_excess, quality_weight, exposure, node_wait, home_index, home_table, home_layer) = om
     has_sub, has_drop, has_zero = flags[F_SUB], flags[F_DROP], flags[F_ZERO]
@@ -433,7 +432,8 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
             if budget_total[rows[t]] > 0:
                 any_budget = True
         if not any_budget:
-            _decide_rows(np.int64(RULE_EXACT), rows, rpass, rlayer, rtok, ex, load, xfer, num_layers, out, b)
+            _decide_rows(np.int64(RULE_EXACT), rows, rpass, rlayer, rtok, ex, load, xfer, num_layers, out, b,
+                         np.bool_(False))
             for t in range(T):
                 out_quality[b + t] = 0.0
                 budget_used[rows[t]] = budget_used[rows[t]] + 0.0
@@ -442,19 +442,17 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
             mean_load = _mean(load)
             qpress[0] += ewma * (mean_load / (mean_load + rt_med) - qpress[0])
             return
-    for t in range(T):
-        s_loc[rows[t]] = st_loc[rows[t]]
-    # np.int64(...): a plain constant would make numba compile `_decide_rows` again for its literal type
-    _decide_rows(np.int64(RULE_EXACT), rows, rpass, rlayer, rtok, ex_scratch, load, xfer, num_layers, scratch_out,
-                 np.int64(0))
+    # exact's replica choice (x_node) alone: nodes_only leaves the token state to this kernel's own update below.
+    # np.int64(...), np.bool_(...): a plain constant would make numba compile `_decide_rows` again for its literal type
+    _decide_rows(np.int64(RULE_EXACT), rows, rpass, rlayer, rtok, ex, load, xfer, num_layers, scratch_out, np.int64(0),
+                 np.bool_(True))
     enumerated = K <= ints[I_ENUM]
     M = (1 << K) if enumerated else K + 1  # `action_count`
     full = (1 << K) - 1
     J = 1 + n_short
-    G = (1 + N if all_nodes else 1 + K * J) if steer else 1
     Cm = C * levels
     (g, sub, q_sub, q_zero, err, kind, p, q_alt, quality, valid, feasible, qterm, part, sub_ready, ready_x, ready_sub, w,
-     cand, base, meet, arrive, kept_max, to_meet, home_leg, dup, seen, nodes_m, wait, vj, nv, mbits, rank, vals) = work
+     cand, base, meet, arrive, kept_max, to_meet, home_leg, seen, nodes_m, wait, nv, mbits, rank, vals) = work
     for n in range(N):
         seen[n] = -1
     if enumerated:  # action m replaces the slots of its bits (`subset_bits`); prefixes: set per row
@@ -697,71 +695,76 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
             nxt, lat = best_nxt, best_lat
         else:
             # -- steered (`_steered_inputs` + `_steered_pick`)
-            for k in range(K):
-                nv[k] = 0
+            # each slot's candidates (exact's choice, then its shortlisted replicas) that can run it, each node
+            # once, in order: cand[k, :nv[k]], base[k, :nv[k]] when its output exists. An unusable one (whose
+            # cost is infinite) or a node named again (the same sums) never reaches a meeting node strictly first
             for k in range(K):
                 e = topk_tab[tok, lv, k]
                 flat = (loc * L + lv) * E + e
+                nk = 0
                 for j in range(J):
                     n = x_node[t, k] if j == 0 else short_node[flat, j - 1]
-                    ok = (j == 0 or n >= 0) and usable[u, n]
-                    if not ok:
-                        n = x_node[t, k]
-                    cand[k, j] = n
-                    base[k, j] = xfer[loc, n] + load[n] + compute[n, lv, e] if ok else np.inf
-                    # the slot's distinct usable candidates (vj[k, :nv[k]], in order): an unusable one (inf) or a
-                    # node named again (the same sums) never reaches a meeting node strictly first
-                    fresh = ok
-                    for i in range(nv[k]):
-                        if cand[k, vj[k, i]] == n:
+                    if not ((j == 0 or n >= 0) and usable[u, n]):
+                        continue
+                    fresh = True
+                    for i in range(nk):
+                        if cand[k, i] == n:
                             fresh = False
                     if fresh:
-                        vj[k, nv[k]] = j
-                        nv[k] += 1
-            meet[0] = loc
-            if all_nodes:
-                for n in range(N):
-                    meet[1 + n] = n if usable[u, n] else loc
-            else:
-                for k in range(K):
-                    for j in range(J):
-                        meet[1 + k * J + j] = cand[k, j]
-            for gi in range(G):
-                dup[gi] = seen[meet[gi]] == t
-                seen[meet[gi]] = t
-                to_meet[gi] = xfer[loc, meet[gi]]
+                        cand[k, nk] = n
+                        base[k, nk] = xfer[loc, n] + load[n] + compute[n, lv, e]
+                        nk += 1
+                nv[k] = nk
+            # the meeting choices: the token's node, then every usable node, or each slot's exact choice and its
+            # candidates (a candidate it cannot use is named as exact's choice), each node once, in the order
+            # first named. A node named again gives the same costs, so its later copy never wins the
+            # first-index argmin, and leaving it out changes no pick (about two in three of the 1 + K x J
+            # choices at steer_replicas 4, K = 2: the shortlists name the same nodes)
+            Gd = 0
+            for gi in range(1 + N if all_nodes else 1 + K * (1 + J)):
+                if gi == 0:
+                    n = loc
+                elif all_nodes:
+                    n = gi - 1 if usable[u, gi - 1] else loc
+                else:
+                    k, i = (gi - 1) // (1 + J), (gi - 1) % (1 + J)
+                    if i > nv[k]:
+                        continue
+                    n = x_node[t, k] if i == 0 else cand[k, i - 1]
+                if seen[n] == t:
+                    continue
+                seen[n] = t
+                meet[Gd] = n
+                to_meet[Gd] = xfer[loc, n]
                 if last:
-                    home_leg[gi] = xfer[meet[gi], home]
-                if backlog and not dup[gi]:
-                    wait[gi] = _backlog_s(exposure, lv, meet[gi], key, N, C, waits)
+                    home_leg[Gd] = xfer[n, home]
+                if backlog:
+                    wait[Gd] = _backlog_s(exposure, lv, n, key, N, C, waits)
+                Gd += 1
             # the least over a slot's candidates, one candidate (one row of xfer) at a time: the same minimum
             for k in range(K):
-                for gi in range(G):
+                for gi in range(Gd):
                     arrive[k, gi] = np.inf
                 for i in range(nv[k]):
-                    j = vj[k, i]
-                    c, bv = cand[k, j], base[k, j]
-                    for gi in range(G):
+                    c, bv = cand[k, i], base[k, i]
+                    for gi in range(Gd):
                         v = bv + xfer[c, meet[gi]]
                         if v < arrive[k, gi]:
                             arrive[k, gi] = v
             if enumerated:
                 # `_kept_max` written out: an inlined call with array arguments reference-counts them every row
-                for gi in range(G):
+                for gi in range(Gd):
                     kept_max[0, gi] = -np.inf
                 for s in range(1, M):
                     low = 0
                     while not (s >> low) & 1:
                         low += 1
-                    for gi in range(G):
-                        if not dup[gi]:
-                            kept_max[s, gi] = max(kept_max[s & (s - 1), gi], arrive[low, gi])
+                    for gi in range(Gd):
+                        kept_max[s, gi] = max(kept_max[s & (s - 1), gi], arrive[low, gi])
             else:  # prefixes: action m's kept slots' latest arrival in row M - 1 - m, as the enumeration has it
                 for m in range(M):
                     bm = mbits[m]
-                    for gi in range(G):
-                        if dup[gi]:
-                            continue
+                    for gi in range(Gd):
                         v = -np.inf
                         for k in range(K):
                             if not (bm >> k) & 1 and arrive[k, gi] > v:
@@ -773,9 +776,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
             for m in range(M):
                 if not feasible[m]:
                     continue
-                for gi in range(G):
-                    if dup[gi]:
-                        continue
+                for gi in range(Gd):
                     lat = kept_max[M - 1 - m, gi]
                     lat = max(lat, sub_ready[m] + to_meet[gi])
                     lat = max(lat, 0.0)
@@ -789,8 +790,8 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                             ahead = ahead + wait[gi]
                         cost = alpha * ahead + qterm[m]
                     if cost < best_cost:
-                        best_cost, best_a, best_lat = cost, m * G + gi, lat
-            m, gi = best_a // G, best_a % G
+                        best_cost, best_a, best_lat = cost, m * Gd + gi, lat
+            m, gi = best_a // Gd, best_a % Gd
             if best_lat != best_lat:
                 lat = -np.inf
                 for k in range(K):
@@ -805,13 +806,12 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om,
                     nodes_m[k] = loc if kind[m, k] == 0 else -1
                     continue
                 best = np.inf
-                bj = 0
+                node_k = x_node[t, k]  # (numpy: the first candidate, exact's choice, when none is finite)
                 for i in range(nv[k]):
-                    j = vj[k, i]
-                    v = base[k, j] + xfer[cand[k, j], meet[gi]]
+                    v = base[k, i] + xfer[cand[k, i], meet[gi]]
                     if v < best:
-                        best, bj = v, j
-                nodes_m[k] = cand[k, bj]
+                        best, node_k = v, cand[k, i]
+                nodes_m[k] = node_k
             nxt, lat = meet[gi], best_lat
         # -- the decision (`pick_decision`) and the state update (`Policy.decide`)
         for k in range(K):
@@ -898,19 +898,19 @@ if HAVE_NUMBA:
         pass
 
     class DecodeTables(_structref.StructRefProxy):
-        """ex, ex_scratch (`RuleTables`), scratch_out, out (`DecisionBuffers`), om (`OrderMoETables`), work
+        """ex (`RuleTables`), scratch_out, out (`DecisionBuffers`), om (`OrderMoETables`), work
         (`_work_arrays`), extra (quality, zeroed), rows (0..cap-1), xfer [N, N], num_layers."""
 
     _structref.define_proxy(DecodeTables, DecodeTablesType,
-                            ["ex", "ex_scratch", "scratch_out", "om", "work", "out", "extra", "rows", "xfer",
+                            ["ex", "scratch_out", "om", "work", "out", "extra", "rows", "xfer",
                              "num_layers"])
 
 
 @njit(cache=True)
-def _decode_tables(ex, ex_scratch, scratch_out, om, work, out, extra, rows, xfer, num_layers):  # pragma: no cover
+def _decode_tables(ex, scratch_out, om, work, out, extra, rows, xfer, num_layers):  # pragma: no cover
     """A `DecodeTables` made in compiled code: cached on disk, where the proxy's own constructor compiles
     anew in every process (seconds)."""
-    return DecodeTables(ex, ex_scratch, scratch_out, om, work, out, extra, rows, xfer, num_layers)
+    return DecodeTables(ex, scratch_out, om, work, out, extra, rows, xfer, num_layers)
 
 
 @njit(cache=True)
@@ -941,7 +941,7 @@ def _decode_call(tab, layer, topk, gates, load, user, home, location, state_laye
     rows = tab.rows[:T]
     rlayer = np.full(T, layer, np.int64)
     b0 = 0 * T  # an int64, not the literal 0: the simulator loop's compiled `_decide_ordermoe`, not a second one
-    _decide_ordermoe(rows, rows, rlayer, rows, ex, tab.ex_scratch, tab.scratch_out, om, tab.work, load, tab.xfer,
+    _decide_ordermoe(rows, rows, rlayer, rows, ex, tab.scratch_out, om, tab.work, load, tab.xfer,
                      tab.num_layers, out, extra, b0)
     zeroed = extra[1][:T].copy()
     any_zeroed = False
@@ -988,13 +988,12 @@ class DecodePath:
         state = SimpleNamespace(user=zi(), home=zi(), location=zi(), layer=zi(), prev_top1=zi())
         trace = SimpleNamespace(topk=np.zeros((cap, L, K), _I), gates=np.zeros((cap, L, K)))  # one layer filled a call
         ex = rule_tables(ctx, state, trace, "exact")
-        ex_scratch = ex._replace(loc=zi(), layer=zi(), top1=zi())  # exact's replica choice on a copy of the state
         om = ordermoe_tables(pol, np.zeros(cap), np.zeros(cap), self.eps, self.steer_all_nodes)
         J = 1 + int(om.ints[I_SHORT])
         G = (1 + N if om.flags[F_ALL_NODES] else 1 + K * J) if om.flags[F_STEER] else 1
         self.cap, self.om = cap, om
         work = _work_arrays(K, N, J, G, action_count(K, int(om.ints[I_ENUM])))
-        self.tab = _decode_tables(ex, ex_scratch, decision_buffers(cap, K), om, work,
+        self.tab = _decode_tables(ex, decision_buffers(cap, K), om, work,
                                   decision_buffers(cap, K), (np.empty(cap), np.empty((cap, K), np.bool_)),
                                   np.arange(cap, dtype=_I), np.array(ctx.xfer_s, float), int(L))
 

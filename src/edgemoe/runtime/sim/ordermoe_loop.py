@@ -3,8 +3,7 @@
 `run_ordermoe` drives the simulation as `rules.run_rule` does for exact / slimcaching / drop, with the
 whole OrderMoE decision of `edgemoe.runtime.policies.ordermoe` (`layer_options` + `OrderMoEPolicy.choose`) in
 the compiled loop (`ordermoe_kernel._decide_ordermoe`, the per-row decision the policy's own decode path
-also runs): exact's replica choice (rules' `_decide_rows`, rule "exact", run on a
-scratch copy of the token state), the stand-in pricing of `edgemoe.plan.ordermoe.standins.choose_stand_ins`,
+also runs): exact's replica choice (rules' `_decide_rows`, rule "exact", nodes only), the stand-in pricing of `edgemoe.plan.ordermoe.standins.choose_stand_ins`,
 the budget state, the look-ahead lookup (`LookAhead.stacked`, paced), the steered search of
 `ordermoe_kernel._steered_pick` or the unsteered meeting rule (`unsteered_meeting`), the adaptive weights
 (alpha from the queue pressure and the per-user latency excess, beta from the per-user quality weight), the
@@ -184,7 +183,7 @@ def _drive_ordermoe(tab, chunk_rows, every, stamp, b, wave):  # pragma: no cover
     `_decide_ordermoe` once per wave (functions of their own: compiled once, shared with the other loops and
     the decode path); numba's disk cache of this function checks only this file, so after a change to either, clear the
     cache (see `rules._drive`)."""
-    ex, ex_scratch, scratch_out, om, work = tab.ex, tab.ex_scratch, tab.scratch_out, tab.om, tab.work
+    ex, scratch_out, om, work = tab.ex, tab.scratch_out, tab.om, tab.work
     fb, ob, out, extra = tab.fb, tab.ob, tab.out, tab.extra
     passes, nodes, scenario, cost = tab.passes, tab.nodes, tab.scenario, tab.cost
     ids, rows, rpass, rlayer, rtok = wave
@@ -201,7 +200,7 @@ def _drive_ordermoe(tab, chunk_rows, every, stamp, b, wave):  # pragma: no cover
         T = rows.shape[0]
         if b + T > out_pass.shape[0] or counters[C_PENDING] + T * K > jobs_f.shape[0] or T > scratch_out.pass_.shape[0]:
             break
-        _decide_ordermoe(rows, rpass, rlayer, rtok, ex, ex_scratch, scratch_out, om, work, load, xfer, num_layers, out,
+        _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load, xfer, num_layers, out,
                          extra, b)
         t = 0
         while t < T:  # rows come grouped by pass
@@ -242,21 +241,21 @@ if HAVE_NUMBA:
         pass
 
     class LoopTables(_structref.StructRefProxy):
-        """ex, ex_scratch (`RuleTables`), scratch_out, out (`DecisionBuffers`), om (`OrderMoETables`), work
+        """ex (`RuleTables`), scratch_out, out (`DecisionBuffers`), om (`OrderMoETables`), work
         (`_work_arrays`), fb (`FeedbackArrays`), ob (`ObserveArrays`), extra (quality, zeroed), and the
         engine's groups passes, nodes, scenario, cost (`WaveEngine._groups`)."""
 
     _structref.define_proxy(LoopTables, LoopTablesType,
-                            ["ex", "ex_scratch", "scratch_out", "om", "work", "fb", "ob", "out", "extra", "passes",
+                            ["ex", "scratch_out", "om", "work", "fb", "ob", "out", "extra", "passes",
                              "nodes", "scenario", "cost"])
 
 
 @njit(cache=True)
-def _loop_tables(ex, ex_scratch, scratch_out, om, work, fb, ob, out, extra, passes, nodes, scenario,
+def _loop_tables(ex, scratch_out, om, work, fb, ob, out, extra, passes, nodes, scenario,
                  cost):  # pragma: no cover - compiled
     """A `LoopTables` made in compiled code: cached on disk, where the proxy's own constructor compiles anew in
     every process."""
-    return LoopTables(ex, ex_scratch, scratch_out, om, work, fb, ob, out, extra, passes, nodes, scenario, cost)
+    return LoopTables(ex, scratch_out, om, work, fb, ob, out, extra, passes, nodes, scenario, cost)
 
 
 def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int = 1 << 16) -> None:
@@ -276,9 +275,6 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
     for name in ("location", "layer", "prev_top1", "budget_used"):  # compiled code writes them in place
         setattr(state, name, np.ascontiguousarray(getattr(state, name)).copy())
     ex = rule_tables(ctx, state, trace, "exact")
-    R = len(state)
-    # the scratch state shares the sorted tables
-    ex_scratch = ex._replace(loc=np.zeros(R, _I), layer=np.zeros(R, _I), top1=np.zeros(R, _I))
     from edgemoe.runtime.policies.ordermoe import EPS_S_PER_Q, STEER_ALL_NODES
 
     om = ordermoe_tables(policy, state.budget_total, state.budget_used, EPS_S_PER_Q, STEER_ALL_NODES)
@@ -312,7 +308,7 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
             tab = None
         engine._job_room(len(rows) * K)
         if tab is None or engine.queue.jobs_f is not tab_jobs:  # (re)built when a buffer or the job queue grew
-            tab = _loop_tables(ex, ex_scratch, scratch_out, om, work, fb, ob, out, extra, *engine._groups())
+            tab = _loop_tables(ex, scratch_out, om, work, fb, ob, out, extra, *engine._groups())
             tab_jobs = engine.queue.jobs_f
         ids, rows, rpass, rlayer, rtok, engine.stamp, more, b, observe = _drive_ordermoe(
             tab, chunk_rows, feedback.every, engine.stamp, b, (ids, rows, rpass, rlayer, rtok))

@@ -113,9 +113,12 @@ def _sort_candidates(loc, rt, cand_ptr, cand_node, cand_compute, srt_static, srt
 
 
 @njit(cache=True)
-def _decide_rows(rule, rows, rpass, rlayer, rtok, tables, load, xfer, num_layers, out, b):
+def _decide_rows(rule, rows, rpass, rlayer, rtok, tables, load, xfer, num_layers, out, b, nodes_only):
     """Decide the T rows of one wave by `rule` (RULES) into the buffers' rows b .. b + T and update the token
     state (location, next layer, top-1) as `Policy.decide` does.
+
+    nodes_only (np.bool_): write the slots' nodes (out.node) and nothing else, the token state untouched: the
+    replica choice alone, which the OrderMoE kernel reads (its own meeting rule and state update follow).
 
     tables: a `RuleTables`; out: a `DecisionBuffers`. The arithmetic is that of `exact_decision` / `DropPolicy.choose`: branch ready = (xfer + load) + compute, meeting node by
     the earliest finish among (token's node, slot nodes) with the trip home after the last layer.
@@ -170,25 +173,27 @@ def _decide_rows(rule, rows, rpass, rlayer, rtok, tables, load, xfer, num_layers
                             best, node = c, n
                     if node < 0:
                         node = 0
-                    out_node[o, k] = node
-                    out_experts[o, k] = e
-                    ready[k] = (xfer[loc, node] + seen[node]) + compute[node, lv, e]
-                    continue
-                best_all, arg_all = np.inf, 0
-                best_edge, arg_edge = np.inf, -1
-                for i in range(hold_ptr[le], hold_ptr[le + 1]):
-                    n = hold_node[i]
-                    if not usable[u, n]:
-                        continue
-                    c = rt[loc, n] + hold_compute[i] + seen[n]
-                    if c < best_all:
-                        best_all, arg_all = c, n
-                    if not is_cloud[n] and (arg_edge < 0 or c < best_edge):
-                        best_edge, arg_edge = c, n
-                node = arg_edge if rule == RULE_EXACT and has_cloud and arg_edge >= 0 else arg_all
+                else:
+                    best_all, arg_all = np.inf, 0
+                    best_edge, arg_edge = np.inf, -1
+                    for i in range(hold_ptr[le], hold_ptr[le + 1]):
+                        n = hold_node[i]
+                        if not usable[u, n]:
+                            continue
+                        c = rt[loc, n] + hold_compute[i] + seen[n]
+                        if c < best_all:
+                            best_all, arg_all = c, n
+                        if not is_cloud[n] and (arg_edge < 0 or c < best_edge):
+                            best_edge, arg_edge = c, n
+                    node = arg_edge if rule == RULE_EXACT and has_cloud and arg_edge >= 0 else arg_all
             out_node[o, k] = node
+            if nodes_only:
+                continue
+            # (the sorted search's node is never -1)
             out_experts[o, k] = e if node >= 0 else -1
             ready[k] = (xfer[loc, node] + seen[node]) + compute[node, lv, e] if node >= 0 else -np.inf
+        if nodes_only:
+            continue
         if not migrate or K == 0:  # outputs return to the token's node
             nxt = loc
             lat = 0.0
@@ -250,7 +255,7 @@ def _drive(chunk_rows, rule, stamp, wave, tables, out, passes, nodes, scenario, 
         T = rows.shape[0]
         if b + T > out_pass.shape[0] or counters[C_PENDING] + T * K > jobs_f.shape[0]:
             break
-        _decide_rows(rule, rows, rpass, rlayer, rtok, tables, load, xfer, num_layers, out, b)
+        _decide_rows(rule, rows, rpass, rlayer, rtok, tables, load, xfer, num_layers, out, b, np.bool_(False))
         e = b + T
         dec = (out_pass[b:e], out_layer[b:e], out_home[b:e], out_node[b:e], out_experts[b:e], out_loc[b:e],
                out_next[b:e])
