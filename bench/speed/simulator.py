@@ -9,9 +9,13 @@ window 1 ms) and, where small enough, the exact reference engine, to show the sp
 Wall time is the headline (events_per_s); CPU time of this process is recorded too, because the machine is
 shared and wall time moves with the other processes' load. Each fast-engine run is repeated (`--repeat`, 3)
 and the fastest kept, as timeit does (the first run's CPU seconds are kept too, `cpu_s_first_run`: a context's
-first ordermoe run also builds the look-ahead tables that its later runs reuse): the slower repeats measure the other processes on the host, not the
-simulator (every repeat gives the same result; the load average is recorded beside each row). The compiled
-part of the fast engine is warmed up (compiled or loaded from numba's cache) before anything is timed. Writes bench/results/simulator.json.
+first ordermoe run also builds the look-ahead tables that its later runs reuse): the slower repeats measure the
+other processes on the host, not the simulator (every repeat gives the same result; the load average is
+recorded beside each row). The repeats of exact and ordermoe on one scenario take turns (exact, ordermoe,
+exact, ...), so that the ratio of their times (issue 21's target) compares runs made under the same host
+conditions: on this project's shared hosts the speed of one process drifts by tens of percent over a minute.
+The compiled part of the fast engine is warmed up (compiled or loaded from numba's cache) before anything is
+timed. Writes bench/results/simulator.json.
 """
 
 from __future__ import annotations
@@ -49,14 +53,21 @@ def warm_up(profile, trace) -> None:
     simulate(ctx, make_policy("exact", ctx), trace, Workload(2, 2, 2, "closed"))
 
 
-def timed_runs(repeats: int, *args):
-    """`fastest_run` of `run_once`, plus the first run's CPU seconds: a context's first ordermoe run also
+def timed_runs(repeats: int, runs: dict) -> dict:
+    """{name: (result, fastest wall s, fastest CPU s, first run's CPU s)} of `run_once(*runs[name])`, each called
+    `repeats` times, the names taking turns (one run of each, then again): a drift of the host's speed then
+    reaches every name alike. The first run's CPU is kept apart because a context's first ordermoe run also
     builds its look-ahead tables (kept for the later runs on the same context)."""
-    m, wall, first = fastest_run(1, run_once, *args)
-    if repeats <= 1:
-        return m, wall, first, first
-    m, wall_rest, cpu = fastest_run(repeats - 1, run_once, *args)
-    return m, min(wall, wall_rest), min(cpu, first), first
+    out = {}
+    for _ in range(max(int(repeats), 1)):
+        for name, args in runs.items():
+            m, wall, cpu = fastest_run(1, run_once, *args)
+            if name in out:
+                _, w0, c0, first = out[name]
+                out[name] = (m, min(w0, wall), min(c0, cpu), first)
+            else:
+                out[name] = (m, wall, cpu, cpu)
+    return out
 
 
 def run_once(ctx, policy: str, params: dict, trace, wl, engine: str, window: float):
@@ -76,12 +87,20 @@ def main() -> None:
     for label, cluster, wl, with_ref in scenarios(args.quick):
         placement = plan(plan_problem(profile, cluster, domain_fallback=True), "ordermoe")
         ctx = make_context(profile, cluster, placement, mode="migrate", domain_fallback=True)
-        for policy, params in (("exact", {}), ("ordermoe", {"horizon": 2})):
+        policies = (("exact", {}), ("ordermoe", {"horizon": 2}))
+        fast_load = os.getloadavg()[0]
+        fast = timed_runs(args.repeat, {policy: (ctx, policy, params, trace, wl, "fast", 1e-3)
+                                        for policy, params in policies})
+        for policy, params in policies:
             engines = [("fast", 1e-3)] + ([("reference", 0.0)] if with_ref else [])
             for engine, window in engines:
-                load = os.getloadavg()[0]
-                repeats = max(args.repeat, 1) if engine == "fast" else 1
-                m, wall, cpu, first = timed_runs(repeats, ctx, policy, params, trace, wl, engine, window)
+                if engine == "fast":
+                    m, wall, cpu, first = fast[policy]
+                    load, repeats = fast_load, max(args.repeat, 1)
+                else:
+                    load = os.getloadavg()[0]
+                    m, wall, cpu, first = timed_runs(1, {policy: (ctx, policy, params, trace, wl, engine, window)})[policy]
+                    repeats = 1
                 row = {"scenario": label, "nodes": ctx.num_nodes, "users": ctx.num_users, "policy": policy,
                        "engine": engine, "window_s": window, "token_layers": m.token_layers, "wall_s": wall,
                        "events_per_s": m.token_layers / wall, "cpu_s": cpu, "cpu_s_first_run": first,
