@@ -720,17 +720,25 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
             # first named. A node named again gives the same costs, so its later copy never wins the
             # first-index argmin, and leaving it out changes no pick (about two in three of the 1 + K x J
             # choices at steer_replicas 4, K = 2: the shortlists name the same nodes)
+            # Named first into meet[:nn] (at most 1 + K x J: exact's choice is named apart only when it is not its
+            # slot's first candidate), then compacted in place (the kept index never passes the read one)
+            meet[0] = loc
+            nn = 1
+            if all_nodes:
+                for n in range(N):
+                    meet[nn] = n if usable[u, n] else loc
+                    nn += 1
+            else:
+                for k in range(K):
+                    if nv[k] == 0 or cand[k, 0] != x_node[t, k]:
+                        meet[nn] = x_node[t, k]
+                        nn += 1
+                    for i in range(nv[k]):
+                        meet[nn] = cand[k, i]
+                        nn += 1
             Gd = 0
-            for gi in range(1 + N if all_nodes else 1 + K * (1 + J)):
-                if gi == 0:
-                    n = loc
-                elif all_nodes:
-                    n = gi - 1 if usable[u, gi - 1] else loc
-                else:
-                    k, i = (gi - 1) // (1 + J), (gi - 1) % (1 + J)
-                    if i > nv[k]:
-                        continue
-                    n = x_node[t, k] if i == 0 else cand[k, i - 1]
+            for gi in range(nn):
+                n = meet[gi]
                 if seen[n] == t:
                     continue
                 seen[n] = t
