@@ -30,7 +30,7 @@ from ..sim.rules import RULE_EXACT, _decide_rows
 _I = np.int64
 
 # entries of `OrderMoETables.flags` (bool), `.ints` and `.params` (float)
-F_SUB, F_DROP, F_ZERO, F_POWER2, F_STEER, F_ALL_NODES, F_BACKLOG, F_BACKLOG_MEAN = range(8)
+F_SUB, F_DROP, F_ZERO, F_POWER2, F_STEER, F_ALL_NODES, F_BACKLOG, F_BACKLOG_MEAN, F_ALL_USABLE = range(9)
 I_SHORT, I_CELLS, I_LEVELS, I_HORIZON, I_PACE, I_HOMES, I_ENUM = range(7)
 P_QUALITY_PRICE, P_PRESSURE_GAIN, P_EWMA, P_RT_MED, P_STEP, P_EPS = range(6)
 
@@ -409,6 +409,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
      qpress, latency_excess, quality_weight, exposure, node_wait, home_index, home_table, home_layer) = om
     has_sub, has_drop, has_zero = flags[F_SUB], flags[F_DROP], flags[F_ZERO]
     power2, steer, all_nodes = flags[F_POWER2], flags[F_STEER], flags[F_ALL_NODES]
+    all_usable = flags[F_ALL_USABLE]  # every node usable by every user (no devices): the steered search skips the test
     backlog = flags[F_BACKLOG] and ints[I_HORIZON] > 0
     if backlog and flags[F_BACKLOG_MEAN]:  # `choose`: this call's waits join the EWMA first, which is then priced
         for n in range(load.shape[0]):
@@ -455,6 +456,15 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
      cand, base, meet, arrive, kept_max, to_meet, home_leg, seen, nodes_m, wait, nv, mbits, rank, vals) = work
     for n in range(N):
         seen[n] = -1
+    # The wave's rows lie scattered over the token state, and each row reads its budget and layer counter at the
+    # middle and end of a long computation: one cache miss after another. Reading them first, in a loop short
+    # enough for the misses to overlap, brings their lines into cache for the rows (the sum is kept in a scratch
+    # cell only so that the reads are not dropped as unused)
+    touch = 0.0
+    for t in range(T):
+        r = rows[t]
+        touch += budget_total[r] + budget_used[r] + (st_layer[r] + st_top1[r])
+    vals[0] = touch
     if enumerated:  # action m replaces the slots of its bits (`subset_bits`); prefixes: set per row
         for m in range(M):
             mbits[m] = m
@@ -704,7 +714,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
                 nk = 0
                 for j in range(J):
                     n = x_node[t, k] if j == 0 else short_node[flat, j - 1]
-                    if not ((j == 0 or n >= 0) and usable[u, n]):
+                    if not ((j == 0 or n >= 0) and (all_usable or usable[u, n])):
                         continue
                     fresh = True
                     for i in range(nk):
@@ -749,6 +759,18 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
                 if backlog:
                     wait[Gd] = _backlog_s(exposure, lv, n, key, N, C, waits)
                 Gd += 1
+            # The look-ahead cells the action walk below may read, read first: the table is large (the per-home
+            # one is 906 MB at 256 servers) and each cell a cache miss; here they overlap, where the walk, which
+            # reads a cell only when the action can still win, would take them one after another (same reason and
+            # same scratch cell as the wave's first loop)
+            if horizon > 0:
+                touch = 0.0
+                for m in range(M):
+                    if feasible[m]:
+                        for gi in range(Gd):
+                            ix = part[m] + meet[gi] * Cm
+                            touch += home_table[ix] if hd else table[ix]
+                vals[0] = touch
             # the least over a slot's candidates, one candidate (one row of xfer) at a time: the same minimum
             for k in range(K):
                 for gi in range(Gd):
@@ -871,7 +893,8 @@ def ordermoe_tables(policy, budget_total, budget_used, eps_s_per_q: float, steer
     _, _, C, levels = policy.lookahead.stacked.shape
     backlog = getattr(policy, "backlog", "off")
     flags = np.array(["sub" in kinds, "drop" in kinds, "zero" in kinds, policy.power == 2.0, steer,
-                      N <= steer_all_nodes, backlog != "off", backlog == "mean"])  # in F_* order
+                      N <= steer_all_nodes, backlog != "off", backlog == "mean",
+                      bool(np.asarray(ctx.usable).all())])  # in F_* order
     la = policy.lookahead
     homes = len(la.homes) if la.home_trip else 1
     home_layer = np.zeros(la.stacked.shape[0], np.bool_)
