@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from edgemoe.jit import HAVE_NUMBA, njit
+from edgemoe.jit import HAVE_NUMBA, njit, prefetch
 
 from ..policy import replica_shortlist
 from ..sim.rules import RULE_EXACT, _decide_rows
@@ -456,15 +456,15 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
      cand, base, meet, arrive, kept_max, to_meet, home_leg, seen, nodes_m, wait, nv, mbits, rank, vals) = work
     for n in range(N):
         seen[n] = -1
-    # The wave's rows lie scattered over the token state, and each row reads its budget and layer counter at the
-    # middle and end of a long computation: one cache miss after another. Reading them first, in a loop short
-    # enough for the misses to overlap, brings their lines into cache for the rows (the sum is kept in a scratch
-    # cell only so that the reads are not dropped as unused)
-    touch = 0.0
+    # The wave's rows lie scattered over the token state, and each row reads its budget and layer counter in the
+    # middle and at the end of a long computation: one cache miss after another. Their lines are asked for first,
+    # for the whole wave, so that the misses overlap each other and the rows' work
     for t in range(T):
         r = rows[t]
-        touch += budget_total[r] + budget_used[r] + (st_layer[r] + st_top1[r])
-    vals[0] = touch
+        prefetch(budget_total, r)
+        prefetch(budget_used, r)
+        prefetch(st_layer, r)
+        prefetch(st_top1, r)
     if enumerated:  # action m replaces the slots of its bits (`subset_bits`); prefixes: set per row
         for m in range(M):
             mbits[m] = m
@@ -759,18 +759,18 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
                 if backlog:
                     wait[Gd] = _backlog_s(exposure, lv, n, key, N, C, waits)
                 Gd += 1
-            # The look-ahead cells the action walk below may read, read first: the table is large (the per-home
-            # one is 906 MB at 256 servers) and each cell a cache miss; here they overlap, where the walk, which
-            # reads a cell only when the action can still win, would take them one after another (same reason and
-            # same scratch cell as the wave's first loop)
+            # The look-ahead cells the action walk below may read, asked for before the arrivals are computed: the
+            # table is large (the per-home one is 906 MB at 256 servers) and each cell a cache miss, which the walk,
+            # reading a cell only when the action can still win, would otherwise take one after another
             if horizon > 0:
-                touch = 0.0
                 for m in range(M):
                     if feasible[m]:
                         for gi in range(Gd):
                             ix = part[m] + meet[gi] * Cm
-                            touch += home_table[ix] if hd else table[ix]
-                vals[0] = touch
+                            if hd:
+                                prefetch(home_table, ix)
+                            else:
+                                prefetch(table, ix)
             # the least over a slot's candidates, one candidate (one row of xfer) at a time: the same minimum
             for k in range(K):
                 for gi in range(Gd):
