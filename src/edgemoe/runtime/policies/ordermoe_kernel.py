@@ -443,6 +443,18 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
             mean_load = _mean(load)
             qpress[0] += ewma * (mean_load / (mean_load + rt_med) - qpress[0])
             return
+    # The wave's rows lie scattered over the token state, and each row reads its state at its start, in its middle
+    # and at its end: one cache miss after another. Their lines are asked for first, for the whole wave, so that the
+    # misses overlap each other and the work (exact's replica choice below reads the location first)
+    for t in range(T):
+        r = rows[t]
+        prefetch(st_loc, r)
+        prefetch(st_home, r)
+        prefetch(st_user, r)
+        prefetch(budget_total, r)
+        prefetch(budget_used, r)
+        prefetch(st_layer, r)
+        prefetch(st_top1, r)
     # exact's replica choice (x_node) alone: nodes_only leaves the token state to this kernel's own update below.
     # np.int64(...), np.bool_(...): a plain constant would make numba compile `_decide_rows` again for its literal type
     _decide_rows(np.int64(RULE_EXACT), rows, rpass, rlayer, rtok, ex, load, xfer, num_layers, scratch_out, np.int64(0),
@@ -456,15 +468,6 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
      cand, base, meet, arrive, kept_max, to_meet, home_leg, seen, nodes_m, wait, nv, mbits, rank, vals) = work
     for n in range(N):
         seen[n] = -1
-    # The wave's rows lie scattered over the token state, and each row reads its budget and layer counter in the
-    # middle and at the end of a long computation: one cache miss after another. Their lines are asked for first,
-    # for the whole wave, so that the misses overlap each other and the rows' work
-    for t in range(T):
-        r = rows[t]
-        prefetch(budget_total, r)
-        prefetch(budget_used, r)
-        prefetch(st_layer, r)
-        prefetch(st_top1, r)
     if enumerated:  # action m replaces the slots of its bits (`subset_bits`); prefixes: set per row
         for m in range(M):
             mbits[m] = m
