@@ -891,9 +891,10 @@ def issue_21_rows() -> list[list[str]]:
         one = max(dec, key=lambda r: r["fastest_us_per_token_layer"] if r["rows_per_call"] == 1 else -1)
         many = max(dec, key=lambda r: r["fastest_us_per_token_layer"] if r["rows_per_call"] == 64 else -1)
         rows.append(["ordermoe (H=2) decision at decode <= 20 us per token-layer at 1 row per call, <= 10 us at 64",
-                     f"worst {one['fastest_us_per_token_layer']:.1f} us at 1 row ({one['setup']}, {one['mode']}), "
-                     f"{many['fastest_us_per_token_layer']:.1f} us at 64 ({many['setup']}, {many['mode']}); fastest wall "
-                     "of the repeats, CPU the same to 1% (`policies_decode.json`, `policies_decode_large.json`)",
+                     f"worst {one['fastest_us_per_token_layer']:.1f} us wall / {one['fastest_cpu_us_per_token_layer']:.1f} "
+                     f"us CPU at 1 row ({one['setup']}, {one['mode']}), {many['fastest_us_per_token_layer']:.1f} / "
+                     f"{many['fastest_cpu_us_per_token_layer']:.1f} us at 64 ({many['setup']}, {many['mode']}); the "
+                     "fastest of the repeats (`policies_decode.json`, `policies_decode_large.json`)",
                      "met" if one["fastest_us_per_token_layer"] <= 20 and many["fastest_us_per_token_layer"] <= 10
                      else "missed"])
     back = _load(RESULTS / "backlog_scenarios.json")
