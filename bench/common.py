@@ -124,10 +124,10 @@ def print_serving_table(results: dict, extra: tuple = ()) -> None:
                 print(f"{policy:>9} {name:>8} " + " ".join(f"{r.get(k)!s:>{w}}" for _, k, w in columns))
 
 
-# The look-ahead variants the backlog scripts (bench/studies/backlog_*.py) compare: H=0, H=2 on static tables,
-# and H=2 with each kind of queue term.
+# The look-ahead variants the backlog scripts (bench/studies/backlog_*.py) compare: H=0, H=2 on static tables
+# (the default), H=2 with each kind of queue term, and H=2 whose tables price future stand-ins (`table_price`).
 BACKLOG_VARIANTS = (("H0", {"horizon": 0}), ("H2", {"horizon": 2}), ("H2-now", {"horizon": 2, "backlog": "now"}),
-                    ("H2-mean", {"horizon": 2, "backlog": "mean"}))
+                    ("H2-mean", {"horizon": 2, "backlog": "mean"}), ("H2-priced", {"horizon": 2, "table_price": True}))
 
 
 def compare_backlogs(ctx, trace, workload, budget: float, row: dict) -> list[dict]:
@@ -150,8 +150,8 @@ def compare_backlogs(ctx, trace, workload, budget: float, row: dict) -> list[dic
                      "load": os.getloadavg()[0]})
         print(json.dumps(rows[-1]), flush=True)
     h0 = means["H0"]
-    print(f"# {' '.join(str(v) for v in row.values())}: H2/H0 {means['H2'] / h0:.3f}  now/H0 {means['H2-now'] / h0:.3f}  "
-          f"mean/H0 {means['H2-mean'] / h0:.3f}", flush=True)
+    print(f"# {' '.join(str(v) for v in row.values())}: "
+          + "  ".join(f"{name}/H0 {means[name] / h0:.3f}" for name, _ in BACKLOG_VARIANTS[1:]), flush=True)
     return rows
 
 
@@ -199,7 +199,8 @@ def _backlog_parts(doc: dict) -> dict:
 def write_backlog_part(rows: list[dict], argv: list[str] | None = None) -> Path:
     """Put `rows` into bench/results/backlog_scenarios.json as the part of the command that made them (the
     script and its arguments, `sys.argv` by default), with that run's environment; the other commands' parts
-    stay, except older hand-made parts of the same script and model, which it replaces. The file's own
+    stay, except earlier parts of the same script and model (whatever their other arguments: a run with more
+    methods or modes supersedes the narrower one), which it replaces. The file's own
     `environment` is the newest part's, with `part_commits` (every part's commit, "" where not recorded) and
     `cpu_s` the sum over the parts (None while some part does not record it); `rows` holds every part's rows
     in turn, each with its `command`. Written atomically."""
@@ -215,7 +216,7 @@ def write_backlog_part(rows: list[dict], argv: list[str] | None = None) -> Path:
     command = " ".join([module, *argv[1:]])
     same = " ".join([module, *argv[1:2]]) + " "  # script and model
     parts = _backlog_parts(json.loads(BACKLOG_FILE.read_text()) if BACKLOG_FILE.is_file() else {})
-    parts = {c: p for c, p in parts.items() if not (p.get("legacy") and c.startswith(same))}
+    parts = {c: p for c, p in parts.items() if not c.startswith(same)}
     parts[command] = {"environment": environment(), "rows": rows}
     envs = [p.get("environment") or {} for p in parts.values()]
     cpu = [e.get("cpu_s") for e in envs]

@@ -5,7 +5,8 @@ backlog) + oracle on the paper-scale scenario (one model).
     python -m bench.studies.backlog_paper MODEL COUNTED METHODS
     # e.g. qwen1.5-moe-a2.7b olmoe ordermoe-H0,ordermoe-H2,ordermoe-H2-now,ordermoe-H2-mean,oracle
 
-A method is `oracle` or `ordermoe-H<horizon>[-<backlog kind>]`. The ordermoe placement is planned once and
+A method is `oracle` or `ordermoe-H<horizon>[-<backlog kind> | -priced]` (`-priced`: the tables price future
+stand-ins, `table_price=True`). The ordermoe placement is planned once and
 cached in runs/cache. Prints a JSON line per method and writes the rows into
 bench/results/backlog_scenarios.json (this command's own part).
 """
@@ -34,8 +35,9 @@ def _policy(name: str, ctx, eval_prof):
     if name == "oracle":
         return make_policy("oracle", ctx, budget=0.05, routing=(eval_prof.topk, eval_prof.gates))
     parts = name.split("-")
-    backlog = parts[2] if len(parts) >= 3 else "off"
-    return make_policy("ordermoe", ctx, budget=0.05, horizon=int(parts[1][1:]), backlog=backlog)
+    tail = parts[2] if len(parts) >= 3 else "off"
+    kind = {"table_price": True} if tail == "priced" else {"backlog": tail}
+    return make_policy("ordermoe", ctx, budget=0.05, horizon=int(parts[1][1:]), **kind)
 
 
 def main(argv: list[str]) -> int:
