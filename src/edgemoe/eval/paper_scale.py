@@ -102,8 +102,10 @@ def scenario_profiles(spec_name: str, counted: str, cfg: PaperScaleConfig, log: 
                                 data=f"{label}: {r.topk.shape[0]} tokens drawn from {counted}'s real counts",
                                 weights_hash="none (calibrated synthetic routing)", source=dict(info, draw=label))
                 for r, label in zip(draws, ("planning draw", "evaluation draw"), strict=True)]
-    log(f"{spec.describe()}\n  routing calibrated on {counted}'s counts: rho {gen.rho}, max inclusion error "
-        f"{info['inclusion_max_abs_error']}, {info['calibration_cpu_s']} s CPU")
+    fit = gen.corr_info
+    log(f"{spec.describe()}\n  routing calibrated on {counted}'s counts: layer pairs {fit['layer_pairs']} at latent "
+        f"correlation {fit['gap_correlation']} (mutual information {fit['generated_mi_bits']} bits, real "
+        f"{fit['real_mi_bits']}), max inclusion error {info['inclusion_max_abs_error']}, {info['calibration_cpu_s']} s CPU")
     return spec, profiles[0], profiles[1], info
 
 

@@ -5,14 +5,17 @@ on five domains: per-expert top-k counts at layers 0, 7 and 15 and slot-by-slot 
 layers (0, 7) and (7, 15). Counts, not traces, so paper-scale scenarios draw tokens from a generative model
 fitted to them (docs/traces.md, "Calibrated routing"):
 
-- Each token has a domain and a latent z_l in R^E per layer, an AR(1) chain z_{l+1} = rho z_l + sqrt(1 - rho^2) eps
+- Each token has a domain and a latent z_l in R^E per layer, an AR(1) chain z_{l+1} = rho_l z_l + sqrt(1 - rho_l^2) eps
   with N(0, I) marginals. Its Gumbel transform g = -log(-log Phi(z)) perturbs per-(domain, layer) scores theta,
   and the layer's experts are the top-K of theta + g (Gumbel top-K, i.e. Plackett-Luce sampling).
 - theta is fitted so that each expert's top-K inclusion rate equals the real count / tokens, per domain and
   measured layer (fixed-point iteration on a fixed noise sample). The latent's marginal at every layer is
-  the same, so the fit holds at every layer whatever rho is.
-- rho is the one value (on a grid) whose within-domain mutual information between the slot-by-slot expert
-  pairs of layers (0, 7) and (7, 15) comes closest to the real counts'.
+  the same, so the fit holds at every layer whatever the rho_l are.
+- Each measured layer pair, (0, 7) and (7, 15), gets its own latent correlation, fitted so that the
+  within-domain mutual information of its slot-by-slot expert pairs matches the real counts' pair
+  (`fit_gap_correlations`); the steps inside the pair's span of relative depth share it evenly
+  (rho_l = c^(1/n)), and steps deeper than the last measured layer take the last span's rho_l
+  (`step_coefficients`).
 - Target layer l takes the measured layer nearest in relative depth, with its expert ids permuted by a seeded
   permutation (expert ids of different layers are unrelated); when the target is the counted model itself,
   the measured layers keep their ids, so those layers reproduce the real counts.
@@ -33,7 +36,8 @@ from edgemoe.errors import EdgeMoEError
 
 from .specs import ModelSpec
 
-RHO_GRID = (0.0, 0.3, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.96, 0.98)
+CORR_MAX = 0.999  # the largest latent correlation a measured layer pair may be given
+CORR_BISECTIONS = 24  # halvings of [0, CORR_MAX] per pair: the fit's resolution, 6e-8
 NORMALISES_TOPK = {"mixtral": True, "qwen2_moe": False, "qwen3_moe": True, "olmoe": False, "deepseek_v2": False,
                    "deepseek_v3": True, "switch_transformers": False}
 
@@ -151,38 +155,71 @@ def real_cross_mi(counts: RealCounts) -> np.ndarray:
                      for p in range(len(counts.layer_pairs))]).mean(axis=1)
 
 
-def fit_rho(counts: RealCounts, theta_src: np.ndarray, tokens: int = 4000, seed: int = 0) -> tuple[float, dict]:
-    """Per-layer AR(1) coefficient rho matching the real cross-layer mutual information (grid search).
+def _gap_mi(theta_a: np.ndarray, theta_b: np.ndarray, K: int, c: float, base: np.ndarray, eps: np.ndarray) -> float:
+    """Within-domain mutual information (bits, mean over domains) of the slot-by-slot expert pairs of two layers
+    whose latents have correlation c: z_b = c z_a + sqrt(1 - c^2) eps. theta_a, theta_b: [D, E] scores;
+    base, eps: [S, E] fixed standard normal samples (the same for every c, so MI is smooth in c)."""
+    za, zb = base, c * base + np.sqrt(1.0 - c * c) * eps
+    ga, gb = gumbel_of_normal(za), gumbel_of_normal(zb)
+    E = theta_a.shape[1]
+    mi = 0.0
+    for d in range(len(theta_a)):
+        table = np.zeros((E, E))
+        np.add.at(table, (_topk_of(theta_a[d][None] + ga, K).ravel(), _topk_of(theta_b[d][None] + gb, K).ravel()), 1.0)
+        mi += pair_mutual_information(table) / len(theta_a)
+    return mi
 
-    theta_src: [D, M, E] scores of the counted model itself (fit_scores on its own rates). Generates the
-    measured layers only: corr(z_a, z_b) = rho^(b - a) for an AR(1) chain.
-    """
+
+def fit_gap_correlations(counts: RealCounts, theta_src: np.ndarray, tokens: int = 4000,
+                         seed: int = 0) -> tuple[np.ndarray, dict]:
+    """[P] latent correlation c_p = corr(z_a, z_b) of each measured layer pair (a, b), fitted so that the
+    generated within-domain mutual information of the pair exceeds independence (c = 0) by as much as the
+    real pair's does (the finite sample inflates MI a little on both sides). Bisection on fixed noise,
+    CORR_BISECTIONS halvings of [0, CORR_MAX]: MI grows with c. theta_src: [D, M, E] scores of the counted
+    model itself (fit_scores on its own rates). A real excess at or below zero gives c = 0; one beyond what
+    CORR_MAX reaches gives CORR_MAX."""
     rng = np.random.default_rng(seed)
     D, M, E = theta_src.shape
     K = counts.top_k
     target = real_cross_mi(counts)
-    base = rng.normal(size=(tokens, E))
-    eps = rng.normal(size=(M, tokens, E))
-    scores = {}
-    for rho in RHO_GRID:
-        mi = np.zeros(len(counts.layer_pairs))
-        for d in range(D):
-            z, prev, chosen = base, counts.layers[0], {}
-            for i, layer in enumerate(counts.layers):
-                c = rho ** (layer - prev)
-                z = c * z + np.sqrt(1 - c * c) * eps[i] if i else z
-                prev = layer
-                chosen[layer] = _topk_of(theta_src[d, i][None] + gumbel_of_normal(z), K)
-            for p, (a, b) in enumerate(counts.layer_pairs):
-                table = np.zeros((E, E))
-                np.add.at(table, (chosen[a].ravel(), chosen[b].ravel()), 1.0)
-                mi[p] += pair_mutual_information(table) / D
-        scores[rho] = mi
-    # the finite sample inflates MI a little; compare the excess over rho = 0 (independence) on both sides
-    null = scores[0.0]
-    best = min(RHO_GRID, key=lambda r: float(np.abs((scores[r] - null) - np.maximum(target - null, 0)).sum()))
-    return best, {"real_mi_bits": target.round(4).tolist(), "generated_mi_bits": scores[best].round(4).tolist(),
-                  "independent_mi_bits": null.round(4).tolist(), "rho": best, "grid": list(RHO_GRID)}
+    base, eps = rng.normal(size=(tokens, E)), rng.normal(size=(tokens, E))
+    index = {layer: i for i, layer in enumerate(counts.layers)}
+    corr, null, got = np.zeros(len(counts.layer_pairs)), np.zeros(len(target)), np.zeros(len(target))
+    for p, (a, b) in enumerate(counts.layer_pairs):
+        ta, tb = theta_src[:, index[a]], theta_src[:, index[b]]
+        null[p] = _gap_mi(ta, tb, K, 0.0, base, eps)
+        want = target[p] - null[p]
+        lo, hi = 0.0, CORR_MAX
+        if want <= 0:
+            hi = 0.0
+        elif _gap_mi(ta, tb, K, hi, base, eps) - null[p] <= want:
+            lo = hi
+        for _ in range(CORR_BISECTIONS if lo < hi else 0):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if _gap_mi(ta, tb, K, mid, base, eps) - null[p] < want else (lo, mid)
+        corr[p] = 0.5 * (lo + hi)
+        got[p] = _gap_mi(ta, tb, K, corr[p], base, eps)
+    return corr, {"real_mi_bits": target.round(4).tolist(), "generated_mi_bits": got.round(4).tolist(),
+                  "independent_mi_bits": null.round(4).tolist(), "gap_correlation": corr.round(4).tolist(),
+                  "layer_pairs": [list(p) for p in counts.layer_pairs], "bisections": CORR_BISECTIONS}
+
+
+def step_coefficients(counts: RealCounts, corr: np.ndarray, num_layers: int) -> np.ndarray:
+    """[L] AR(1) coefficient of the latent's step into each target layer (entry 0 unused: layer 0 starts the
+    chain), so that across each measured pair's span of relative depth the latent keeps the pair's fitted
+    correlation corr [P]: the n_p target steps whose relative depth l / L lies in (a / L_src, b / L_src]
+    each take c_p^(1 / n_p). Steps outside every measured span (deeper than the last measured layer, or in
+    an unmeasured gap) take the per-step coefficient of the nearest span: the counts say nothing of them."""
+    src = counts.num_layers
+    lo = np.array([a for a, _ in counts.layer_pairs], float) / src  # [P] span of each pair in relative depth
+    hi = np.array([b for _, b in counts.layer_pairs], float) / src
+    depth = np.arange(1, num_layers) / num_layers  # [L - 1] relative depth of the step into layer l
+    inside = (depth[:, None] > lo[None] + 1e-12) & (depth[:, None] <= hi[None] + 1e-12)  # [L - 1, P]
+    gap = np.maximum(lo[None] - depth[:, None], depth[:, None] - hi[None])  # distance outside each span
+    span = np.where(inside.any(axis=1), inside.argmax(axis=1), gap.argmin(axis=1))  # [L - 1]
+    n = inside.sum(axis=0)  # [P] target steps inside each span
+    per_step = np.where(n > 0, np.maximum(corr, 0.0) ** (1.0 / np.maximum(n, 1)), corr)
+    return np.concatenate([[1.0], per_step[span]])
 
 
 @dataclass(frozen=True)
@@ -207,7 +244,8 @@ class RoutingModel:
         own = counts.hf_id == spec.hf_id and (E, K) == (counts.num_experts, counts.top_k)
         theta_src = self.theta if own else fit_scores(inclusion_rates(counts, counts.num_experts, counts.top_k),
                                                       counts.top_k, seed=seed)
-        self.rho, self.rho_info = fit_rho(counts, theta_src, seed=seed)
+        self.gap_corr, self.corr_info = fit_gap_correlations(counts, theta_src, seed=seed)
+        self.step_rho = step_coefficients(counts, self.gap_corr, L)  # [L] the latent's AR(1) step into layer l
         src_depth = np.array(counts.layers) / counts.num_layers
         self.layer_src = np.abs(np.arange(L)[:, None] / L - src_depth[None]).argmin(axis=1)  # [L] measured index
         rng = np.random.default_rng(seed + 1)
@@ -228,10 +266,10 @@ class RoutingModel:
         topk = np.empty((T, L, K), np.int64)
         gates = np.empty((T, L, K), np.float64)
         z = rng.normal(size=(T, E))
-        c = np.sqrt(1 - self.rho ** 2)
         for layer in range(L):
             if layer:
-                z = self.rho * z + c * rng.normal(size=(T, E))
+                r = self.step_rho[layer]
+                z = r * z + np.sqrt(1.0 - r * r) * rng.normal(size=(T, E))
             s = self.theta[domain, self.layer_src[layer]] + gumbel_of_normal(z)  # [T, E] in source slots
             slots = _topk_of(s, K)
             chosen = np.take_along_axis(s, slots, axis=1)
@@ -245,7 +283,8 @@ class RoutingModel:
             gates[:, layer] = w
         info = {"source": f"{self.counts.model} ({self.counts.hf_id}) real expert counts",
                 "source_layers": list(self.counts.layers), "layer_source": [int(self.counts.layers[i]) for i in self.layer_src],
-                "measured_layers_keep_ids": self.own, "rho": self.rho, "rho_fit": self.rho_info,
+                "measured_layers_keep_ids": self.own, "step_rho": self.step_rho.round(4).tolist(),
+                "gap_fit": self.corr_info,
                 "experts_kept": E, "top_k_rescaled_from": self.counts.top_k}
         return CalibratedRouting(topk=topk, gates=gates, domain=domain, domains=self.counts.domains, info=info)
 
