@@ -6,10 +6,11 @@ backlog) + oracle on the paper-scale scenario (one model).
     # e.g. qwen1.5-moe-a2.7b olmoe ordermoe-H0,ordermoe-H2,ordermoe-H2-now,ordermoe-H2-mean,oracle
 
 A method is `oracle` or `ordermoe-H<horizon>[-<backlog kind> | -priced]` (`-priced`: the tables price future
-stand-ins, `table_price=True`). The ordermoe placement is planned once and
-cached in runs/cache. Prints a JSON line per method and writes the rows into
+stand-ins, `table_price=True`). The ordermoe placement is planned once per
+planning draw and cached in runs/cache. Prints a JSON line per method and writes the rows into
 bench/results/backlog_scenarios.json (this command's own part).
 """
+import hashlib
 import json
 import os
 import sys
@@ -46,7 +47,9 @@ def main(argv: list[str]) -> int:
     spec, plan_prof, eval_prof, info = scenario_profiles(model, counted, cfg, print)
     cluster = load_cluster("testbed8")
     fallback = any(u.domain not in plan_prof.meta.domains for u in cluster.users)
-    cache = ROOT / "runs" / "cache" / f"placement-paper-scale-{model}.json"
+    # keyed by the planning draw's routing, so a changed generator never reuses an older draw's placement
+    routing = hashlib.sha256(plan_prof.topk.tobytes() + plan_prof.gates.tobytes()).hexdigest()[:12]
+    cache = ROOT / "runs" / "cache" / f"placement-paper-scale-{model}-{routing}.json"
     if cache.exists():
         placement = load_placement(cache)
     else:
