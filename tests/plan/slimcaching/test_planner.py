@@ -492,3 +492,29 @@ def test_an_lp_start_over_its_size_cap_is_a_clear_error():
     problem = synthetic_problem(seed=1, with_devices=True, num_layers=2)
     with pytest.raises(EdgeMoEError, match="over lp_max_nonzeros=50 .*raise lp_max_nonzeros"):
         plan(problem, "slimcaching", warm_start="lp", lp_max_nonzeros=50)
+
+
+def test_solve_block_memo_reuses_unchanged_layers_only():
+    """The memo gives the same cache and value as solving afresh; a repeat with the same inputs adds no table,
+    and changing one layer's inputs adds exactly that layer's."""
+    problem = synthetic_problem(seed=3, with_devices=True)
+    model = slim_model(problem)
+    node = int(model.edge_nodes[0])
+    users = model.node_users(node)
+    capacity, units = capacity_units(problem.expert_bytes, int(problem.capacity_bytes[node]), 4096)
+    hosts = empty_hosts(problem)
+    hosts[1 if node != 1 else 0, 0, :2] = True
+    tau = expert_latency(model, hosts, users)
+    call = model.node_call(node)[users]
+    fresh_held, fresh_info = solve_block(model, tau, call, users, capacity, units, "naive", 0.1, 12, 8)
+    memo: dict = {}
+    held, info = solve_block(model, tau, call, users, capacity, units, "naive", 0.1, 12, 8, memo=memo)
+    assert (held == fresh_held).all() and info == fresh_info and len(memo) == problem.expert_bytes.shape[0]
+    again, again_info = solve_block(model, tau, call, users, capacity, units, "naive", 0.1, 12, 8, memo=memo)
+    assert (again == held).all() and again_info == info and len(memo) == problem.expert_bytes.shape[0]
+    tau2 = tau.copy()
+    tau2[:, 1] *= 1.5  # only layer 1's calls get dearer
+    changed, changed_info = solve_block(model, tau2, call, users, capacity, units, "naive", 0.1, 12, 8, memo=memo)
+    direct, direct_info = solve_block(model, tau2, call, users, capacity, units, "naive", 0.1, 12, 8)
+    assert (changed == direct).all() and changed_info == direct_info
+    assert len(memo) == problem.expert_bytes.shape[0] + 1

@@ -65,14 +65,28 @@ def block_order(problem: PlanProblem, model: SlimModel, order: str) -> list[int]
     return devices + edges if order == "devices-first" else edges + devices
 
 
+def _layer_key(layer: int, users: np.ndarray, capacity: int, *arrays) -> tuple:
+    """Memo key of one layer's value table: the layer, the users, the capacity and a digest of the arrays it is
+    computed from (blake2b, 32 bytes: the arrays themselves would hold megabytes per block)."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=32)
+    for a in arrays:
+        h.update(b"-" if a is None else np.ascontiguousarray(a).tobytes())
+    return layer, users.tobytes(), capacity, h.digest()
+
+
 def solve_block(model: SlimModel, tau: np.ndarray, call: np.ndarray, users: np.ndarray, capacity: int,
                 units: np.ndarray, maxconv: str, epsilon: float, enum_max: int, beam_width: int,
-                chg: np.ndarray | None = None, call_chg: np.ndarray | None = None, pairs: dict | None = None):
+                chg: np.ndarray | None = None, call_chg: np.ndarray | None = None, pairs: dict | None = None,
+                memo: dict | None = None):
     """Best cache [L, E] bool of one node with the others fixed.
 
     tau, call: [U_n, L, E] seconds for the node's users without it / on it; chg, call_chg: [U_n, L, E] their
     remote-call charges (None: the paper's objective). pairs: a dict kept across calls for each layer's
-    `gain_pairs` of these users (they depend on nothing else). Returns (held, info).
+    `gain_pairs` of these users (they depend on nothing else). memo: a dict kept across calls of each layer's
+    value table by its inputs (`_layer_key`): a later pass re-solves a block whose layer saw no change in the
+    other nodes' caches with the same inputs, and a table is a pure function of them. Returns (held, info).
     """
     L, E = units.shape
     tables = np.zeros((L, capacity + 1))
@@ -80,6 +94,15 @@ def solve_block(model: SlimModel, tau: np.ndarray, call: np.ndarray, users: np.n
     exact = True
     for layer in range(L):
         sets = model.layers[layer].sets
+        lc, cc = (None, None) if chg is None else (chg[:, layer], call_chg[:, layer])
+        memo_key = None if memo is None else _layer_key(layer, users, capacity, tau[:, layer], call[:, layer], lc,
+                                                          cc, units[layer])
+        if memo_key is not None and memo_key in memo:
+            candidates, table, pick, table_exact = memo[memo_key]
+            tables[layer] = table
+            picks.append((candidates, pick))
+            exact &= table_exact
+            continue
         key = (layer, users.tobytes())
         if pairs is None or key not in pairs:
             found = gain_pairs(model.user_set_prob(layer)[users], model.weight[users], sets, E)
@@ -87,9 +110,10 @@ def solve_block(model: SlimModel, tau: np.ndarray, call: np.ndarray, users: np.n
                 pairs[key] = found
         else:
             found = pairs[key]
-        g = set_gains(tau[:, layer], call[:, layer], None, None, sets, None if chg is None else chg[:, layer],
-                      None if chg is None else call_chg[:, layer], pairs=found)
+        g = set_gains(tau[:, layer], call[:, layer], None, None, sets, lc, cc, pairs=found)
         table, pick, table_exact = value_table(g, units[layer, g.candidates], capacity, enum_max, beam_width)
+        if memo_key is not None:
+            memo[memo_key] = (g.candidates, table, pick, table_exact)
         tables[layer] = table
         picks.append((g.candidates, pick))
         exact &= table_exact
@@ -125,6 +149,7 @@ def successive(problem: PlanProblem, model: SlimModel, passes: int = 1, order: s
     methods: dict[str, int] = {}
     all_exact = True
     pairs: dict = {}  # each block's (user, set) pairs per layer, the same in every pass
+    memo: dict = {}  # each block's value tables by their inputs: a pass repeats many of the last one's
     history = [charged_objective(model, tau, chg)]
     best_hosts = hosts.copy()
     for _ in range(passes):
@@ -142,7 +167,7 @@ def successive(problem: PlanProblem, model: SlimModel, passes: int = 1, order: s
             unit, grid, units = capacity_grid(problem.expert_bytes, int(problem.capacity_bytes[n]), max_units)
             room = min(free_units(problem.capacity_bytes[n], problem.expert_bytes[fixed].sum(), unit), grid)
             held, info = solve_block(model, tau[users], calls[n], users, room, units, maxconv, epsilon, enum_max,
-                                     beam_width, None if chg is None else chg[users], call_chg[n], pairs)
+                                     beam_width, None if chg is None else chg[users], call_chg[n], pairs, memo)
             methods[info["method"]] = methods.get(info["method"], 0) + 1
             all_exact &= info["exact_tables"]
             hosts[n] = held | fixed
