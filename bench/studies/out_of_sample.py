@@ -24,6 +24,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
+
 from bench.common import RESULTS, environment
 from edgemoe.eval.experiment import MethodSpec
 from edgemoe.eval.paper_scale import MODELS, PaperScaleConfig, scenario_profiles
@@ -52,8 +54,8 @@ def main() -> None:
                     help="branch-and-bound nodes of the ILP (1: the root's cuts and bound; deterministic; 0: no ILP)")
     ap.add_argument("--ilp-from", default=None,
                     help="rows without an ILP of their own take the ILP entry (bound, incumbent, source) of the same "
-                         "model, cluster and mode from this earlier results file (a separate --ilp-nodes 1 run; "
-                         "the planning draw is seeded, so its bound holds for this run's in-sample objectives)")
+                         "model, cluster, mode and planning draw (`planning_draw`, a fingerprint of its routing) from "
+                         "this earlier results file (a separate --ilp-nodes 1 run); a row of another draw carries nothing")
     ap.add_argument("--out", default=str(RESULTS / "out_of_sample.json"))
     args = ap.parse_args()
     earlier = json.loads(Path(args.ilp_from).read_text())["rows"] if args.ilp_from else []
@@ -62,6 +64,7 @@ def main() -> None:
     rows, load0, t0 = [], list(os.getloadavg()), time.perf_counter()
     for name, counted in MODELS:
         _, plan_prof, eval_prof, _ = scenario_profiles(name, counted, cfg, print)
+        draw = planning_draw(plan_prof)
         for cluster, mode, policy, placements in SETTINGS:
             keep = [p for p in placements if p not in SKIP.get(name, ()) and (p != "exact" or args.ilp_nodes > 0)]
             ilp_params = {"node_limit": args.ilp_nodes, "time_limit": ILP_TIME_CAP_S}
@@ -75,9 +78,9 @@ def main() -> None:
             ilp = placed.get("exact", {})
             bound = ilp.get("plan_objective_s") if ilp.get("proven_optimal") else ilp.get("mip_dual_bound")
             if not ilp:
-                ilp, bound = carried_ilp(earlier, name, cluster, mode)
+                ilp, bound = carried_ilp(earlier, name, cluster, mode, draw)
             rows.append({
-                "model": name, "cluster": cluster, "mode": mode, "policy": policy,
+                "model": name, "cluster": cluster, "mode": mode, "policy": policy, "planning_draw": draw,
                 "mean_ms": {k: round(v, 2) for k, v in lat.items()},
                 "p99_ms": {k: round(v["latency_ms"]["p99"], 2) for k, v in doc["methods"].items()},
                 "slimcaching_vs": {k: round(100 * (slim - v) / v, 1) for k, v in lat.items() if k != "slimcaching" and slim},
@@ -104,10 +107,22 @@ def main() -> None:
     print(f"wrote {args.out}")
 
 
-def carried_ilp(earlier: list, model: str, cluster: str, mode: str) -> tuple[dict, float | None]:
-    """(ILP entry, bound) of the earlier row with this model, cluster and mode ({} and None when none had one)."""
+def planning_draw(profile) -> str:
+    """A fingerprint of a planning draw's routing (sha256 of its topk and gates, 16 hex digits): an ILP bound
+    is carried from an earlier file only to the same draw."""
+    import hashlib
+
+    return hashlib.sha256(np.ascontiguousarray(profile.topk).tobytes()
+                          + np.ascontiguousarray(profile.gates).tobytes()).hexdigest()[:16]
+
+
+def carried_ilp(earlier: list, model: str, cluster: str, mode: str, draw: str) -> tuple[dict, float | None]:
+    """(ILP entry, bound) of the earlier row with this model, cluster, mode and planning draw ({} and None when
+    none had one). A row of another draw (a changed routing generator, or a file from before rows named their
+    draw) carries nothing: its bound is of another program."""
     for row in earlier:
-        if (row["model"], row["cluster"], row["mode"]) == (model, cluster, mode) and row.get("ilp_bound_s"):
+        if (row["model"], row["cluster"], row["mode"], row.get("planning_draw")) == (model, cluster, mode, draw) \
+                and row.get("ilp_bound_s"):
             return row["ilp"], row["ilp_bound_s"]
     return {}, None
 
