@@ -83,8 +83,5 @@ results: $(STAMP)
 	$(BIN)/python -m bench.studies.backlog_diagnosis default-upcycled 4:strict,4:paper,8:paper,8:strict,16:paper,16:strict,32:paper,32:strict,demo:paper,demo:strict
 	# bench/results/lookahead_diagnosis.json: where H=2 loses to H=0 on the 32-layer Mixtral routing (edge8, 0.05)
 	$(BIN)/python -m bench.studies.lookahead_diagnosis edge8 0.05
-	$(BIN)/python -m bench.studies.backlog_diagnosis default-upcycled 16:paper,16:strict,32:paper,32:strict
-	# bench/results/lookahead_diagnosis.json: where H=2 loses to H=0 on the 32-layer Mixtral routing (edge8, 0.05)
-	$(BIN)/python -m bench.studies.lookahead_diagnosis edge8 0.05
 	$(BIN)/python -m bench.tools.test_time
 	$(BIN)/python -m bench.tools.tables --write
