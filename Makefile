@@ -71,7 +71,7 @@ results: $(STAMP)
 	$(BIN)/python -m bench.speed.policies --setups 'edge8 L=8' --rows 1,64 --out policies_decode.json
 	$(BIN)/python -m bench.speed.policies --setups L=32,generate --policies 'ordermoe(H=2)' --rows 1,64 \
 		--out policies_decode_large.json
-	$(BIN)/python -m bench.studies.out_of_sample --ilp-nodes 0 --ilp-from bench/results/out_of_sample.json
+	$(BIN)/python -m bench.studies.out_of_sample --ilp-nodes 1
 	# bench/results/backlog_scenarios.json, one part per command
 	$(BIN)/python -m bench.studies.backlog_paper qwen1.5-moe-a2.7b olmoe $(BACKLOG_PAPER)
 	$(BIN)/python -m bench.studies.backlog_paper mixtral-8x7b mixtral $(BACKLOG_PAPER)
