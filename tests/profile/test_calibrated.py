@@ -135,3 +135,27 @@ def test_mixtral_pairs_match_the_real_mutual_information():
     assert gen.gap_corr[0] < gen.gap_corr[1]  # layers 0-7 are less dependent than 7-15 on Mixtral
     assert np.isclose(np.prod(gen.step_rho[1:8]), gen.gap_corr[0]) and np.isclose(np.prod(gen.step_rho[8:16]),
                                                                                      gen.gap_corr[1])
+
+
+def _counts_file(tmp_path, pairs, tables):
+    """A one-domain counts file of a 16-layer, 4-expert, top-1 model measured at layers 0, 7 and 15."""
+    import json
+
+    doc = {"models": {"m": {"hf_id": "x/y", "num_layers": 16, "num_experts": 4, "top_k": 1, "layers": [0, 7, 15],
+                            "layer_pairs": pairs, "domains": {"d": {"topk": [[25, 25, 25, 25]] * 3,
+                                                                    "crosslayer_topk": [np.eye(4).tolist()] * tables}}}}}
+    path = tmp_path / "counts.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("pairs, tables", [([[0, 3]], 1), ([[7, 0]], 1), ([[0, 7], [7, 15]], 1), ([[0, 7, 15]], 1)])
+def test_layer_pairs_must_name_measured_layers_in_order(tmp_path, pairs, tables):
+    """A pair of an unmeasured layer, a reversed pair, a table count that disagrees, or a triple: one clear
+    error naming the file and the field, not a KeyError in the fit."""
+    from edgemoe.errors import EdgeMoEError
+
+    path = _counts_file(tmp_path, pairs, tables)
+    with pytest.raises(EdgeMoEError, match=r"counts.json: models.m.layer_pairs: expected pairs"):
+        load_real_counts(path, "m")
+    assert load_real_counts(_counts_file(tmp_path, [[0, 7], [7, 15]], 2), "m").layer_pairs == ((0, 7), (7, 15))

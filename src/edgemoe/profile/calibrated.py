@@ -86,6 +86,12 @@ def load_real_counts(path: str | Path, model: str) -> RealCounts:
     if E != counts.num_experts or M != len(counts.layers) or counts.cross.shape[2:] != (E, E):
         raise EdgeMoEError(f"{path}: models.{model}: count shapes {counts.topk.shape}, {counts.cross.shape} disagree with "
                            f"{counts.num_experts} experts at layers {counts.layers}")
+    if counts.cross.shape[1] != len(counts.layer_pairs) or any(
+            len(p) != 2 or p[0] not in counts.layers or p[1] not in counts.layers or p[0] >= p[1]
+            for p in counts.layer_pairs):
+        raise EdgeMoEError(f"{path}: models.{model}.layer_pairs: expected pairs (a, b) of measured layers "
+                           f"{counts.layers} with a < b, one per crosslayer_topk table; got {counts.layer_pairs} "
+                           f"and {counts.cross.shape[1]} tables")
     return counts
 
 
