@@ -124,6 +124,17 @@ def print_serving_table(results: dict, extra: tuple = ()) -> None:
                 print(f"{policy:>9} {name:>8} " + " ".join(f"{r.get(k)!s:>{w}}" for _, k, w in columns))
 
 
+def planning_draw(profile) -> str:
+    """A fingerprint of a profile's routing (sha256 of its topk and gates, 16 hex digits): what a result planned
+    on a calibrated draw depends on, so a cache or a carried bound is reused only for the same draw."""
+    import hashlib
+
+    import numpy as np
+
+    return hashlib.sha256(np.ascontiguousarray(profile.topk).tobytes()
+                          + np.ascontiguousarray(profile.gates).tobytes()).hexdigest()[:16]
+
+
 # The look-ahead variants the backlog scripts (bench/studies/backlog_*.py) compare: H=0, H=2 on static tables
 # (the default), H=2 with each kind of queue term, and H=2 whose tables price future stand-ins (`table_price`).
 BACKLOG_VARIANTS = (("H0", {"horizon": 0}), ("H2", {"horizon": 2}), ("H2-now", {"horizon": 2, "backlog": "now"}),

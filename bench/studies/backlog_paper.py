@@ -10,7 +10,6 @@ stand-ins, `table_price=True`). The ordermoe placement is planned once per
 planning draw and cached in runs/cache. Prints a JSON line per method and writes the rows into
 bench/results/backlog_scenarios.json (this command's own part).
 """
-import hashlib
 import json
 import os
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere: the bench package
 
-from bench.common import write_backlog_part
+from bench.common import planning_draw, write_backlog_part
 from edgemoe.cluster import load_cluster
 from edgemoe.eval.paper_scale import PaperScaleConfig, scenario_profiles
 from edgemoe.plan import plan_problem
@@ -47,9 +46,8 @@ def main(argv: list[str]) -> int:
     spec, plan_prof, eval_prof, info = scenario_profiles(model, counted, cfg, print)
     cluster = load_cluster("testbed8")
     fallback = any(u.domain not in plan_prof.meta.domains for u in cluster.users)
-    # keyed by the planning draw's routing, so a changed generator never reuses an older draw's placement
-    routing = hashlib.sha256(plan_prof.topk.tobytes() + plan_prof.gates.tobytes()).hexdigest()[:12]
-    cache = ROOT / "runs" / "cache" / f"placement-paper-scale-{model}-{routing}.json"
+    # keyed by the planning draw, so a changed generator never reuses an older draw's placement
+    cache = ROOT / "runs" / "cache" / f"placement-paper-scale-{model}-{planning_draw(plan_prof)}.json"
     if cache.exists():
         placement = load_placement(cache)
     else:

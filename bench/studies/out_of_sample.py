@@ -24,9 +24,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
-
-from bench.common import RESULTS, environment
+from bench.common import RESULTS, environment, planning_draw
 from edgemoe.eval.experiment import MethodSpec
 from edgemoe.eval.paper_scale import MODELS, PaperScaleConfig, scenario_profiles
 from edgemoe.eval.replay import replay_profile
@@ -105,15 +103,6 @@ def main() -> None:
         "wall_s": round(time.perf_counter() - t0, 1), "load_average_start": load0, "load_average_end": list(os.getloadavg()),
         "environment": environment(), "ilp_from": args.ilp_from})
     print(f"wrote {args.out}")
-
-
-def planning_draw(profile) -> str:
-    """A fingerprint of a planning draw's routing (sha256 of its topk and gates, 16 hex digits): an ILP bound
-    is carried from an earlier file only to the same draw."""
-    import hashlib
-
-    return hashlib.sha256(np.ascontiguousarray(profile.topk).tobytes()
-                          + np.ascontiguousarray(profile.gates).tobytes()).hexdigest()[:16]
 
 
 def carried_ilp(earlier: list, model: str, cluster: str, mode: str, draw: str) -> tuple[dict, float | None]:
