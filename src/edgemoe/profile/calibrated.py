@@ -185,8 +185,7 @@ def fit_gap_correlations(counts: RealCounts, theta_src: np.ndarray, tokens: int 
     model itself (fit_scores on its own rates). A real excess at or below zero gives c = 0; one beyond what
     CORR_MAX reaches gives CORR_MAX."""
     rng = np.random.default_rng(seed)
-    D, M, E = theta_src.shape
-    K = counts.top_k
+    E, K = theta_src.shape[2], counts.top_k
     target = real_cross_mi(counts)
     base, eps = rng.normal(size=(tokens, E)), rng.normal(size=(tokens, E))
     index = {layer: i for i, layer in enumerate(counts.layers)}

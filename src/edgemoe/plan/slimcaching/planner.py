@@ -15,6 +15,7 @@ Without a cloud every expert keeps an edge-server copy (`cover_edges`, sole copi
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, fields, replace
 
@@ -68,8 +69,6 @@ def block_order(problem: PlanProblem, model: SlimModel, order: str) -> list[int]
 def _layer_key(layer: int, users: np.ndarray, capacity: int, *arrays) -> tuple:
     """Memo key of one layer's value table: the layer, the users, the capacity and a digest of the arrays it is
     computed from (blake2b, 32 bytes: the arrays themselves would hold megabytes per block)."""
-    import hashlib
-
     h = hashlib.blake2b(digest_size=32)
     for a in arrays:
         h.update(b"-" if a is None else np.ascontiguousarray(a).tobytes())
@@ -99,23 +98,21 @@ def solve_block(model: SlimModel, tau: np.ndarray, call: np.ndarray, users: np.n
                                                           cc, units[layer])
         if memo_key is not None and memo_key in memo:
             candidates, table, pick, table_exact = memo[memo_key]
-            tables[layer] = table
-            picks.append((candidates, pick))
-            exact &= table_exact
-            continue
-        key = (layer, users.tobytes())
-        if pairs is None or key not in pairs:
-            found = gain_pairs(model.user_set_prob(layer)[users], model.weight[users], sets, E)
-            if pairs is not None:
-                pairs[key] = found
         else:
-            found = pairs[key]
-        g = set_gains(tau[:, layer], call[:, layer], None, None, sets, lc, cc, pairs=found)
-        table, pick, table_exact = value_table(g, units[layer, g.candidates], capacity, enum_max, beam_width)
-        if memo_key is not None:
-            memo[memo_key] = (g.candidates, table, pick, table_exact)
+            key = (layer, users.tobytes())
+            if pairs is None or key not in pairs:
+                found = gain_pairs(model.user_set_prob(layer)[users], model.weight[users], sets, E)
+                if pairs is not None:
+                    pairs[key] = found
+            else:
+                found = pairs[key]
+            g = set_gains(tau[:, layer], call[:, layer], None, None, sets, lc, cc, pairs=found)
+            table, pick, table_exact = value_table(g, units[layer, g.candidates], capacity, enum_max, beam_width)
+            candidates = g.candidates
+            if memo_key is not None:
+                memo[memo_key] = (candidates, table, pick, table_exact)
         tables[layer] = table
-        picks.append((g.candidates, pick))
+        picks.append((candidates, pick))
         exact &= table_exact
     budgets, method = solve_layers(tables, maxconv, epsilon)
     held = np.zeros((L, E), bool)
