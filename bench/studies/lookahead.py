@@ -38,18 +38,32 @@ HORIZONS = (0, 1, 2, 3)
 FREE_HORIZONS = (0, 2)
 
 
-def run(cluster_name: str, budgets, plan_prof, eval_prof, workload: Workload, log=print,
-        backlog_horizons=(), backlogs=("now", "mean")) -> list[dict]:
-    """Rows of ordermoe H = 0..3 and the oracle at each budget on one cluster (ordermoe placement, migrate);
-    backlog_horizons: H of extra rows "ordermoe-H{h}-{kind}" (and "-{kind}-free" where the free rows run) with
-    the queue-aware look-ahead (`backlog=kind` for each kind in `backlogs`), the others with the policy's default."""
+def study_inputs(shared_data: str, quick: bool = False, log=print):
+    """(planning profile, evaluation profile, calibration info, workload) of the study: Mixtral-8x7B's calibrated
+    routing, two draws of 200 tokens per domain (60 quick), 32 closed-loop requests of 16 + 16 tokens (8 quick)."""
+    cfg = PaperScaleConfig(shared_data=shared_data, tokens_per_domain=60 if quick else 200)
+    _, plan_prof, eval_prof, info = scenario_profiles("mixtral-8x7b", "mixtral", cfg, log)
+    workload = Workload(num_requests=8 if quick else 32, prompt_tokens=16, gen_tokens=16, arrival="closed", seed=0)
+    return plan_prof, eval_prof, info, workload
+
+
+def study_context(cluster_name: str, plan_prof, log=print):
+    """The runtime context of one cluster: the ordermoe placement planned on plan_prof, migrate mode."""
     cluster = load_cluster(cluster_name)
     fallback = any(u.domain not in plan_prof.meta.domains for u in cluster.users)
     t0 = time.process_time()
     placement = plan(plan_problem(plan_prof, cluster, domain_fallback=fallback), "ordermoe")
     log(f"{cluster_name}: ordermoe placement in {time.process_time() - t0:.1f} s CPU")
-    ctx = make_context(plan_prof, cluster, placement, mode="migrate", groups=groups_for(plan_prof),
-                       domain_fallback=fallback)
+    return make_context(plan_prof, cluster, placement, mode="migrate", groups=groups_for(plan_prof),
+                        domain_fallback=fallback)
+
+
+def run(cluster_name: str, budgets, plan_prof, eval_prof, workload: Workload, log=print,
+        backlog_horizons=(), backlogs=("now", "mean")) -> list[dict]:
+    """Rows of ordermoe H = 0..3 and the oracle at each budget on one cluster (ordermoe placement, migrate);
+    backlog_horizons: H of extra rows "ordermoe-H{h}-{kind}" (and "-{kind}-free" where the free rows run) with
+    the queue-aware look-ahead (`backlog=kind` for each kind in `backlogs`), the others with the policy's default."""
+    ctx = study_context(cluster_name, plan_prof, log)
     trace = Trace.from_profile(eval_prof)
     rows = []
     for budget in budgets:
@@ -92,10 +106,7 @@ def main() -> None:
     ap.add_argument("--shared-data", default=str(Path(__file__).resolve().parents[2] / ".." / "shared" / "data"))
     args = ap.parse_args()
     start, cpu0, load0 = time.perf_counter(), time.process_time(), list(os.getloadavg())
-    cfg = PaperScaleConfig(shared_data=args.shared_data, tokens_per_domain=60 if args.quick else 200)
-    _, plan_prof, eval_prof, info = scenario_profiles("mixtral-8x7b", "mixtral", cfg, print)
-    workload = Workload(num_requests=8 if args.quick else 32, prompt_tokens=16, gen_tokens=16, arrival="closed",
-                        seed=0)
+    plan_prof, eval_prof, info, workload = study_inputs(args.shared_data, args.quick)
     budgets = [float(b) for b in args.budgets.split(",")]
     rows = []
     for cluster in args.clusters.split(","):

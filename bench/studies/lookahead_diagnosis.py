@@ -23,6 +23,7 @@ import numpy as np
 
 from bench.common import environment
 from bench.studies.backlog_diagnosis import diagnose
+from bench.studies.lookahead import study_context, study_inputs
 from edgemoe.io import atomic_write_json
 
 OUT = ROOT / "bench" / "results" / "lookahead_diagnosis.json"
@@ -31,36 +32,18 @@ SUMMED = ("realized_ms", "static_ms", "seen_wait_ms", "unforeseen_ms", "stage_ms
           "replaced")
 
 
-def context(cluster_name: str, plan_prof):
-    """`bench.studies.lookahead.run`'s runtime context on one cluster: the ordermoe placement, migrate mode."""
-    from edgemoe.cluster import load_cluster
-    from edgemoe.plan import plan, plan_problem
-    from edgemoe.profile.groups import groups_for
-    from edgemoe.runtime import make_context
-
-    cluster = load_cluster(cluster_name)
-    fallback = any(u.domain not in plan_prof.meta.domains for u in cluster.users)
-    placement = plan(plan_problem(plan_prof, cluster, domain_fallback=fallback), "ordermoe")
-    return make_context(plan_prof, cluster, placement, mode="migrate", groups=groups_for(plan_prof),
-                        domain_fallback=fallback)
-
-
 def main(argv: list[str]) -> int:
-    from edgemoe.eval.paper_scale import PaperScaleConfig, scenario_profiles
     from edgemoe.runtime import make_policy
-    from edgemoe.runtime.sim.workload import Trace, Workload
+    from edgemoe.runtime.sim.workload import Trace
 
     clusters = (argv[0] if argv else "edge8").split(",")
     budgets = [float(b) for b in (argv[1] if len(argv) > 1 else "0.05").split(",")]
     c_all = time.process_time()
-    # the lookahead study's inputs (its main: 200 tokens per domain, 32 closed-loop requests of 16 + 16 tokens)
-    cfg = PaperScaleConfig(shared_data=str(ROOT.parent / "shared" / "data"), tokens_per_domain=200)
-    _, plan_prof, eval_prof, _ = scenario_profiles("mixtral-8x7b", "mixtral", cfg, print)
-    workload = Workload(num_requests=32, prompt_tokens=16, gen_tokens=16, arrival="closed", seed=0)
+    plan_prof, eval_prof, _, workload = study_inputs(str(ROOT.parent / "shared" / "data"))
     trace = Trace.from_profile(eval_prof)
     rows = []
     for cluster in clusters:
-        ctx = context(cluster, plan_prof)
+        ctx = study_context(cluster, plan_prof)
         runs = [(name, b, params) for b in budgets for name, params in VARIANTS.items()]
         runs += [(f"{name}-budget0", 0.0, VARIANTS[name]) for name in ("H0", "H2")]
         for name, budget, params in runs:
