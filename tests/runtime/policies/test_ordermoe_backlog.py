@@ -48,10 +48,15 @@ def test_exposure_counts_the_layers_ahead(horizon, seed):
     pol = make_policy("ordermoe", ctx, budget=0.05, horizon=horizon, backlog="now", substitutes="sub")
     la = pol.lookahead
     L = ctx.num_layers
-    assert la.exposure.shape == (L + 1, ctx.num_nodes, la.keys.size, ctx.num_nodes)
+    assert la.home_trip  # (migrate mode: one exposure per home, as the tables)
+    assert la.exposure.shape == (L + 1, len(la.homes), ctx.num_nodes, la.keys.size, ctx.num_nodes)
     assert (la.exposure >= 0).all()
     for layer in range(1, L):
-        np.testing.assert_allclose(la.exposure[layer].sum(axis=2), min(horizon, L - layer), rtol=1e-12)
+        np.testing.assert_allclose(la.exposure[layer].sum(axis=3), min(horizon, L - layer), rtol=1e-12)
+        if layer + horizon < L:  # a window that ends before the last layer: every home's exposure is the same
+            assert (la.exposure[layer] == la.exposure[layer, :1]).all()
+    off = make_policy("ordermoe", ctx, budget=0.05, horizon=horizon, backlog="now", substitutes="sub", home_trip=False)
+    assert off.lookahead.exposure.shape == (L + 1, 1, ctx.num_nodes, la.keys.size, ctx.num_nodes)
     assert not la.exposure[0].any() and not la.exposure[L].any()
     assert make_policy("ordermoe", ctx, horizon=0, backlog="mean").backlog == "off"
     assert make_policy("ordermoe", ctx, horizon=horizon).backlog == "off"
@@ -66,11 +71,12 @@ def test_without_queues_the_backlog_changes_nothing(seed, mode):
     rows = rng.integers(0, profile.num_tokens, 20)
     users = rng.integers(0, ctx.num_users, 20)
     for steer in (None, False):
-        runs = [decisions(make_policy("ordermoe", ctx, budget=0.1, horizon=2, steer=steer, backlog=b,
-                                      home_trip=False), profile, ctx,
-                          rows, users, None) for b in ("now", "mean", "off")]
-        assert_same(runs[0], runs[2])
-        assert_same(runs[1], runs[2])
+        for home_trip in (False, None):  # (None: the default, the trip home charged in migrate mode)
+            runs = [decisions(make_policy("ordermoe", ctx, budget=0.1, horizon=2, steer=steer, backlog=b,
+                                          home_trip=home_trip), profile, ctx,
+                              rows, users, None) for b in ("now", "mean", "off")]
+            assert_same(runs[0], runs[2])
+            assert_same(runs[1], runs[2])
     assert FIELDS  # (the compared fields)
 
 

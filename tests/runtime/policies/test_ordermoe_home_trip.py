@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgemoe.errors import EdgeMoEError
 from edgemoe.runtime import make_policy
 from edgemoe.runtime.local import replay_decisions
 
@@ -80,12 +79,10 @@ def test_default_policy_charges_the_trip_home_in_migrate_mode_on_its_compiled_pa
     assert default.compiled_rule() == "ordermoe" and default.decode_path() is not None  # they read the home axis
     off = make_policy("ordermoe", ctx, budget=0.05, horizon=2, home_trip=False)
     assert not off.lookahead.home_trip and off.params["home_trip"] is False and off.compiled_rule() == "ordermoe"
-    assert not make_policy("ordermoe", ctx, horizon=2, backlog="now").lookahead.home_trip  # the exposure has no home axis
+    assert make_policy("ordermoe", ctx, horizon=2, backlog="now").lookahead.home_trip  # the exposure has a home axis
     _, home_ctx = random_setting(41, mode="home")
     assert not make_policy("ordermoe", home_ctx, horizon=2).lookahead.home_trip  # a token never leaves home there
     token = make_policy("ordermoe", ctx, budget=0.05, horizon=2, stand_in_choice="token")
     assert token.lookahead.home_trip  # on by default with per-token stand-ins
     assert not make_policy("ordermoe", ctx, horizon=2, stand_in_choice="token", home_trip=False).lookahead.home_trip
     assert not make_policy("ordermoe", ctx, horizon=0, stand_in_choice="token").lookahead.home_trip  # no tables
-    with pytest.raises(EdgeMoEError, match="home_trip"):
-        make_policy("ordermoe", ctx, horizon=2, backlog="now", home_trip=True)

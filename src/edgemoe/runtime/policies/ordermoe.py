@@ -425,10 +425,11 @@ class LookAhead:
     the token's home to be its node at the last layer, so ending that window away from home looks free. Only
     the tables of windows that reach the last layer depend on the home; the others are copied into every home.
 
-    backlog: also build exposure[l] [N, C, N], the expected number of layers l .. l+H-1 whose slowest output
+    backlog: also build exposure[l] [Hx, N, C, N], the expected number of layers l .. l+H-1 whose slowest output
     (the one that sets the layer's time) is computed on node n, for the same token, along the actions the
     tables choose at budget level `backlog_level` (one level for every row: a per-level exposure would be m
-    times larger). It is the first-order sensitivity of phi to a queue wait at each node (`backlog`): a wait
+    times larger); Hx = Nh with `home_trip` (the actions of a window that reaches the last layer depend on the
+    home, as its seconds do), else 1. It is the first-order sensitivity of phi to a queue wait at each node (`backlog`): a wait
     w_n at n delays every such layer by w_n until another action becomes cheaper, so phi + exposure . w is an
     upper bound on the cost-to-go under those waits that is exact for small ones (docs/runtime.md).
 
@@ -445,8 +446,6 @@ class LookAhead:
         self.quality_price = float(quality_price)  # seconds per unit of quality the future layers pay
         self.backlog = bool(backlog) and self.horizon > 0
         self.home_trip = bool(home_trip) and self.horizon > 0
-        if self.backlog and self.home_trip:  # the exposure would need a home axis too
-            raise EdgeMoEError("ordermoe: backlog and home_trip cannot be combined")
         self.backlog_level = int(np.clip(backlog_level, 0, grid.levels - 1))
         self.subs_fn = subs_fn  # (layer [R], location [R], topk [R, K]) -> per-token substitutes; None: the groups
         self.calib = calib  # measured nats per kind and layer (`KindCalibration`), None: predicted errors alone
@@ -457,11 +456,13 @@ class LookAhead:
         self.zero = np.zeros((N, C, grid.levels))
         self.tables: dict[int, np.ndarray] = {}
         self.stacked = np.zeros((L + 1, N, C, grid.levels))  # [L+1, N, C, m]: phi(l) for every l
-        # [L+1, N, C, N] exposure(l) for every l (`backlog`; a [1, 1, 1, 1] zero placeholder without it)
-        self.exposure = np.zeros((L + 1, N, C, N) if self.backlog else (1, 1, 1, 1))
         # home_trip: [L+1, Nh, N, C, m] phi(l) per home (`home_index` maps a node to its home row; a [1, ...] zero
         # placeholder without it)
         self.homes = np.unique(ctx.user_home) if self.home_trip else np.zeros(0, np.int64)
+        # [L+1, Hx, N, C, N] exposure(l) for every l, per home with home_trip (`backlog`; a [1, 1, 1, 1, 1] zero
+        # placeholder without it)
+        Hx = len(self.homes) if self.home_trip else 1
+        self.exposure = np.zeros((L + 1, Hx, N, C, N) if self.backlog else (1, 1, 1, 1, 1))
         self.home_index = np.full(N, -1, np.int64)
         self.home_index[self.homes] = np.arange(len(self.homes))
         self.home = np.zeros((L + 1, len(self.homes), N, C, grid.levels) if self.home_trip else (1, 1, 1, 1, 1))
@@ -472,7 +473,7 @@ class LookAhead:
         # values[l] for each depth: one layer's expected optimal cost over its sets, recursively.
         prev_depth: dict[int, np.ndarray] = {}
         prev_expo: dict[int, np.ndarray] = {}
-        zero_expo = np.zeros((N, C, N))
+        zero_expo = np.zeros((1, N, C, N))
         for _depth in range(1, self.horizon + 1):
             cur, cur_expo = {}, {}
             for layer in range(1, L):
@@ -487,7 +488,7 @@ class LookAhead:
                 table = table if table.ndim == 3 else self.home[layer, 0]  # `stacked`: the first home's
             self.stacked[layer] = table
             if self.backlog:
-                self.exposure[layer] = prev_expo[layer]
+                self.exposure[layer] = prev_expo[layer]  # (a home-free [1, N, C, N] broadcasts into every home)
 
     def phi(self, layer: int) -> np.ndarray:
         """[N, C, m] table for decisions that start at `layer` (zeros past the end or with H = 0); with
@@ -514,20 +515,24 @@ class LookAhead:
             return subsets
         return subsets * (1 + (ctx.num_nodes if ctx.num_nodes <= STEER_ALL_NODES else K * (self.steer_replicas + 1)))
 
-    def backlog_s(self, layer: np.ndarray, key: np.ndarray, nodes: np.ndarray, load: np.ndarray) -> np.ndarray:
-        """[T, G] expected queue wait over the next H layers of rows that decide at `layer` [T] with look-ahead
-        key `key` [T] and continue from `nodes` [T, G], under the current waits `load` [N]: exposure[l + 1]
-        (g, key) . load, summed left to right (as the compiled loop sums it, so both give the same bits)."""
+    def backlog_s(self, layer: np.ndarray, home: np.ndarray, key: np.ndarray, nodes: np.ndarray,
+                  load: np.ndarray) -> np.ndarray:
+        """[T, G] expected queue wait over the next H layers of rows that decide at `layer` [T], whose home is
+        `home` [T], with look-ahead key `key` [T] and continue from `nodes` [T, G], under the current waits
+        `load` [N]: exposure[l + 1, home's row] (g, key) . load, summed left to right (as the compiled loop sums
+        it, so both give the same bits)."""
         N = self.ctx.num_nodes
-        C = self.exposure.shape[2]
-        rows = ((layer + 1)[:, None] * N + nodes) * C + key[:, None]  # [T, G] rows of the flat [.., N] exposure
+        _, Hx, _, C, _ = self.exposure.shape
+        hx = self.home_index[home] if self.home_trip else np.zeros(layer.shape, np.int64)
+        rows = ((((layer + 1) * Hx + hx)[:, None] * N + nodes) * C + key[:, None])  # [T, G] rows of the flat [.., N]
         terms = self.exposure.reshape(-1, N)[rows] * load  # [T, G, N]
         return np.cumsum(terms, axis=2)[:, :, -1] if N else np.zeros(nodes.shape)
 
     def _layer_table(self, layer: int, stats: SetStats, phi_next: np.ndarray, max_enum_k: int,
                      expo_next: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """(phi[layer] [N, C, m], or [Nh, N, C, m] per home when it depends on the home (`home_trip`: phi_next
-        does, or `layer` is the last); exposure[layer] [N, C, N] or None without `backlog`)."""
+        does, or `layer` is the last); exposure[layer] [1, N, C, N], or [Nh, N, C, N] where phi[layer] is per
+        home, or None without `backlog`). expo_next: [1 or Nh, N, C, N]."""
         ctx, grid = self.ctx, self.grid
         N, M = ctx.num_nodes, stats.experts.shape[0]
         last = layer == ctx.num_layers - 1
@@ -542,7 +547,7 @@ class LookAhead:
         t1_all = self.keys.keys(layer, experts, gates)  # [R] context key for the next layer
         b = grid.values  # [m]
         best = np.empty((H, len(loc), grid.levels))
-        expo = np.zeros((len(loc), N)) if self.backlog else None
+        expo = np.zeros((H, len(loc), N)) if self.backlog else None
         per = max(1, TABLE_CHUNK_CELLS // (self._actions(ctx) * grid.levels))  # rows per block: bounded memory
         for lo in range(0, len(loc), per):
             r = slice(lo, lo + per)
@@ -564,15 +569,15 @@ class LookAhead:
                 value = opt.latency_s[:, :, None] + (self.quality_price + EPS_S_PER_Q) * quality[:, :, None] + future
                 value = np.where(feasible, value, np.inf)
                 best[h, r] = value.min(axis=1)  # [R, m]
-            if self.backlog:
-                expo[r] = self._exposure(opt, value[:, :, self.backlog_level].argmin(axis=1), loc[r], lr,
-                                         t1_all[r], expo_next)
+                if self.backlog:  # along this home's actions, from its next exposure
+                    expo[h, r] = self._exposure(opt, value[:, :, self.backlog_level].argmin(axis=1), loc[r], lr,
+                                                t1_all[r], expo_next[h if len(expo_next) > 1 else 0])
         best = best.reshape(H, N, M, grid.levels)
         table = np.stack([np.einsum("cs,nsm->ncm", stats.prob, best[h]) for h in range(H)])
         table = table if per_home else table[0]
         if not self.backlog:
             return table, None
-        return table, np.einsum("cs,nsk->nck", stats.prob, expo.reshape(N, M, N))
+        return table, np.einsum("cs,hnsk->hnck", stats.prob, expo.reshape(H, N, M, N))
 
     def _exposure(self, opt: Options, pick: np.ndarray, loc: np.ndarray, layer: np.ndarray, key: np.ndarray,
                   expo_next: np.ndarray) -> np.ndarray:
@@ -659,8 +664,7 @@ class OrderMoEPolicy(Policy):
     may spend by layer l at most its allowance x (l + 1) (default False: all it has left, at any layer);
     home_trip: the look-ahead charges the trip to the token's real home in the window that reaches the last layer
     (`LookAhead`, home_trip; None, the default: on in migrate mode, where a token may end a pass away from
-    home, unless a queue term is asked for (`backlog`: its exposure has no home axis), and with
-    stand_in_choice "token"); table_price: the tables' future layers pay the policy's quality price
+    home, and with stand_in_choice "token"); table_price: the tables' future layers pay the policy's quality price
     (`quality_price` seconds per unit of quality) besides their seconds, as the decision pays it now (default
     False: they pay only the tie-break epsilon, so budget kept looks worth every second it could buy).
     """
@@ -729,7 +733,7 @@ class OrderMoEPolicy(Policy):
                                           self.steer and ctx.num_nodes <= STEER_ALL_NODES, self.steer_replicas,
                                           self.power, min_set_count, self.token_subs if self.per_token else None,
                                           calib, backlog != "off", int(self.grid.index(self.horizon * mean_allowance)),
-                                          self._home_trip(home_trip, backlog),
+                                          self._home_trip(home_trip),
                                           self.quality_price if table_price else 0.0)
         # the cost-to-go adds the queue waits the tables are exposed to: "now" the current ones, "mean" node_wait
         self.backlog = backlog if self.lookahead.backlog else "off"
@@ -740,12 +744,12 @@ class OrderMoEPolicy(Policy):
         self.spend_rate = np.zeros(U)  # [U] EWMA of spent / granted budget of the user's finished passes
         self.quality_weight = np.ones(U)  # [U] multiplier of the quality price, adapted per user
 
-    def _home_trip(self, home_trip: bool | None, backlog: str) -> bool:
+    def _home_trip(self, home_trip: bool | None) -> bool:
         """Whether the tables charge the trip home (the `home_trip` parameter; None: the default, class docstring).
         In home mode the token never leaves home, so the trip is zero and a home axis would only copy the tables."""
         if home_trip is not None:
             return bool(home_trip)
-        return self.per_token or (self.ctx.mode == "migrate" and backlog == "off")
+        return self.per_token or self.ctx.mode == "migrate"
 
     def replay_logits(self, logits: np.ndarray) -> None:
         """Give a per-token policy the router logits [T', L, E] of the routing its caller replays (the
@@ -903,7 +907,8 @@ class OrderMoEPolicy(Policy):
         wait = None  # [T, G] steered / [T, M] unsteered: the next layers' expected queue wait (`backlog`)
         if part is not None and self.backlog != "off":
             meets = opt.meet if opt.meet is not None else opt.next_mg[:, :, 0]
-            wait = self.lookahead.backlog_s(layer, key, meets, load if self.backlog == "now" else self.node_wait)
+            wait = self.lookahead.backlog_s(np.broadcast_to(layer, key.shape), state.home, key, meets,
+                                            load if self.backlog == "now" else self.node_wait)
         if opt.latency_mg is None:  # steered, compiled: the same sums and argmin, row by row
             pick, lat, node = steered_pick(opt, part, stride, table, loc, state.home,
                                            layer == ctx.num_layers - 1, feasible, qterm, alpha, wait)

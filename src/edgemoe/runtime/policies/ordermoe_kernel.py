@@ -51,7 +51,7 @@ class OrderMoETables(NamedTuple):
     qpress: np.ndarray  # [1] the policy's queue_pressure (written in place)
     latency_excess: np.ndarray  # [U] the policy's weights (its observe updates them in place)
     quality_weight: np.ndarray  # [U]
-    exposure: np.ndarray  # the look-ahead's exposure table [L+1, N, C, N] flat (`LookAhead.exposure`; F_BACKLOG)
+    exposure: np.ndarray  # the look-ahead's exposure table [L+1, I_HOMES, N, C, N] flat (`LookAhead.exposure`; F_BACKLOG)
     node_wait: np.ndarray  # [N] the policy's EWMA of each node's wait (F_BACKLOG_MEAN; updated in place)
     home_index: np.ndarray  # [N] each home node's row in home_table's home axis (I_HOMES rows; zeros without home_trip)
     # `LookAhead.home` [L+1, Nh, N, C, m] flat (home_trip; else a [1] zero), read only at the layers home_layer marks
@@ -380,9 +380,10 @@ def _work_arrays(K, N, J, G, M):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
-def _backlog_s(exposure, lv, g, key, N, C, load):  # pragma: no cover - compiled
-    """`LookAhead.backlog_s` of one row at layer lv meeting at g: exposure[lv + 1, g, key] . load, left to right."""
-    lo = (((lv + 1) * N + g) * C + key) * N
+def _backlog_s(exposure, lv, homes, hx, g, key, N, C, load):  # pragma: no cover - compiled
+    """`LookAhead.backlog_s` of one row at layer lv, whose home has row hx of the exposure's `homes`, meeting at
+    g: exposure[lv + 1, hx, g, key] . load, left to right."""
+    lo = ((((lv + 1) * homes + hx) * N + g) * C + key) * N
     s = exposure[lo] * load[0]
     for n in range(1, N):
         s += exposure[lo + n] * load[n]
@@ -618,8 +619,9 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
         # (`LookAhead.flat_index`) into home_table where layer lv + 1's table depends on the home, else into the
         # home-free table (the same values: every home's copy of it)
         hd = home_layer[lv + 1]
+        hx = home_index[home]  # the home's row of the per-home tables (0 without home_trip: one row)
         if hd:
-            part0 = ((lv + 1) * homes + home_index[home]) * (N * Cm) + key * levels
+            part0 = ((lv + 1) * homes + hx) * (N * Cm) + key * levels
         else:
             part0 = (lv + 1) * (N * Cm) + key * levels
         for m in range(M):
@@ -649,7 +651,8 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
             # -- unsteered (`unsteered_meeting`), then argmin J over the M subsets
             if backlog:  # each candidate meeting node's expected queue wait (`LookAhead.backlog_s`)
                 for gi in range(K + 1 if migrate else 1):
-                    wait[gi] = _backlog_s(exposure, lv, loc if gi == 0 else x_node[t, gi - 1], key, N, C, waits)
+                    wait[gi] = _backlog_s(exposure, lv, homes, hx, loc if gi == 0 else x_node[t, gi - 1], key, N, C,
+                                          waits)
             best_cost, best_m, best_nxt, best_lat = np.inf, 0, loc, np.nan
             for m in range(M):
                 bm = mbits[m]
@@ -760,7 +763,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
                 if last:
                     home_leg[Gd] = xfer[n, home]
                 if backlog:
-                    wait[Gd] = _backlog_s(exposure, lv, n, key, N, C, waits)
+                    wait[Gd] = _backlog_s(exposure, lv, homes, hx, n, key, N, C, waits)
                 Gd += 1
             # The look-ahead cells the action walk below may read, asked for before the arrivals are computed: the
             # table is large (the per-home one is 906 MB at 256 servers) and each cell a cache miss, which the walk,
