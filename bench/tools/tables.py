@@ -399,6 +399,61 @@ def scaling() -> list[str]:
             _table(["servers", "best exact baseline", "`paper`", "`strict`", "exact@ordermoe"], rows), ""]
 
 
+def _vs_h0(x: float | None, bold: bool = False) -> str:
+    """A ratio to H=0: four digits within 0.5% of 1 (where the targets' 1.0 is decided), else three; bold above 1
+    where asked (the default's misses)."""
+    if x is None:
+        return "-"
+    s = f"{x:.4f}" if 0.995 <= x <= 1.005 else f"{x:.3f}"
+    return f"**{s}**" if bold and x > 1.0 else s
+
+
+def backlog_table() -> list[str]:
+    """The queue-aware look-ahead on every scenario of issue 21 item 3: H=2 and its variants over H=0, mean
+    latency (`backlog_scenarios.json`, and `lookahead_backlog.json` for the deep-model rows)."""
+    doc, deep = _load(RESULTS / "backlog_scenarios.json"), _load(RESULTS / "lookahead_backlog.json")
+    if not doc or not deep:
+        return []
+    means: dict[tuple, dict] = {}
+    for r in doc["rows"]:
+        key = tuple(r[k] for k in ("model", "mode", "servers", "point") if k in r)
+        means.setdefault(key, {})[r["method"].removeprefix("ordermoe-")] = r["mean_ms"]
+    cols = ("H2", "H2-now", "H2-mean", "H2-priced")
+
+    def over_h0(key, col):
+        v = means.get(key, {})
+        return v[col] / v["H0"] if col in v and "H0" in v else None
+
+    by_budget: dict[tuple, dict] = {}
+    for r in deep["rows"]:
+        by_budget.setdefault((r["cluster"], r["budget"]), {})[r["method"].removeprefix("ordermoe-")] = r["mean_vs_H0"]
+    rows = []
+    for cluster in sorted({c for c, _ in by_budget}, reverse=True):
+        budgets = sorted(b for c, b in by_budget if c == cluster)
+        rows.append([f"lookahead, {cluster}, budget {' / '.join(f'{b:g}' for b in budgets)}"]
+                    + [" / ".join(_vs_h0(by_budget[cluster, b].get(m), m == "H2") for b in budgets)
+                       for m in ("oracle", *cols[:3])] + ["-"])
+    for key in means:
+        if len(key) == 1:  # a paper-scale model
+            rows.append([f"paper scale, {key[0]}, testbed8", _vs_h0(over_h0(key, "oracle"))]
+                        + [_vs_h0(over_h0(key, c), c == "H2") for c in cols])
+    pairs: dict[tuple, list] = {}
+    for key in means:
+        if len(key) == 3:  # (model, mode or servers, point)
+            pairs.setdefault(key[:2], []).append(key)
+    for (model, where), keys in pairs.items():
+        label = (f"demo edge8 {where}, {model}" if isinstance(where, str) else f"scaling ({model}), {where} servers")
+        rows.append([f"{label}, {' / '.join(k[2] for k in keys)}", "-"]
+                    + [" / ".join(_vs_h0(over_h0(k, c), c == "H2") for k in keys) for c in cols])
+    return ["**Queue-aware look-ahead** (issue 21 item 3; mean latency over H=0 at equal budget, the hindsight oracle "
+            "beside it where the study runs one; `H2` is the shipped default, static tables that charge the trip home "
+            "in migrate mode; `now` / `mean` add the queue term, `backlog=\"now\"` / `\"mean\"`; `priced` is "
+            "`table_price=True`; bold: the default above 1.0x). From `bench/results/backlog_scenarios.json` (one part per "
+            "`python -m bench.studies.backlog_{paper,demo,scaling}` command) and `lookahead_backlog.json` (`python -m "
+            "bench.studies.lookahead --backlog-horizons 2 --backlogs now,mean`); read in `docs/runtime.md`:\n",
+            _table(["scenario", "oracle", "H2 (default)", "now", "mean", "priced"], rows), ""]
+
+
 def adaptive() -> list[str]:
     r = _load(RESULTS / "adaptive.json")
     if not r:
@@ -1032,7 +1087,7 @@ def stand_in_calibration() -> list[str]:
 
 # --- the block ------------------------------------------------------------------------------------------------
 
-SECTIONS = (model_table, demo_tables, planner_tables, slim_sweeps, out_of_sample, ordermoe_placement, scaling, adaptive,
+SECTIONS = (model_table, demo_tables, planner_tables, slim_sweeps, out_of_sample, ordermoe_placement, scaling, backlog_table, adaptive,
             upcycle, ladder, stand_in_calibration, runtime_tables, paper_scale, ray_demo, ray_failover, targets, provenance)
 
 
