@@ -108,3 +108,22 @@ def test_mean_waits_are_the_ewma_of_the_loads_seen_and_unknown_kinds_are_errors(
     np.testing.assert_allclose(pol.node_wait, [0.0, 0.0, 0.1, 0.1])  # 0.4 halved twice; 0.2 halved once
     with pytest.raises(EdgeMoEError, match="backlog must be one of"):
         make_policy("ordermoe", ctx, backlog="later")
+
+
+def test_exposure_tables_too_large_are_a_clear_error(monkeypatch):
+    """Above EXPOSURE_MAX_BYTES the policy names the tables' shape, their size and the ways out instead of
+    allocating; with home_trip=False (one exposure row instead of one per home) the same context fits."""
+    from edgemoe.errors import EdgeMoEError
+    from edgemoe.runtime.policies import ordermoe as om
+
+    _, ctx = context(0, "migrate")
+    L, N = ctx.num_layers, ctx.num_nodes
+    la = make_policy("ordermoe", ctx, horizon=2, backlog="now", home_trip=False).lookahead
+    one_home = la.exposure.nbytes
+    assert one_home == 8 * (L + 1) * N * la.keys.size * N and len(np.unique(ctx.user_home)) > 1
+    monkeypatch.setattr(om, "EXPOSURE_MAX_BYTES", one_home)  # one row fits, one per home does not
+    om._LOOKAHEADS.clear()
+    with pytest.raises(EdgeMoEError, match=r"exposure tables \[L\+1=.*GiB.*home_trip=False"):
+        make_policy("ordermoe", ctx, horizon=2, backlog="mean")
+    assert make_policy("ordermoe", ctx, horizon=2, backlog="mean", home_trip=False).backlog == "mean"
+    assert make_policy("ordermoe", ctx, horizon=2).backlog == "off"  # no queue term: no exposure, no limit

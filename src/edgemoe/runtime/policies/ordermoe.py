@@ -47,6 +47,7 @@ from .ordermoe_kernel import DecodePath, steered_inputs, steered_pick
 EPS_S_PER_Q = 1e-9  # tie-break: between equally fast actions, spend no budget
 STEER_REPLICAS = 4  # replicas per branch (besides exact's own choice) that a steered decision considers
 TABLE_CHUNK_CELLS = 1 << 22  # rows x actions x levels per block when the look-ahead tables are built
+EXPOSURE_MAX_BYTES = 1 << 30  # the queue term's exposure tables above this: a clear error, not an allocation that fails
 STEER_ALL_NODES = 16  # up to this many nodes, a steered decision may meet at any node; beyond, at a replica
 COMPILED_STEER = HAVE_NUMBA  # steered decisions by `ordermoe_kernel` (same picks and bits; False: the numpy path)
 COMPILED_DECODE = HAVE_NUMBA  # `decide` in one compiled call (`ordermoe_kernel.DecodePath`; same bits; False: numpy)
@@ -462,6 +463,11 @@ class LookAhead:
         # [L+1, Hx, N, C, N] exposure(l) for every l, per home with home_trip (`backlog`; a [1, 1, 1, 1, 1] zero
         # placeholder without it)
         Hx = len(self.homes) if self.home_trip else 1
+        if self.backlog and 8 * (L + 1) * Hx * N * C * N > EXPOSURE_MAX_BYTES:
+            raise EdgeMoEError(
+                f"ordermoe: the queue term's exposure tables [L+1={L + 1}, homes={Hx}, N={N}, keys={C}, N={N}] would "
+                f"take {8 * (L + 1) * Hx * N * C * N / 2**30:.1f} GiB, above {EXPOSURE_MAX_BYTES / 2**30:g} GiB: use "
+                f"backlog='off'" + (", or home_trip=False (one exposure for every home)" if Hx > 1 else ""))
         self.exposure = np.zeros((L + 1, Hx, N, C, N) if self.backlog else (1, 1, 1, 1, 1))
         self.home_index = np.full(N, -1, np.int64)
         self.home_index[self.homes] = np.arange(len(self.homes))
