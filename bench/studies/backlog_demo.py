@@ -21,18 +21,23 @@ from edgemoe.runtime.context import context_from_problem
 from edgemoe.runtime.sim.workload import Workload
 
 
-def main(argv: list[str]) -> int:
-    model, modes = argv[0], argv[1].split(",")
-    budgets = operating_budgets(model)
-    profile, topk, gates, cfg = demo_inputs(ROOT / "runs" / "cache", model)
+def scenarios(profile, cfg, modes: list[str]):
+    """backlog_sweep's scenarios: edge8 in each mode, the demo's workload (64 requests at 20 req/s)."""
     cluster = load_cluster("edge8")
     fallback = any(u.domain not in profile.meta.domains for u in cluster.users)
     problem = plan_problem(profile, cluster, domain_fallback=fallback)
     wl = Workload(num_requests=64, prompt_tokens=cfg.prompt_tokens, gen_tokens=cfg.gen_tokens, rate_per_s=20.0,
                   seed=cfg.seed)
-    scenarios = (({"mode": mode}, problem, mode, wl,
-                  lambda pl, mode=mode: context_from_problem(problem, pl, mode=mode, dense=True)) for mode in modes)
-    print("wrote", write_backlog_part(backlog_sweep(scenarios, budgets, topk, gates, cfg.block_len, model)))
+    return (({"mode": mode}, problem, mode, wl,
+             lambda pl, mode=mode: context_from_problem(problem, pl, mode=mode, dense=True)) for mode in modes)
+
+
+def main(argv: list[str]) -> int:
+    model, modes = argv[0], argv[1].split(",")
+    budgets = operating_budgets(model)
+    profile, topk, gates, cfg = demo_inputs(ROOT / "runs" / "cache", model)
+    rows = backlog_sweep(scenarios(profile, cfg, modes), budgets, topk, gates, cfg.block_len, model)
+    print("wrote", write_backlog_part(rows))
     return 0
 
 

@@ -1,0 +1,119 @@
+# ruff: noqa: E402 - imports after the sys.path line that lets the script import the bench package
+"""Issue 21 item 3: how much of "H=2 <= 1.0x H=0" one workload draw decides. The committed scenario files
+(`backlog_scenarios.json`, `lookahead.json`) simulate each scenario on one workload seed; this study runs the
+default policy (H=2) and H=0 on the same scenarios over SEEDS workload seeds (the committed seed first, then the
+next ones: other arrival times and other requests' tokens, the same placement, routing trace and budgets) and
+reports each scenario's ratio per seed, its mean, spread and how many seeds put H=2 above H=0.
+
+    python -m bench.studies.lookahead_seeds [--seeds 10] [--sets demo,scaling,lookahead]
+
+Sets: `demo` (edge8, both shipped models, migrate and home, the demo's `paper` and `strict` budgets:
+`bench.studies.backlog_demo`'s scenarios), `scaling` (default-upcycled on 4, 8, 16, 32 generated servers:
+`bench.studies.backlog_scaling`'s) and `lookahead` (32-layer Mixtral routing on edge8 and testbed8 at budgets
+0, 0.05, 0.2: `bench.studies.lookahead`'s). The paper-scale rows are left out (their ratios, 0.86x and 0.95x,
+are not near 1.0, and one of their runs costs what a whole demo set does). Writes
+bench/results/lookahead_seeds.json; no timing but the CPU seconds of the whole run.
+"""
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere: the bench package
+
+import numpy as np
+
+from bench.common import RESULTS, environment
+from edgemoe.io import atomic_write_json
+
+OUT = RESULTS / "lookahead_seeds.json"
+SETS = ("demo", "scaling", "lookahead")
+
+
+def ratios(ctx, trace, workload, budget: float, seeds: int) -> list[float]:
+    """[seeds] mean latency of ordermoe H=2 (the default) over H=0's, one per workload seed workload.seed + k."""
+    from edgemoe.runtime import make_policy
+    from edgemoe.runtime.sim.simulate import simulate
+
+    out = []
+    for k in range(seeds):
+        wl = dataclasses.replace(workload, seed=workload.seed + k)
+        mean = [simulate(ctx, make_policy("ordermoe", ctx, budget=budget, horizon=h), trace, wl).latency_ms["mean"]
+                for h in (0, 2)]
+        out.append(mean[1] / mean[0])
+    return out
+
+
+def row(labels: dict, budget: float, seed0: int, r: list[float]) -> dict:
+    """One scenario's record: its labels, budget, the seeds and ratios, and their summary."""
+    a = np.asarray(r)
+    rec = {**labels, "budget": budget, "seeds": [seed0 + k for k in range(len(r))], "ratio": r,
+           "mean": float(a.mean()), "sd": float(a.std(ddof=1)) if len(a) > 1 else 0.0, "min": float(a.min()),
+           "max": float(a.max()), "above_1": int((a > 1.0).sum()), "committed_seed_ratio": r[0]}
+    print(json.dumps({k: v for k, v in rec.items() if k not in ("seeds", "ratio")}), flush=True)
+    return rec
+
+
+def shipped_sets(seeds: int, which) -> list[dict]:
+    """Rows of the demo and scaling sets (`backlog_sweep`'s loop: an ordermoe placement per budget)."""
+    from bench.studies import backlog_demo, backlog_scaling
+    from bench.studies.ordermoe_placement import demo_inputs
+    from bench.studies.scaling import operating_budgets
+    from edgemoe.eval.experiment import eval_trace
+    from edgemoe.plan import plan
+
+    rows = []
+    for set_name, model, make in (("demo", "default", lambda p, c: backlog_demo.scenarios(p, c, ["migrate", "home"])),
+                                  ("demo", "default-upcycled", lambda p, c: backlog_demo.scenarios(p, c, ["migrate", "home"])),
+                                  ("scaling", "default-upcycled", lambda p, c: backlog_scaling.scenarios(p, c, [4, 8, 16, 32]))):
+        if set_name not in which:
+            continue
+        profile, topk, gates, cfg = demo_inputs(ROOT / "runs" / "cache", model)
+        for labels, problem, mode, workload, context in make(profile, cfg):
+            for point, b in operating_budgets(model).items():
+                ctx = context(plan(problem, "ordermoe", mode=mode, budget=b))
+                trace = eval_trace(topk, gates, ctx.user_domain, cfg.block_len)
+                rows.append(row({"set": set_name, "model": model, **labels, "point": point}, b, workload.seed,
+                                ratios(ctx, trace, workload, b, seeds)))
+    return rows
+
+
+def lookahead_set(seeds: int) -> list[dict]:
+    """Rows of the lookahead set (`bench.studies.lookahead`'s inputs, placement and workload)."""
+    from bench.studies.lookahead import study_context, study_inputs
+    from edgemoe.runtime.sim.workload import Trace
+
+    plan_prof, eval_prof, _, workload = study_inputs(str(ROOT.parent / "shared" / "data"), log=lambda *a: None)
+    trace = Trace.from_profile(eval_prof)
+    rows = []
+    for cluster in ("testbed8", "edge8"):
+        ctx = study_context(cluster, plan_prof, log=lambda *a: None)
+        for b in (0.0, 0.05, 0.2):
+            rows.append(row({"set": "lookahead", "model": "mixtral-8x7b", "cluster": cluster}, b, workload.seed,
+                            ratios(ctx, trace, workload, b, seeds)))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=10, help="workload seeds per scenario (the committed one first)")
+    ap.add_argument("--sets", default=",".join(SETS), help=f"scenario sets, of {','.join(SETS)}")
+    args = ap.parse_args(argv)
+    which = args.sets.split(",")
+    unknown = sorted(set(which) - set(SETS))
+    if unknown or args.seeds < 1:
+        ap.error(f"--sets: expected names among {list(SETS)}, got {unknown}" if unknown else "--seeds must be >= 1")
+    c0 = time.process_time()
+    rows = shipped_sets(args.seeds, which) + (lookahead_set(args.seeds) if "lookahead" in which else [])
+    atomic_write_json(OUT, {"benchmark": "lookahead_seeds", "issue": "21 item 3", "note": __doc__.split("\n\n")[0],
+                            "seeds_per_scenario": args.seeds, "rows": rows,
+                            "environment": environment(cpu_s=time.process_time() - c0)})
+    print("wrote", OUT)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
