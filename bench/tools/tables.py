@@ -454,6 +454,27 @@ def backlog_table() -> list[str]:
             _table(["scenario", "oracle", "H2 (default)", "now", "mean", "priced"], rows), ""]
 
 
+def lookahead_seeds() -> list[str]:
+    """The default look-ahead over H=0 per scenario across workload seeds (`lookahead_seeds.json`)."""
+    r = _load(RESULTS / "lookahead_seeds.json")
+    if not r:
+        return []
+    rows = []
+    for x in r["rows"]:
+        where = x.get("mode") or (f"{x['servers']} servers" if "servers" in x else x.get("cluster", ""))
+        label = f"{x['set']}, {x['model']}, {where}, " + (x["point"] if "point" in x else f"budget {x['budget']:g}")
+        rows.append([label, _vs_h0(x["committed_seed_ratio"], True), f"{x['mean']:.4f} ± {x['sd']:.4f}",
+                     f"{x['min']:.4f}-{x['max']:.4f}", f"{x['above_1']} of {len(x['ratio'])}"])
+    above = [x for x in r["rows"] if x["mean"] > 1.0]
+    return [f"**The look-ahead over workload seeds** (`bench/results/lookahead_seeds.json`, `python -m "
+            f"bench.studies.lookahead_seeds`; H=2, the default, over H=0 in mean latency on {r['seeds_per_scenario']} "
+            "workload seeds per scenario, the committed files' seed first; the same placements, traces and budgets; "
+            f"{r['environment'].get('cpu_s', float('nan')):.0f} s CPU). Scenarios whose mean over the seeds is above 1.0: "
+            + (", ".join(f"{x['set']} {x['model']} {x.get('mode') or x.get('cluster') or x.get('servers')} "
+                         f"{x.get('point', x['budget'])}" for x in above) or "none") + ":\n",
+            _table(["scenario", "committed seed", "mean ± sd", "min-max", "seeds above 1.0"], rows), ""]
+
+
 def adaptive() -> list[str]:
     r = _load(RESULTS / "adaptive.json")
     if not r:
@@ -1087,7 +1108,7 @@ def stand_in_calibration() -> list[str]:
 
 # --- the block ------------------------------------------------------------------------------------------------
 
-SECTIONS = (model_table, demo_tables, planner_tables, slim_sweeps, out_of_sample, ordermoe_placement, scaling, backlog_table, adaptive,
+SECTIONS = (model_table, demo_tables, planner_tables, slim_sweeps, out_of_sample, ordermoe_placement, scaling, backlog_table, lookahead_seeds, adaptive,
             upcycle, ladder, stand_in_calibration, runtime_tables, paper_scale, ray_demo, ray_failover, targets, provenance)
 
 
