@@ -3,7 +3,8 @@
 (`backlog_scenarios.json`, `lookahead.json`) simulate each scenario on one workload seed; this study runs the
 default policy (H=2) and H=0 on the same scenarios over SEEDS workload seeds (the committed seed first, then the
 next ones: other arrival times and other requests' tokens, the same placement, routing trace and budgets) and
-reports each scenario's ratio per seed, its mean, spread and how many seeds put H=2 above H=0.
+reports each scenario's ratio per seed, its mean, spread and how many seeds put H=2 above H=0; the options of
+the queue-aware table (`backlog="now"` / `"mean"`, `table_price=True`) are run on the same seeds beside it.
 
     python -m bench.studies.lookahead_seeds [--seeds 10] [--sets demo,scaling,lookahead]
 
@@ -31,29 +32,41 @@ from edgemoe.io import atomic_write_json
 
 OUT = RESULTS / "lookahead_seeds.json"
 SETS = ("demo", "scaling", "lookahead")
+# H=2 variants, each over H=0 on every seed: the default first, then the options the queue-aware table compares
+VARIANTS = {"H2": {}, "H2-now": {"backlog": "now"}, "H2-mean": {"backlog": "mean"}, "H2-priced": {"table_price": True}}
 
 
-def ratios(ctx, trace, workload, budget: float, seeds: int) -> list[float]:
-    """[seeds] mean latency of ordermoe H=2 (the default) over H=0's, one per workload seed workload.seed + k."""
+def ratios(ctx, trace, workload, budget: float, seeds: int) -> dict[str, list[float]]:
+    """{variant: [seeds] mean latency of ordermoe H=2 with the variant's parameters over H=0's}, one per workload
+    seed workload.seed + k (VARIANTS; "H2" is the default policy)."""
     from edgemoe.runtime import make_policy
     from edgemoe.runtime.sim.simulate import simulate
 
-    out = []
+    out: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for k in range(seeds):
         wl = dataclasses.replace(workload, seed=workload.seed + k)
-        mean = [simulate(ctx, make_policy("ordermoe", ctx, budget=budget, horizon=h), trace, wl).latency_ms["mean"]
-                for h in (0, 2)]
-        out.append(mean[1] / mean[0])
+        h0 = simulate(ctx, make_policy("ordermoe", ctx, budget=budget, horizon=0), trace, wl).latency_ms["mean"]
+        for name, params in VARIANTS.items():
+            pol = make_policy("ordermoe", ctx, budget=budget, horizon=2, **params)
+            out[name].append(simulate(ctx, pol, trace, wl).latency_ms["mean"] / h0)
     return out
 
 
-def row(labels: dict, budget: float, seed0: int, r: list[float]) -> dict:
-    """One scenario's record: its labels, budget, the seeds and ratios, and their summary."""
+def _summary(r: list[float]) -> dict:
     a = np.asarray(r)
-    rec = {**labels, "budget": budget, "seeds": [seed0 + k for k in range(len(r))], "ratio": r,
-           "mean": float(a.mean()), "sd": float(a.std(ddof=1)) if len(a) > 1 else 0.0, "min": float(a.min()),
-           "max": float(a.max()), "above_1": int((a > 1.0).sum()), "committed_seed_ratio": r[0]}
-    print(json.dumps({k: v for k, v in rec.items() if k not in ("seeds", "ratio")}), flush=True)
+    return {"mean": float(a.mean()), "sd": float(a.std(ddof=1)) if len(a) > 1 else 0.0, "min": float(a.min()),
+            "max": float(a.max()), "above_1": int((a > 1.0).sum())}
+
+
+def row(labels: dict, budget: float, seed0: int, r: dict[str, list[float]]) -> dict:
+    """One scenario's record: its labels, budget, the seeds, the default's ratios and their summary, and each
+    other variant's under `variants`."""
+    h2 = r["H2"]
+    rec = {**labels, "budget": budget, "seeds": [seed0 + k for k in range(len(h2))], "ratio": h2, **_summary(h2),
+           "committed_seed_ratio": h2[0],
+           "variants": {name: {"ratio": v, **_summary(v)} for name, v in r.items() if name != "H2"}}
+    print(json.dumps({k: v for k, v in rec.items() if k not in ("seeds", "ratio", "variants")}
+                     | {name: round(v["mean"], 4) for name, v in rec["variants"].items()}), flush=True)
     return rec
 
 
