@@ -30,7 +30,7 @@ lint: $(STAMP)
 # README's generated block. The time it takes: README, "Where each results file was made".
 BENCH := speed.simulator speed.sim_scale speed.policies speed.planners speed.profile_speed speed.ordermoe_scale speed.ordermoe_planner \
 	studies.ordermoe_placement studies.scaling studies.adaptive studies.lookahead studies.slim_sweeps studies.upcycle studies.ladder studies.equal_quality \
-	ray.ray_sweep ray.ray_failover speed.serving ray.serving_ray tools.exact_stop
+	ray.ray_sweep ray.ray_failover speed.serving ray.serving_ray tools.exact_stop speed.backlog_cost
 BACKLOG_PAPER := ordermoe-H0,ordermoe-H2,ordermoe-H2-now,ordermoe-H2-mean,ordermoe-H2-priced,oracle
 results: $(STAMP)
 	$(BIN)/edgemoe demo --out bench/results/demo

@@ -480,6 +480,32 @@ def lookahead_seeds() -> list[str]:
                     "mean", "priced"], rows), ""]
 
 
+def backlog_cost() -> list[str]:
+    """What the queue term costs in issue 21's speed measures (`backlog_cost.json`)."""
+    r = _load(RESULTS / "backlog_cost.json")
+    if not r:
+        return []
+    kinds = ("off", "now", "mean")
+
+    def cell(rows, kind, key, digits):
+        x = next((x for x in rows if x["backlog"] == kind), None)
+        return "-" if x is None else ("too large" if "error" in x else f"{x[key]:.{digits}f}")
+
+    dec: dict[tuple, list] = {}
+    for x in r["decode"]:
+        dec.setdefault((x["setup"], x["rows_per_call"]), []).append(x)
+    rows = [[f"decision at decode, {setup}, {T} row{'s' if T > 1 else ''} per call (CPU us per token-layer)"]
+            + [cell(xs, k, "fastest_cpu_us_per_token_layer", 2) for k in kinds] for (setup, T), xs in dec.items()]
+    for x in r["simulator"]:
+        rows.append([f"simulator, {x['scenario']} (CPU over exact's)"]
+                    + ["too large" if k in x["errors"] else (f"{x['vs_exact'][k]:.2f}x" if k in x["vs_exact"] else "-")
+                       for k in kinds])
+    return ["**What the queue term costs** (`bench/results/backlog_cost.json`, `python -m bench.speed.backlog_cost`; "
+            "ordermoe H=2 with `backlog` off (the default), `now`, `mean`; the fastest of the repeats, the load beside "
+            "each row in the file; \"too large\": the exposure tables would pass `EXPOSURE_MAX_BYTES` and the policy "
+            "refuses):\n", _table(["measure", "off", "now", "mean"], rows), ""]
+
+
 def adaptive() -> list[str]:
     r = _load(RESULTS / "adaptive.json")
     if not r:
@@ -1113,7 +1139,7 @@ def stand_in_calibration() -> list[str]:
 
 # --- the block ------------------------------------------------------------------------------------------------
 
-SECTIONS = (model_table, demo_tables, planner_tables, slim_sweeps, out_of_sample, ordermoe_placement, scaling, backlog_table, lookahead_seeds, adaptive,
+SECTIONS = (model_table, demo_tables, planner_tables, slim_sweeps, out_of_sample, ordermoe_placement, scaling, backlog_table, lookahead_seeds, backlog_cost, adaptive,
             upcycle, ladder, stand_in_calibration, runtime_tables, paper_scale, ray_demo, ray_failover, targets, provenance)
 
 
