@@ -42,12 +42,13 @@ from edgemoe.plan.ordermoe.standins import (  # shared with the planner's runtim
 from ..context import RuntimeContext
 from ..policy import Decision, Policy, TokenState, branch_ready_s, choose_replicas, replica_shortlist, top1
 from .baselines import exact_decision
+from .exposure import Exposure, ExposureLayer
 from .ordermoe_kernel import DecodePath, steered_inputs, steered_pick
 
 EPS_S_PER_Q = 1e-9  # tie-break: between equally fast actions, spend no budget
 STEER_REPLICAS = 4  # replicas per branch (besides exact's own choice) that a steered decision considers
 TABLE_CHUNK_CELLS = 1 << 22  # rows x actions x levels per block when the look-ahead tables are built
-EXPOSURE_MAX_BYTES = 1 << 30  # the queue term's exposure tables above this: a clear error, not an allocation that fails
+EXPOSURE_MAX_BYTES = 1 << 30  # the queue term's exposure rows above this: a clear error, not an allocation that fails
 STEER_ALL_NODES = 16  # up to this many nodes, a steered decision may meet at any node; beyond, at a replica
 COMPILED_STEER = HAVE_NUMBA  # steered decisions by `ordermoe_kernel` (same picks and bits; False: the numpy path)
 COMPILED_DECODE = HAVE_NUMBA  # `decide` in one compiled call (`ordermoe_kernel.DecodePath`; same bits; False: numpy)
@@ -460,15 +461,8 @@ class LookAhead:
         # home_trip: [L+1, Nh, N, C, m] phi(l) per home (`home_index` maps a node to its home row; a [1, ...] zero
         # placeholder without it)
         self.homes = np.unique(ctx.user_home) if self.home_trip else np.zeros(0, np.int64)
-        # [L+1, Hx, N, C, N] exposure(l) for every l, per home with home_trip (`backlog`; a [1, 1, 1, 1, 1] zero
-        # placeholder without it)
-        Hx = len(self.homes) if self.home_trip else 1
-        if self.backlog and 8 * (L + 1) * Hx * N * C * N > EXPOSURE_MAX_BYTES:
-            raise EdgeMoEError(
-                f"ordermoe: the queue term's exposure tables [L+1={L + 1}, homes={Hx}, N={N}, keys={C}, N={N}] would "
-                f"take {8 * (L + 1) * Hx * N * C * N / 2**30:.1f} GiB, above {EXPOSURE_MAX_BYTES / 2**30:g} GiB: use "
-                f"backlog='off'" + (", or home_trip=False (one exposure for every home)" if Hx > 1 else ""))
-        self.exposure = np.zeros((L + 1, Hx, N, C, N) if self.backlog else (1, 1, 1, 1, 1))
+        # exposure(l) for every l in compressed rows, per home where the tables are (`backlog`; none without it)
+        self.expo = Exposure({}, L, N, C)
         self.home_index = np.full(N, -1, np.int64)
         self.home_index[self.homes] = np.arange(len(self.homes))
         self.home = np.zeros((L + 1, len(self.homes), N, C, grid.levels) if self.home_trip else (1, 1, 1, 1, 1))
@@ -478,8 +472,8 @@ class LookAhead:
                  for layer in range(1, L)}
         # values[l] for each depth: one layer's expected optimal cost over its sets, recursively.
         prev_depth: dict[int, np.ndarray] = {}
-        prev_expo: dict[int, np.ndarray] = {}
-        zero_expo = np.zeros((1, N, C, N))
+        prev_expo: dict[int, ExposureLayer] = {}
+        zero_expo = ExposureLayer.empty(N, C)
         for _depth in range(1, self.horizon + 1):
             cur, cur_expo = {}, {}
             for layer in range(1, L):
@@ -493,8 +487,14 @@ class LookAhead:
                 self.home[layer] = table  # (a home-free table [N, C, m] broadcasts into every home)
                 table = table if table.ndim == 3 else self.home[layer, 0]  # `stacked`: the first home's
             self.stacked[layer] = table
-            if self.backlog:
-                self.exposure[layer] = prev_expo[layer]  # (a home-free [1, N, C, N] broadcasts into every home)
+        if self.backlog:
+            self.expo = Exposure(prev_expo, L, N, C)
+            if self.expo.nbytes > EXPOSURE_MAX_BYTES:
+                raise EdgeMoEError(
+                    f"ordermoe: the queue term's exposure rows take {self.expo.nbytes / 2**30:.2f} GiB "
+                    f"({len(self.expo.val)} entries over {len(self.expo.ptr) - 1} rows: L+1={L + 1}, homes up to "
+                    f"{int(self.expo.homes.max())}, N={N}, keys={C}), above {EXPOSURE_MAX_BYTES / 2**30:g} GiB: use "
+                    "backlog='off'" + (", or home_trip=False (one exposure for every home)" if self.home_trip else ""))
 
     def phi(self, layer: int) -> np.ndarray:
         """[N, C, m] table for decisions that start at `layer` (zeros past the end or with H = 0); with
@@ -521,24 +521,26 @@ class LookAhead:
             return subsets
         return subsets * (1 + (ctx.num_nodes if ctx.num_nodes <= STEER_ALL_NODES else K * (self.steer_replicas + 1)))
 
+    @property
+    def exposure(self) -> np.ndarray:
+        """[L+1, Hx, N, C, N] the exposure rows made dense (Hx: the homes where some layer's rows are per home,
+        else 1); for tests and inspection, N times the compressed rows' memory (`exposure.Exposure`)."""
+        return self.expo.dense()
+
     def backlog_s(self, layer: np.ndarray, home: np.ndarray, key: np.ndarray, nodes: np.ndarray,
                   load: np.ndarray) -> np.ndarray:
         """[T, G] expected queue wait over the next H layers of rows that decide at `layer` [T], whose home is
         `home` [T], with look-ahead key `key` [T] and continue from `nodes` [T, G], under the current waits
-        `load` [N]: exposure[l + 1, home's row] (g, key) . load, summed left to right (as the compiled loop sums
+        `load` [N]: exposure[l + 1, home's row] (g, key) . load, summed in node order (as the compiled loop sums
         it, so both give the same bits)."""
-        N = self.ctx.num_nodes
-        _, Hx, _, C, _ = self.exposure.shape
         hx = self.home_index[home] if self.home_trip else np.zeros(layer.shape, np.int64)
-        rows = ((((layer + 1) * Hx + hx)[:, None] * N + nodes) * C + key[:, None])  # [T, G] rows of the flat [.., N]
-        terms = self.exposure.reshape(-1, N)[rows] * load  # [T, G, N]
-        return np.cumsum(terms, axis=2)[:, :, -1] if N else np.zeros(nodes.shape)
+        return self.expo.wait(layer + 1, hx, nodes, key, load)
 
     def _layer_table(self, layer: int, stats: SetStats, phi_next: np.ndarray, max_enum_k: int,
-                     expo_next: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+                     expo_next: ExposureLayer) -> tuple[np.ndarray, ExposureLayer | None]:
         """(phi[layer] [N, C, m], or [Nh, N, C, m] per home when it depends on the home (`home_trip`: phi_next
-        does, or `layer` is the last); exposure[layer] [1, N, C, N], or [Nh, N, C, N] where phi[layer] is per
-        home, or None without `backlog`). expo_next: [1 or Nh, N, C, N]."""
+        does, or `layer` is the last); exposure[layer] (one home row, or Nh where phi[layer] is per home), or
+        None without `backlog`). expo_next: layer + 1's."""
         ctx, grid = self.ctx, self.grid
         N, M = ctx.num_nodes, stats.experts.shape[0]
         last = layer == ctx.num_layers - 1
@@ -553,7 +555,10 @@ class LookAhead:
         t1_all = self.keys.keys(layer, experts, gates)  # [R] context key for the next layer
         b = grid.values  # [m]
         best = np.empty((H, len(loc), grid.levels))
-        expo = np.zeros((H, len(loc), N)) if self.backlog else None
+        # per home row and table row: the meeting node the exposed action continues from, and the node whose
+        # output arrives last there (-1: none)
+        nxt_at = np.zeros((H, len(loc)), np.int64) if self.backlog else None
+        slow_at = np.full((H, len(loc)), -1, np.int64) if self.backlog else None
         per = max(1, TABLE_CHUNK_CELLS // (self._actions(ctx) * grid.levels))  # rows per block: bounded memory
         for lo in range(0, len(loc), per):
             r = slice(lo, lo + per)
@@ -575,22 +580,35 @@ class LookAhead:
                 value = opt.latency_s[:, :, None] + (self.quality_price + EPS_S_PER_Q) * quality[:, :, None] + future
                 value = np.where(feasible, value, np.inf)
                 best[h, r] = value.min(axis=1)  # [R, m]
-                if self.backlog:  # along this home's actions, from its next exposure
-                    expo[h, r] = self._exposure(opt, value[:, :, self.backlog_level].argmin(axis=1), loc[r], lr,
-                                                t1_all[r], expo_next[h if len(expo_next) > 1 else 0])
+                if self.backlog:  # along this home's actions
+                    nxt_at[h, r], slow_at[h, r] = self._exposed(opt, value[:, :, self.backlog_level].argmin(axis=1),
+                                                                loc[r], lr)
         best = best.reshape(H, N, M, grid.levels)
         table = np.stack([np.einsum("cs,nsm->ncm", stats.prob, best[h]) for h in range(H)])
         table = table if per_home else table[0]
         if not self.backlog:
             return table, None
-        return table, np.einsum("cs,hnsk->hnck", stats.prob, expo.reshape(H, N, M, N))
+        return table, ExposureLayer.from_dense(
+            (self._exposure_rows(nxt_at[h], slow_at[h], t1_all, expo_next.dense(h, N, self.keys.size), stats.prob, N, M)
+             for h in range(H)), N, self.keys.size)
 
-    def _exposure(self, opt: Options, pick: np.ndarray, loc: np.ndarray, layer: np.ndarray, key: np.ndarray,
-                  expo_next: np.ndarray) -> np.ndarray:
-        """[R, N] exposure of rows (node loc [R], a set at `layer` [R]) that take action `pick` [R] of `opt`:
-        a one at the node computing the output that arrives last at the meeting node (queue-free times, as the
-        tables price them; none when every slot is dropped or zeroed), plus the next layers' exposure from the
-        meeting node with the set's key `key` [R] (expo_next [N, C, N])."""
+    @staticmethod
+    def _exposure_rows(nxt: np.ndarray, slow: np.ndarray, key: np.ndarray, expo_next: np.ndarray, prob: np.ndarray,
+                       n: int, m: int) -> np.ndarray:
+        """[N, C, N] one home row's exposure: each table row's (node, set) the next layers' exposure from its
+        meeting node nxt [R] with the set's key [R] (expo_next [N, C, N]) plus a one at its slowest node slow [R]
+        (-1: none), averaged over the sets with prob [C, M]."""
+        rows = np.arange(len(nxt))
+        out = expo_next[nxt, key].copy()  # [R, N]
+        hit = slow >= 0
+        out[rows[hit], slow[hit]] += 1.0
+        return np.einsum("cs,nsk->nck", prob, out.reshape(n, m, n))
+
+    def _exposed(self, opt: Options, pick: np.ndarray, loc: np.ndarray, layer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(meeting node [R], slowest node [R]) of rows (node loc [R], a set at `layer` [R]) that take action
+        `pick` [R] of `opt`: where the token continues from, and the node computing the output that arrives last
+        at the meeting node (queue-free times, as the tables price them; -1 when every slot is dropped or
+        zeroed)."""
         ctx = self.ctx
         R = len(pick)
         rows = np.arange(R)
@@ -605,10 +623,7 @@ class LookAhead:
         arrive = ctx.xfer_s[loc[:, None], n0] + ctx.compute_s[n0, layer[:, None], e0] + ctx.xfer_s[n0, nxt[:, None]]
         arrive = np.where(run, arrive, -np.inf)
         slow = arrive.argmax(axis=1)  # [R] first slowest slot
-        out = expo_next[nxt, key].copy()  # [R, N]
-        hit = run[rows, slow]
-        out[rows[hit], node[rows, slow][hit]] += 1.0
-        return out
+        return nxt, np.where(run[rows, slow], node[rows, slow], -1)
 
 
 _LOOKAHEADS: dict[int, dict[tuple, LookAhead]] = {}  # id(ctx) -> the context's tables by their parameters

@@ -51,7 +51,13 @@ class OrderMoETables(NamedTuple):
     qpress: np.ndarray  # [1] the policy's queue_pressure (written in place)
     latency_excess: np.ndarray  # [U] the policy's weights (its observe updates them in place)
     quality_weight: np.ndarray  # [U]
-    exposure: np.ndarray  # the look-ahead's exposure table [L+1, I_HOMES, N, C, N] flat (`LookAhead.exposure`; F_BACKLOG)
+    # the look-ahead's exposure rows (`exposure.Exposure`; F_BACKLOG): entries ptr[row] .. ptr[row + 1] of node and
+    # val, row expo_base[l] + (h' * N + g) * C + key with h' the home's row where expo_homes[l] > 1, else 0
+    expo_val: np.ndarray
+    expo_node: np.ndarray
+    expo_ptr: np.ndarray
+    expo_base: np.ndarray  # [L+2]
+    expo_homes: np.ndarray  # [L+1]
     node_wait: np.ndarray  # [N] the policy's EWMA of each node's wait (F_BACKLOG_MEAN; updated in place)
     home_index: np.ndarray  # [N] each home node's row in home_table's home axis (I_HOMES rows; zeros without home_trip)
     # `LookAhead.home` [L+1, Nh, N, C, m] flat (home_trip; else a [1] zero), read only at the layers home_layer marks
@@ -380,13 +386,13 @@ def _work_arrays(K, N, J, G, M):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
-def _backlog_s(exposure, lv, homes, hx, g, key, N, C, load):  # pragma: no cover - compiled
-    """`LookAhead.backlog_s` of one row at layer lv, whose home has row hx of the exposure's `homes`, meeting at
-    g: exposure[lv + 1, hx, g, key] . load, left to right."""
-    lo = ((((lv + 1) * homes + hx) * N + g) * C + key) * N
-    s = exposure[lo] * load[0]
-    for n in range(1, N):
-        s += exposure[lo + n] * load[n]
+def _backlog_s(expo_val, expo_node, expo_ptr, expo_base, expo_homes, lv, hx, g, key, N, C, load):  # pragma: no cover
+    """`LookAhead.backlog_s` of one row at layer lv, whose home has row hx, meeting at g: the exposure row of
+    layer lv + 1 (`exposure.Exposure.rows`) . load, over its entries in node order from 0.0."""
+    row = expo_base[lv + 1] + ((hx if expo_homes[lv + 1] > 1 else 0) * N + g) * C + key
+    s = 0.0
+    for i in range(expo_ptr[row], expo_ptr[row + 1]):
+        s += expo_val[i] * load[expo_node[i]]
     return s
 
 
@@ -407,7 +413,8 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
      hold_node, hold_compute, is_cloud, migrate, sorted_on, cand_ptr, cand_node, cand_compute, srt_built, srt_static,
      srt_node) = ex
     (best_sub, best_sub_err, subst_err, flags, short_node, table, ints, params, budget_total, budget_used,
-     qpress, latency_excess, quality_weight, exposure, node_wait, home_index, home_table, home_layer) = om
+     qpress, latency_excess, quality_weight, expo_val, expo_node, expo_ptr, expo_base, expo_homes, node_wait, home_index,
+     home_table, home_layer) = om
     has_sub, has_drop, has_zero = flags[F_SUB], flags[F_DROP], flags[F_ZERO]
     power2, steer, all_nodes = flags[F_POWER2], flags[F_STEER], flags[F_ALL_NODES]
     all_usable = flags[F_ALL_USABLE]  # every node usable by every user (no devices): the steered search skips the test
@@ -651,8 +658,8 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
             # -- unsteered (`unsteered_meeting`), then argmin J over the M subsets
             if backlog:  # each candidate meeting node's expected queue wait (`LookAhead.backlog_s`)
                 for gi in range(K + 1 if migrate else 1):
-                    wait[gi] = _backlog_s(exposure, lv, homes, hx, loc if gi == 0 else x_node[t, gi - 1], key, N, C,
-                                          waits)
+                    wait[gi] = _backlog_s(expo_val, expo_node, expo_ptr, expo_base, expo_homes, lv, hx,
+                                          loc if gi == 0 else x_node[t, gi - 1], key, N, C, waits)
             best_cost, best_m, best_nxt, best_lat = np.inf, 0, loc, np.nan
             for m in range(M):
                 bm = mbits[m]
@@ -763,7 +770,8 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
                 if last:
                     home_leg[Gd] = xfer[n, home]
                 if backlog:
-                    wait[Gd] = _backlog_s(exposure, lv, homes, hx, n, key, N, C, waits)
+                    wait[Gd] = _backlog_s(expo_val, expo_node, expo_ptr, expo_base, expo_homes, lv, hx, n, key, N, C,
+                                         waits)
                 Gd += 1
             # The look-ahead cells the action walk below may read, asked for before the arrivals are computed: the
             # table is large (the per-home one is 906 MB at 256 servers) and each cell a cache miss, which the walk,
@@ -915,9 +923,16 @@ def ordermoe_tables(policy, budget_total, budget_used, eps_s_per_q: float, steer
                           np.ascontiguousarray(la.stacked.reshape(-1)), ints, params,
                           budget_total,
                           budget_used, np.array([policy.queue_pressure]), policy.latency_excess, policy.quality_weight,
-                          np.ascontiguousarray(policy.lookahead.exposure.reshape(-1), float), policy.node_wait,
+                          *_exposure_arrays(la), policy.node_wait,
                           np.ascontiguousarray(np.maximum(la.home_index, 0) if la.home_trip else np.zeros(N, _I), _I),
                           np.ascontiguousarray(la.home.reshape(-1) if la.home_trip else np.zeros(1)), home_layer)
+
+
+def _exposure_arrays(la) -> tuple[np.ndarray, ...]:
+    """(val, node, ptr, base, homes) of the look-ahead's exposure rows, contiguous, as `_backlog_s` reads them."""
+    x = la.expo
+    return (np.ascontiguousarray(x.val, float), np.ascontiguousarray(x.node, _I), np.ascontiguousarray(x.ptr, _I),
+            np.ascontiguousarray(x.base, _I), np.ascontiguousarray(x.homes, _I))
 
 
 # ---------------------------------------------------------------- decode: one `decide` call, one compiled call
