@@ -770,8 +770,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
                 if last:
                     home_leg[Gd] = xfer[n, home]
                 if backlog:
-                    wait[Gd] = _backlog_s(expo_val, expo_node, expo_ptr, expo_base, expo_homes, lv, hx, n, key, N, C,
-                                         waits)
+                    wait[Gd] = np.nan  # (read below only where an action there can still win: then computed once)
                 Gd += 1
             # The look-ahead cells the action walk below may read, asked for before the arrivals are computed: the
             # table is large (the per-home one is 906 MB at 256 servers) and each cell a cache miss, which the walk,
@@ -831,6 +830,9 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
                         ix = part[m] + meet[gi] * Cm
                         ahead = lat + (home_table[ix] if hd else table[ix])
                         if backlog:
+                            if wait[gi] != wait[gi]:
+                                wait[gi] = _backlog_s(expo_val, expo_node, expo_ptr, expo_base, expo_homes, lv, hx,
+                                                      meet[gi], key, N, C, waits)
                             ahead = ahead + wait[gi]
                         cost = alpha * ahead + qterm[m]
                     if cost < best_cost:
