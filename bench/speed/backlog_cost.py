@@ -71,18 +71,23 @@ def simulator_rows(repeat: int) -> list[dict]:
             continue
         ctx = make_context(profile, cluster, plan(plan_problem(profile, cluster, domain_fallback=True), "ordermoe"),
                            mode="migrate", domain_fallback=True)
-        runs, errors = {"exact": (ctx, "exact", {}, trace, wl, "fast", 1e-3)}, {}
+        runs, errors, rows = {"exact": (ctx, "exact", {}, trace, wl, "fast", 1e-3)}, {}, {}
         for kind in KINDS:
             try:
-                make_policy("ordermoe", ctx, horizon=2, backlog=kind)
+                expo = make_policy("ordermoe", ctx, horizon=2, backlog=kind).lookahead.expo
                 runs[kind] = (ctx, "ordermoe", {"horizon": 2, "backlog": kind}, trace, wl, "fast", 1e-3)
             except EdgeMoEError as e:
                 errors[kind] = str(e)
+                continue
+            if kind != "off":  # the exposure rows the term reads (the same for both kinds)
+                count = np.diff(expo.ptr)
+                rows = {"rows": len(count), "entries_per_nonempty_row_mean": float(count[count > 0].mean()),
+                        "entries_per_row_max": int(count.max()), "mib": expo.nbytes / 2**20}
         load = os.getloadavg()[0]
         got = timed_runs(repeat, runs)
         cpu = {name: v[2] for name, v in got.items()}
         out.append({"scenario": label, "cpu_s": cpu, "vs_exact": {k: v / cpu["exact"] for k, v in cpu.items() if k != "exact"},
-                    "errors": errors, "load_average_1": load})
+                    "errors": errors, "exposure_rows": rows, "load_average_1": load})
         print(out[-1], flush=True)
     return out
 

@@ -497,7 +497,10 @@ def backlog_cost() -> list[str]:
     rows = [[f"decision at decode, {setup}, {T} row{'s' if T > 1 else ''} per call (CPU us per token-layer)"]
             + [cell(xs, k, "fastest_cpu_us_per_token_layer", 2) for k in kinds] for (setup, T), xs in dec.items()]
     for x in r["simulator"]:
-        rows.append([f"simulator, {x['scenario']} (CPU over exact's)"]
+        e = x.get("exposure_rows") or {}
+        rows_note = (f"; exposure rows {e['rows']:,}, {e['entries_per_nonempty_row_mean']:.1f} entries each on average, "
+                     f"{e['mib']:.1f} MiB" if e else "")
+        rows.append([f"simulator, {x['scenario']} (CPU over exact's{rows_note})"]
                     + ["too large" if k in x["errors"] else (f"{x['vs_exact'][k]:.2f}x" if k in x["vs_exact"] else "-")
                        for k in kinds])
     return ["**What the queue term costs** (`bench/results/backlog_cost.json`, `python -m bench.speed.backlog_cost`; "
