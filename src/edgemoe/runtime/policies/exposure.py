@@ -66,7 +66,7 @@ class Exposure:
         self.homes = np.array([x.homes for x in per], np.int64)  # [L+1]
         self.base = np.concatenate([[0], np.cumsum(self.homes * n * c)]).astype(np.int64)  # [L+2] first row per layer
         offsets = np.concatenate([[0], np.cumsum([len(x.val) for x in per])]).astype(np.int64)
-        self.ptr = np.concatenate([per[0].ptr[:1]] + [x.ptr[1:] + off for x, off in zip(per, offsets, strict=False)])
+        self.ptr = np.concatenate([per[0].ptr[:1]] + [x.ptr[1:] + off for x, off in zip(per, offsets[:-1], strict=True)])
         self.node = np.concatenate([x.node for x in per]).astype(np.int64)
         self.val = np.concatenate([x.val for x in per]).astype(float)
         self.layers = per
@@ -86,7 +86,7 @@ class Exposure:
         rows = self.rows(layer, home_row, nodes, key)
         start, count = self.ptr[rows], self.ptr[rows + 1] - self.ptr[rows]
         width = int(count.max()) if count.size else 0
-        if width == 0 or len(self.val) == 0:
+        if width == 0:  # (no entry in any asked row; also when there are none at all)
             return np.zeros(rows.shape)
         k = np.arange(width)
         idx = np.minimum(start[..., None] + k, len(self.val) - 1)  # [T, G, width]

@@ -461,8 +461,8 @@ class LookAhead:
         # home_trip: [L+1, Nh, N, C, m] phi(l) per home (`home_index` maps a node to its home row; a [1, ...] zero
         # placeholder without it)
         self.homes = np.unique(ctx.user_home) if self.home_trip else np.zeros(0, np.int64)
-        # exposure(l) for every l in compressed rows, per home where the tables are (`backlog`; none without it)
-        self.expo = Exposure({}, L, N, C)
+        # exposure(l) for every l in compressed rows, per home where the tables are (`backlog`; None without it)
+        self.expo = Exposure({}, L, N, C) if self.backlog else None
         self.home_index = np.full(N, -1, np.int64)
         self.home_index[self.homes] = np.arange(len(self.homes))
         self.home = np.zeros((L + 1, len(self.homes), N, C, grid.levels) if self.home_trip else (1, 1, 1, 1, 1))
@@ -524,8 +524,9 @@ class LookAhead:
     @property
     def exposure(self) -> np.ndarray:
         """[L+1, Hx, N, C, N] the exposure rows made dense (Hx: the homes where some layer's rows are per home,
-        else 1); for tests and inspection, N times the compressed rows' memory (`exposure.Exposure`)."""
-        return self.expo.dense()
+        else 1; a [1, 1, 1, 1, 1] zero without `backlog`); for tests and inspection, N times the compressed rows'
+        memory (`exposure.Exposure`)."""
+        return np.zeros((1, 1, 1, 1, 1)) if self.expo is None else self.expo.dense()
 
     def backlog_s(self, layer: np.ndarray, home: np.ndarray, key: np.ndarray, nodes: np.ndarray,
                   load: np.ndarray) -> np.ndarray:

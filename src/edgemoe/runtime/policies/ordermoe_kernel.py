@@ -931,8 +931,11 @@ def ordermoe_tables(policy, budget_total, budget_used, eps_s_per_q: float, steer
 
 
 def _exposure_arrays(la) -> tuple[np.ndarray, ...]:
-    """(val, node, ptr, base, homes) of the look-ahead's exposure rows, contiguous, as `_backlog_s` reads them."""
+    """(val, node, ptr, base, homes) of the look-ahead's exposure rows, contiguous, as `_backlog_s` reads them
+    (one-entry placeholders without `backlog`: F_BACKLOG is then off and nothing reads them)."""
     x = la.expo
+    if x is None:
+        return np.zeros(1), np.zeros(1, _I), np.zeros(1, _I), np.zeros(1, _I), np.zeros(1, _I)
     return (np.ascontiguousarray(x.val, float), np.ascontiguousarray(x.node, _I), np.ascontiguousarray(x.ptr, _I),
             np.ascontiguousarray(x.base, _I), np.ascontiguousarray(x.homes, _I))
 
