@@ -166,20 +166,22 @@ def compare_backlogs(ctx, trace, workload, budget: float, row: dict) -> list[dic
     return rows
 
 
-def backlog_sweep(scenarios, budgets: dict, topk, gates, block_len: int, model: str) -> list[dict]:
+def backlog_sweep(scenarios, budgets: dict, topk, gates, block_len: int, model: str, each=None) -> list[dict]:
     """The backlog scripts' loop: every scenario at each operating budget, ordermoe placed at that budget and
-    its BACKLOG_VARIANTS compared (`compare_backlogs`). A scenario is (labels, problem, mode, workload,
-    context), `context(placement)` making the runtime context; topk, gates: [T, L, K] routing of the
-    evaluation text. Rows are labelled model, then the scenario's labels, then the point."""
+    `each(ctx, trace, workload, budget, labels)` run on it (a list of rows; default `compare_backlogs`, the
+    BACKLOG_VARIANTS compared). A scenario is (labels, problem, mode, workload, context), `context(placement)`
+    making the runtime context; topk, gates: [T, L, K] routing of the evaluation text. Rows are labelled model,
+    then the scenario's labels, then the point."""
     from edgemoe.eval.experiment import eval_trace
     from edgemoe.plan import plan
 
+    each = each or compare_backlogs
     rows = []
     for labels, problem, mode, workload, context in scenarios:
         for point, b in budgets.items():
             ctx = context(plan(problem, "ordermoe", mode=mode, budget=b))
             trace = eval_trace(topk, gates, ctx.user_domain, block_len)
-            rows += compare_backlogs(ctx, trace, workload, b, {"model": model, **labels, "point": point})
+            rows += each(ctx, trace, workload, b, {"model": model, **labels, "point": point})
     return rows
 
 

@@ -71,26 +71,28 @@ def row(labels: dict, budget: float, seed0: int, r: dict[str, list[float]]) -> d
 
 
 def shipped_sets(seeds: int, which) -> list[dict]:
-    """Rows of the demo and scaling sets (`backlog_sweep`'s loop: an ordermoe placement per budget)."""
+    """Rows of the demo and scaling sets: the backlog scripts' scenarios through their loop (`backlog_sweep`: an
+    ordermoe placement per budget), each row the default's and the variants' ratios over the seeds."""
+    from bench.common import backlog_sweep
     from bench.studies import backlog_demo, backlog_scaling
     from bench.studies.ordermoe_placement import demo_inputs
     from bench.studies.scaling import operating_budgets
-    from edgemoe.eval.experiment import eval_trace
-    from edgemoe.plan import plan
+
+    def demo(profile, cfg):
+        return backlog_demo.scenarios(profile, cfg, ["migrate", "home"])
+
+    def scaling(profile, cfg):
+        return backlog_scaling.scenarios(profile, cfg, [4, 8, 16, 32])
 
     rows = []
-    for set_name, model, make in (("demo", "default", lambda p, c: backlog_demo.scenarios(p, c, ["migrate", "home"])),
-                                  ("demo", "default-upcycled", lambda p, c: backlog_demo.scenarios(p, c, ["migrate", "home"])),
-                                  ("scaling", "default-upcycled", lambda p, c: backlog_scaling.scenarios(p, c, [4, 8, 16, 32]))):
+    for set_name, model, make in (("demo", "default", demo), ("demo", "default-upcycled", demo),
+                                  ("scaling", "default-upcycled", scaling)):
         if set_name not in which:
             continue
         profile, topk, gates, cfg = demo_inputs(ROOT / "runs" / "cache", model)
-        for labels, problem, mode, workload, context in make(profile, cfg):
-            for point, b in operating_budgets(model).items():
-                ctx = context(plan(problem, "ordermoe", mode=mode, budget=b))
-                trace = eval_trace(topk, gates, ctx.user_domain, cfg.block_len)
-                rows.append(row({"set": set_name, "model": model, **labels, "point": point}, b, workload.seed,
-                                ratios(ctx, trace, workload, b, seeds)))
+        rows += backlog_sweep(make(profile, cfg), operating_budgets(model), topk, gates, cfg.block_len, model,
+                              each=lambda ctx, trace, wl, b, labels, set_name=set_name: [
+                                  row({"set": set_name, **labels}, b, wl.seed, ratios(ctx, trace, wl, b, seeds))])
     return rows
 
 
