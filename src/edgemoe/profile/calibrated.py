@@ -161,19 +161,26 @@ def real_cross_mi(counts: RealCounts) -> np.ndarray:
                      for p in range(len(counts.layer_pairs))]).mean(axis=1)
 
 
-def _gap_mi(theta_a: np.ndarray, theta_b: np.ndarray, K: int, c: float, base: np.ndarray, eps: np.ndarray) -> float:
+def _gap_mi(chosen_a: np.ndarray, theta_b: np.ndarray, K: int, c: float, base: np.ndarray, eps: np.ndarray) -> float:
     """Within-domain mutual information (bits, mean over domains) of the slot-by-slot expert pairs of two layers
-    whose latents have correlation c: z_b = c z_a + sqrt(1 - c^2) eps. theta_a, theta_b: [D, E] scores;
-    base, eps: [S, E] fixed standard normal samples (the same for every c, so MI is smooth in c)."""
-    za, zb = base, c * base + np.sqrt(1.0 - c * c) * eps
-    ga, gb = gumbel_of_normal(za), gumbel_of_normal(zb)
-    E = theta_a.shape[1]
+    whose latents have correlation c: z_b = c z_a + sqrt(1 - c^2) eps, z_a = base. chosen_a: [D, S, K] the first
+    layer's experts on base (`_first_layer_choice`: the same for every c); theta_b: [D, E] the second layer's
+    scores; base, eps: [S, E] fixed standard normal samples (the same for every c, so MI is smooth in c)."""
+    gb = gumbel_of_normal(c * base + np.sqrt(1.0 - c * c) * eps)
+    E = theta_b.shape[1]
     mi = 0.0
-    for d in range(len(theta_a)):
+    for d in range(len(theta_b)):
         table = np.zeros((E, E))
-        np.add.at(table, (_topk_of(theta_a[d][None] + ga, K).ravel(), _topk_of(theta_b[d][None] + gb, K).ravel()), 1.0)
-        mi += pair_mutual_information(table) / len(theta_a)
+        np.add.at(table, (chosen_a[d].ravel(), _topk_of(theta_b[d][None] + gb, K).ravel()), 1.0)
+        mi += pair_mutual_information(table) / len(theta_b)
     return mi
+
+
+def _first_layer_choice(theta_a: np.ndarray, K: int, base: np.ndarray) -> np.ndarray:
+    """[D, S, K] the top-K experts of theta_a [D, E] + the Gumbel transform of base [S, E], per domain: a pair's
+    first layer, whose latent the fit never changes."""
+    ga = gumbel_of_normal(base)
+    return np.stack([_topk_of(theta_a[d][None] + ga, K) for d in range(len(theta_a))])
 
 
 def fit_gap_correlations(counts: RealCounts, theta_src: np.ndarray, tokens: int = 4000,
@@ -191,7 +198,7 @@ def fit_gap_correlations(counts: RealCounts, theta_src: np.ndarray, tokens: int 
     index = {layer: i for i, layer in enumerate(counts.layers)}
     corr, null, got = np.zeros(len(counts.layer_pairs)), np.zeros(len(target)), np.zeros(len(target))
     for p, (a, b) in enumerate(counts.layer_pairs):
-        ta, tb = theta_src[:, index[a]], theta_src[:, index[b]]
+        ta, tb = _first_layer_choice(theta_src[:, index[a]], K, base), theta_src[:, index[b]]
         null[p] = _gap_mi(ta, tb, K, 0.0, base, eps)
         want = target[p] - null[p]
         lo, hi = 0.0, CORR_MAX
