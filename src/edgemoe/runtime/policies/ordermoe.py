@@ -492,7 +492,7 @@ class LookAhead:
             if self.expo.nbytes > EXPOSURE_MAX_BYTES:
                 raise EdgeMoEError(
                     f"ordermoe: the queue term's exposure rows take {self.expo.nbytes / 2**30:.2f} GiB "
-                    f"({len(self.expo.val)} entries over {len(self.expo.ptr) - 1} rows: L+1={L + 1}, homes up to "
+                    f"({len(self.expo.val)} entries over {len(self.expo.span)} rows: L+1={L + 1}, homes up to "
                     f"{int(self.expo.homes.max())}, N={N}, keys={C}), above {EXPOSURE_MAX_BYTES / 2**30:g} GiB: use "
                     "backlog='off'" + (", or home_trip=False (one exposure for every home)" if self.home_trip else ""))
 

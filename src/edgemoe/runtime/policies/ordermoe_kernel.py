@@ -51,11 +51,11 @@ class OrderMoETables(NamedTuple):
     qpress: np.ndarray  # [1] the policy's queue_pressure (written in place)
     latency_excess: np.ndarray  # [U] the policy's weights (its observe updates them in place)
     quality_weight: np.ndarray  # [U]
-    # the look-ahead's exposure rows (`exposure.Exposure`; F_BACKLOG): entries ptr[row] .. ptr[row + 1] of node and
+    # the look-ahead's exposure rows (`exposure.Exposure`; F_BACKLOG): entries span[2 row] .. span[2 row + 1] of node and
     # val, row expo_base[l] + (h' * N + g) * C + key with h' the home's row where expo_homes[l] > 1, else 0
     expo_val: np.ndarray
     expo_node: np.ndarray
-    expo_ptr: np.ndarray
+    expo_span: np.ndarray  # [2 rows] flat (start, stop) of each row's entries (`exposure.Exposure.span`)
     expo_base: np.ndarray  # [L+2]
     expo_homes: np.ndarray  # [L+1]
     node_wait: np.ndarray  # [N] the policy's EWMA of each node's wait (F_BACKLOG_MEAN; updated in place)
@@ -386,12 +386,12 @@ def _work_arrays(K, N, J, G, M):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
-def _backlog_s(expo_val, expo_node, expo_ptr, expo_base, expo_homes, lv, hx, g, key, N, C, load):  # pragma: no cover
+def _backlog_s(expo_val, expo_node, expo_span, expo_base, expo_homes, lv, hx, g, key, N, C, load):  # pragma: no cover
     """`LookAhead.backlog_s` of one row at layer lv, whose home has row hx, meeting at g: the exposure row of
     layer lv + 1 (`exposure.Exposure.rows`) . load, over its entries in node order from 0.0."""
     row = expo_base[lv + 1] + ((hx if expo_homes[lv + 1] > 1 else 0) * N + g) * C + key
     s = 0.0
-    for i in range(expo_ptr[row], expo_ptr[row + 1]):
+    for i in range(expo_span[2 * row], expo_span[2 * row + 1]):
         s += expo_val[i] * load[expo_node[i]]
     return s
 
@@ -413,7 +413,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
      hold_node, hold_compute, is_cloud, migrate, sorted_on, cand_ptr, cand_node, cand_compute, srt_built, srt_static,
      srt_node) = ex
     (best_sub, best_sub_err, subst_err, flags, short_node, table, ints, params, budget_total, budget_used,
-     qpress, latency_excess, quality_weight, expo_val, expo_node, expo_ptr, expo_base, expo_homes, node_wait, home_index,
+     qpress, latency_excess, quality_weight, expo_val, expo_node, expo_span, expo_base, expo_homes, node_wait, home_index,
      home_table, home_layer) = om
     has_sub, has_drop, has_zero = flags[F_SUB], flags[F_DROP], flags[F_ZERO]
     power2, steer, all_nodes = flags[F_POWER2], flags[F_STEER], flags[F_ALL_NODES]
@@ -627,6 +627,9 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
         # home-free table (the same values: every home's copy of it)
         hd = home_layer[lv + 1]
         hx = home_index[home]  # the home's row of the per-home tables (0 without home_trip: one row)
+        expo_row0 = 0  # the exposure row (`_backlog_s`) of this row meeting at node g is expo_row0 + g * C
+        if backlog:
+            expo_row0 = expo_base[lv + 1] + (hx if expo_homes[lv + 1] > 1 else 0) * N * C + key
         if hd:
             part0 = ((lv + 1) * homes + hx) * (N * Cm) + key * levels
         else:
@@ -658,7 +661,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
             # -- unsteered (`unsteered_meeting`), then argmin J over the M subsets
             if backlog:  # each candidate meeting node's expected queue wait (`LookAhead.backlog_s`)
                 for gi in range(K + 1 if migrate else 1):
-                    wait[gi] = _backlog_s(expo_val, expo_node, expo_ptr, expo_base, expo_homes, lv, hx,
+                    wait[gi] = _backlog_s(expo_val, expo_node, expo_span, expo_base, expo_homes, lv, hx,
                                           loc if gi == 0 else x_node[t, gi - 1], key, N, C, waits)
             best_cost, best_m, best_nxt, best_lat = np.inf, 0, loc, np.nan
             for m in range(M):
@@ -784,6 +787,9 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
                                 prefetch(home_table, ix)
                             else:
                                 prefetch(table, ix)
+            if backlog:  # the same for the exposure rows: their offsets now, their entries once these are in
+                for gi in range(Gd):
+                    prefetch(expo_span, 2 * (expo_row0 + meet[gi] * C))
             # the least over a slot's candidates, one candidate (one row of xfer) at a time: the same minimum
             for k in range(K):
                 for gi in range(Gd):
@@ -813,6 +819,12 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
                             if not (bm >> k) & 1 and arrive[k, gi] > v:
                                 v = arrive[k, gi]
                         kept_max[M - 1 - m, gi] = v
+            if backlog:
+                for gi in range(Gd):
+                    lo = expo_span[2 * (expo_row0 + meet[gi] * C)]
+                    if lo < len(expo_val):  # (an empty last row points past the end)
+                        prefetch(expo_val, lo)
+                        prefetch(expo_node, lo)
             best_cost = np.inf
             best_a = 0
             best_lat = np.nan
@@ -831,7 +843,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
                         ahead = lat + (home_table[ix] if hd else table[ix])
                         if backlog:
                             if wait[gi] != wait[gi]:
-                                wait[gi] = _backlog_s(expo_val, expo_node, expo_ptr, expo_base, expo_homes, lv, hx,
+                                wait[gi] = _backlog_s(expo_val, expo_node, expo_span, expo_base, expo_homes, lv, hx,
                                                       meet[gi], key, N, C, waits)
                             ahead = ahead + wait[gi]
                         cost = alpha * ahead + qterm[m]
@@ -931,12 +943,13 @@ def ordermoe_tables(policy, budget_total, budget_used, eps_s_per_q: float, steer
 
 
 def _exposure_arrays(la) -> tuple[np.ndarray, ...]:
-    """(val, node, ptr, base, homes) of the look-ahead's exposure rows, contiguous, as `_backlog_s` reads them
-    (one-entry placeholders without `backlog`: F_BACKLOG is then off and nothing reads them)."""
+    """(val, node, span, base, homes) of the look-ahead's exposure rows, contiguous, as `_backlog_s` reads them,
+    span flat ([2 rows]: row r's entries span[2r] .. span[2r + 1]); one-entry placeholders without `backlog`
+    (F_BACKLOG is then off and nothing reads them)."""
     x = la.expo
     if x is None:
-        return np.zeros(1), np.zeros(1, _I), np.zeros(1, _I), np.zeros(1, _I), np.zeros(1, _I)
-    return (np.ascontiguousarray(x.val, float), np.ascontiguousarray(x.node, _I), np.ascontiguousarray(x.ptr, _I),
+        return np.zeros(1), np.zeros(1, _I), np.zeros(2, np.int32), np.zeros(1, _I), np.zeros(1, _I)
+    return (np.ascontiguousarray(x.val, float), np.ascontiguousarray(x.node, _I), np.ascontiguousarray(x.span).reshape(-1),
             np.ascontiguousarray(x.base, _I), np.ascontiguousarray(x.homes, _I))
 
 
