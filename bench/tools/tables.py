@@ -498,8 +498,9 @@ def backlog_cost() -> list[str]:
             + [cell(xs, k, "fastest_cpu_us_per_token_layer", 2) for k in kinds] for (setup, T), xs in dec.items()]
     for x in r["simulator"]:
         e = x.get("exposure_rows") or {}
-        rows_note = (f"; exposure rows {e['rows']:,}, {e['entries_per_nonempty_row_mean']:.1f} entries each on average, "
-                     f"{e['mib']:.1f} MiB" if e else "")
+        shared = (f", {e['distinct_nonempty_rows']:,} distinct, stored once" if "distinct_nonempty_rows" in e else "")
+        rows_note = (f"; exposure rows {e['rows']:,}{shared}, {e['entries_per_nonempty_row_mean']:.1f} entries each on "
+                     f"average, {e['mib']:.1f} MiB" if e else "")
         rows.append([f"simulator, {x['scenario']} (CPU over exact's{rows_note})"]
                     + ["too large" if k in x["errors"] else (f"{x['vs_exact'][k]:.2f}x" if k in x["vs_exact"] else "-")
                        for k in kinds])

@@ -841,7 +841,8 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
                     if horizon > 0 and (alpha < 0 or cost < best_cost):
                         ix = part[m] + meet[gi] * Cm
                         ahead = lat + (home_table[ix] if hd else table[ix])
-                        if backlog:
+                        # the wait (>= 0) only where the action can still win with the table's seconds added
+                        if backlog and (alpha < 0 or alpha * ahead + qterm[m] < best_cost):
                             if wait[gi] != wait[gi]:
                                 wait[gi] = _backlog_s(expo_val, expo_node, expo_span, expo_base, expo_homes, lv, hx,
                                                       meet[gi], key, N, C, waits)
