@@ -4,7 +4,7 @@ rows per call, loaded nodes), and the simulator's CPU time over exact's (`bench.
 fast engine, runs taking turns). A setting whose exposure tables would pass `EXPOSURE_MAX_BYTES` records the
 policy's error instead of a time.
 
-    python -m bench.speed.backlog_cost [--repeat 3]
+    python -m bench.speed.backlog_cost [--repeat 5]
 
 Writes bench/results/backlog_cost.json (CPU seconds, the fastest of the repeats, the load beside each row).
 Decision costs are the same quantity as `policies_decode.json`'s; the simulator ratio is `simulator.json`'s.
@@ -95,7 +95,7 @@ def simulator_rows(repeat: int) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=3, help="timed runs per row; the fastest is kept")
+    ap.add_argument("--repeat", type=int, default=5, help="timed runs per row; the fastest is kept")
     args = ap.parse_args()
     decode = decode_rows(args.repeat)
     sim = simulator_rows(args.repeat)
