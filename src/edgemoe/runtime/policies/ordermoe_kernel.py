@@ -386,10 +386,9 @@ def _work_arrays(K, N, J, G, M):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
-def _backlog_s(expo_val, expo_node, expo_span, expo_base, expo_homes, lv, hx, g, key, N, C, load):  # pragma: no cover
-    """`LookAhead.backlog_s` of one row at layer lv, whose home has row hx, meeting at g: the exposure row of
-    layer lv + 1 (`exposure.Exposure.rows`) . load, over its entries in node order from 0.0."""
-    row = expo_base[lv + 1] + ((hx if expo_homes[lv + 1] > 1 else 0) * N + g) * C + key
+def _backlog_s(expo_val, expo_node, expo_span, row, load):  # pragma: no cover - compiled
+    """`LookAhead.backlog_s` of one exposure row (`exposure.Exposure.rows`; in `_decide_ordermoe`, expo_row0 +
+    g * C for a row meeting at g): its entries . load, in node order from 0.0."""
     s = 0.0
     for i in range(expo_span[2 * row], expo_span[2 * row + 1]):
         s += expo_val[i] * load[expo_node[i]]
@@ -627,7 +626,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
         # home-free table (the same values: every home's copy of it)
         hd = home_layer[lv + 1]
         hx = home_index[home]  # the home's row of the per-home tables (0 without home_trip: one row)
-        expo_row0 = 0  # the exposure row (`_backlog_s`) of this row meeting at node g is expo_row0 + g * C
+        expo_row0 = 0  # the exposure row (`Exposure.rows`) of this row meeting at node g is expo_row0 + g * C
         if backlog:
             expo_row0 = expo_base[lv + 1] + (hx if expo_homes[lv + 1] > 1 else 0) * N * C + key
         if hd:
@@ -661,8 +660,8 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
             # -- unsteered (`unsteered_meeting`), then argmin J over the M subsets
             if backlog:  # each candidate meeting node's expected queue wait (`LookAhead.backlog_s`)
                 for gi in range(K + 1 if migrate else 1):
-                    wait[gi] = _backlog_s(expo_val, expo_node, expo_span, expo_base, expo_homes, lv, hx,
-                                          loc if gi == 0 else x_node[t, gi - 1], key, N, C, waits)
+                    wait[gi] = _backlog_s(expo_val, expo_node, expo_span,
+                                          expo_row0 + (loc if gi == 0 else x_node[t, gi - 1]) * C, waits)
             best_cost, best_m, best_nxt, best_lat = np.inf, 0, loc, np.nan
             for m in range(M):
                 bm = mbits[m]
@@ -844,8 +843,8 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
                         # the wait (>= 0) only where the action can still win with the table's seconds added
                         if backlog and (alpha < 0 or alpha * ahead + qterm[m] < best_cost):
                             if wait[gi] != wait[gi]:
-                                wait[gi] = _backlog_s(expo_val, expo_node, expo_span, expo_base, expo_homes, lv, hx,
-                                                      meet[gi], key, N, C, waits)
+                                wait[gi] = _backlog_s(expo_val, expo_node, expo_span, expo_row0 + meet[gi] * C,
+                                                      waits)
                             ahead = ahead + wait[gi]
                         cost = alpha * ahead + qterm[m]
                     if cost < best_cost:
