@@ -40,10 +40,12 @@ def _policy(name: str, ctx, eval_prof):
     return make_policy("ordermoe", ctx, budget=0.05, horizon=int(parts[1][1:]), **kind)
 
 
-def main(argv: list[str]) -> int:
-    model, counted, methods = argv[0], argv[1], argv[2].split(",")
+def paper_setting(model: str, counted: str, log=print):
+    """(ctx, trace, workload, eval_prof) of the paper-scale scenario for one model: its routing generated from
+    the `counted` real counts, testbed8 in migrate mode with dense work, the ordermoe placement planned once per
+    planning draw (cached in runs/cache), the paper-scale closed-loop workload."""
     cfg = PaperScaleConfig(shared_data=str(ROOT.parent / "shared" / "data"))
-    spec, plan_prof, eval_prof, info = scenario_profiles(model, counted, cfg, print)
+    spec, plan_prof, eval_prof, info = scenario_profiles(model, counted, cfg, log)
     cluster = load_cluster("testbed8")
     fallback = any(u.domain not in plan_prof.meta.domains for u in cluster.users)
     # keyed by the planning draw, so a changed generator never reuses an older draw's placement
@@ -53,14 +55,19 @@ def main(argv: list[str]) -> int:
     else:
         c0 = time.process_time()
         placement = plan(plan_problem(plan_prof, cluster, domain_fallback=fallback), "ordermoe")
-        print("plan", time.process_time() - c0)
+        log("plan", time.process_time() - c0)
         cache.parent.mkdir(parents=True, exist_ok=True)
         placement.save(cache)
     problem = plan_problem(plan_prof, cluster, domain_fallback=fallback)
     ctx = context_from_problem(problem, placement, mode="migrate", dense=True)
-    trace = Trace.from_profile(eval_prof)
     wl = Workload(num_requests=cfg.num_requests, prompt_tokens=cfg.prompt_tokens, gen_tokens=cfg.gen_tokens,
                   arrival=cfg.arrival, rate_per_s=cfg.rate_per_s, seed=cfg.seed)
+    return ctx, Trace.from_profile(eval_prof), wl, eval_prof
+
+
+def main(argv: list[str]) -> int:
+    model, counted, methods = argv[0], argv[1], argv[2].split(",")
+    ctx, trace, wl, eval_prof = paper_setting(model, counted)
     rows = []
     for name in methods:
         c0 = time.process_time()

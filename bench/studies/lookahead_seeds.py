@@ -3,17 +3,19 @@
 (`backlog_scenarios.json`, `lookahead.json`) simulate each scenario on one workload seed; this study runs the
 default policy (H=2) and H=0 on the same scenarios over SEEDS workload seeds (the committed seed first, then the
 next ones: other arrival times and other requests' tokens, the same placement, routing trace and budgets) and
-reports each scenario's ratio per seed, its mean, spread and how many seeds put H=2 above H=0; the options of
-the queue-aware table (`backlog="now"` / `"mean"`, `table_price=True`) are run on the same seeds beside it.
+reports each scenario's ratio per seed, its mean, spread and how many seeds put H=2 above H=0 (and the ratio of
+p99 latencies beside it); the options of the queue-aware table (`backlog="now"` / `"mean"`, `table_price=True`)
+are run on the same seeds beside it.
 
-    python -m bench.studies.lookahead_seeds [--seeds 10] [--sets demo,scaling,lookahead]
+    python -m bench.studies.lookahead_seeds [--seeds 10] [--sets demo,scaling,lookahead,paper]
 
 Sets: `demo` (edge8, both shipped models, migrate and home, the demo's `paper` and `strict` budgets:
 `bench.studies.backlog_demo`'s scenarios), `scaling` (default-upcycled on 4, 8, 16, 32 generated servers:
 `bench.studies.backlog_scaling`'s) and `lookahead` (32-layer Mixtral routing on edge8 and testbed8 at budgets
-0, 0.05, 0.2: `bench.studies.lookahead`'s). The paper-scale rows are left out (their ratios, 0.86x and 0.95x,
-are not near 1.0, and one of their runs costs what a whole demo set does). Writes
-bench/results/lookahead_seeds.json; no timing but the CPU seconds of the whole run.
+0, 0.05, 0.2: `bench.studies.lookahead`'s) and `paper` (Qwen1.5-MoE and Mixtral at paper scale on testbed8,
+budget 0.05: `bench.studies.backlog_paper`'s; their default ratios, 0.86x and 0.95x, are far from 1.0, but the
+queue term's options move them in opposite directions). Writes bench/results/lookahead_seeds.json; no timing
+but the CPU seconds of the whole run.
 """
 import argparse
 import dataclasses
@@ -31,41 +33,44 @@ from bench.common import RESULTS, environment
 from edgemoe.io import atomic_write_json
 
 OUT = RESULTS / "lookahead_seeds.json"
-SETS = ("demo", "scaling", "lookahead")
+SETS = ("demo", "scaling", "lookahead", "paper")
 # H=2 variants, each over H=0 on every seed: the default first, then the options the queue-aware table compares
 VARIANTS = {"H2": {}, "H2-now": {"backlog": "now"}, "H2-mean": {"backlog": "mean"}, "H2-priced": {"table_price": True}}
 
 
-def ratios(ctx, trace, workload, budget: float, seeds: int) -> dict[str, list[float]]:
-    """{variant: [seeds] mean latency of ordermoe H=2 with the variant's parameters over H=0's}, one per workload
-    seed workload.seed + k (VARIANTS; "H2" is the default policy)."""
+def ratios(ctx, trace, workload, budget: float, seeds: int) -> dict[str, dict[str, list[float]]]:
+    """{variant: {"mean": [seeds], "p99": [seeds]}}: mean and p99 latency of ordermoe H=2 with the variant's
+    parameters over H=0's, one per workload seed workload.seed + k (VARIANTS; "H2" is the default policy)."""
     from edgemoe.runtime import make_policy
     from edgemoe.runtime.sim.simulate import simulate
 
-    out: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    out = {name: {"mean": [], "p99": []} for name in VARIANTS}
     for k in range(seeds):
         wl = dataclasses.replace(workload, seed=workload.seed + k)
-        h0 = simulate(ctx, make_policy("ordermoe", ctx, budget=budget, horizon=0), trace, wl).latency_ms["mean"]
+        h0 = simulate(ctx, make_policy("ordermoe", ctx, budget=budget, horizon=0), trace, wl).latency_ms
         for name, params in VARIANTS.items():
             pol = make_policy("ordermoe", ctx, budget=budget, horizon=2, **params)
-            out[name].append(simulate(ctx, pol, trace, wl).latency_ms["mean"] / h0)
+            lat = simulate(ctx, pol, trace, wl).latency_ms
+            out[name]["mean"].append(lat["mean"] / h0["mean"])
+            out[name]["p99"].append(lat["p99"] / h0["p99"])
     return out
 
 
-def _summary(r: list[float]) -> dict:
-    a = np.asarray(r)
-    return {"mean": float(a.mean()), "sd": float(a.std(ddof=1)) if len(a) > 1 else 0.0, "min": float(a.min()),
-            "max": float(a.max()), "above_1": int((a > 1.0).sum())}
+def _summary(r: dict[str, list[float]]) -> dict:
+    a = np.asarray(r["mean"])
+    return {"ratio": r["mean"], "mean": float(a.mean()), "sd": float(a.std(ddof=1)) if len(a) > 1 else 0.0,
+            "min": float(a.min()), "max": float(a.max()), "above_1": int((a > 1.0).sum()),
+            "p99_ratio": r["p99"], "p99_mean": float(np.mean(r["p99"]))}
 
 
-def row(labels: dict, budget: float, seed0: int, r: dict[str, list[float]]) -> dict:
+def row(labels: dict, budget: float, seed0: int, r: dict[str, dict[str, list[float]]]) -> dict:
     """One scenario's record: its labels, budget, the seeds, the default's ratios and their summary, and each
     other variant's under `variants`."""
     h2 = r["H2"]
-    rec = {**labels, "budget": budget, "seeds": [seed0 + k for k in range(len(h2))], "ratio": h2, **_summary(h2),
-           "committed_seed_ratio": h2[0],
-           "variants": {name: {"ratio": v, **_summary(v)} for name, v in r.items() if name != "H2"}}
-    print(json.dumps({k: v for k, v in rec.items() if k not in ("seeds", "ratio", "variants")}
+    rec = {**labels, "budget": budget, "seeds": [seed0 + k for k in range(len(h2["mean"]))], **_summary(h2),
+           "committed_seed_ratio": h2["mean"][0],
+           "variants": {name: _summary(v) for name, v in r.items() if name != "H2"}}
+    print(json.dumps({k: v for k, v in rec.items() if k not in ("seeds", "ratio", "p99_ratio", "variants")}
                      | {name: round(v["mean"], 4) for name, v in rec["variants"].items()}), flush=True)
     return rec
 
@@ -112,6 +117,18 @@ def lookahead_set(seeds: int) -> list[dict]:
     return rows
 
 
+def paper_set(seeds: int) -> list[dict]:
+    """Rows of the paper-scale set (`bench.studies.backlog_paper`'s scenario and budget, 0.05)."""
+    from bench.studies.backlog_paper import paper_setting
+
+    rows = []
+    for model, counted in (("qwen1.5-moe-a2.7b", "olmoe"), ("mixtral-8x7b", "mixtral")):
+        ctx, trace, workload, _ = paper_setting(model, counted, log=lambda *a: None)
+        rows.append(row({"set": "paper", "model": model, "cluster": "testbed8"}, 0.05, workload.seed,
+                        ratios(ctx, trace, workload, 0.05, seeds)))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=10, help="workload seeds per scenario (the committed one first)")
@@ -122,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or args.seeds < 1:
         ap.error(f"--sets: expected names among {list(SETS)}, got {unknown}" if unknown else "--seeds must be >= 1")
     c0 = time.process_time()
-    rows = shipped_sets(args.seeds, which) + (lookahead_set(args.seeds) if "lookahead" in which else [])
+    rows = (shipped_sets(args.seeds, which) + (lookahead_set(args.seeds) if "lookahead" in which else [])
+            + (paper_set(args.seeds) if "paper" in which else []))
     atomic_write_json(OUT, {"benchmark": "lookahead_seeds", "issue": "21 item 3", "note": __doc__.split("\n\n")[0],
                             "seeds_per_scenario": args.seeds, "rows": rows,
                             "environment": environment(cpu_s=time.process_time() - c0)})

@@ -467,17 +467,20 @@ def lookahead_seeds() -> list[str]:
         rows.append([label, _vs_h0(x["committed_seed_ratio"], True), f"{x['mean']:.4f} ± {x['sd']:.4f}",
                      f"{x['min']:.4f}-{x['max']:.4f}", f"{x['above_1']} of {len(x['ratio'])}"]
                     + [f"{others[v]['mean']:.4f} ({others[v]['above_1']})" if v in others else "-"
-                       for v in ("H2-now", "H2-mean", "H2-priced")])
+                       for v in ("H2-now", "H2-mean", "H2-priced")]
+                    + [" / ".join(f"{v['p99_mean']:.3f}" if "p99_mean" in v else "-"
+                                  for v in (x, *(others.get(k, {}) for k in ("H2-now", "H2-mean", "H2-priced"))))])
     above = [x for x in r["rows"] if x["mean"] > 1.0]
     return [f"**The look-ahead over workload seeds** (`bench/results/lookahead_seeds.json`, `python -m "
             f"bench.studies.lookahead_seeds`; H=2, the default, over H=0 in mean latency on {r['seeds_per_scenario']} "
             "workload seeds per scenario, the committed files' seed first; the same placements, traces and budgets; "
+            "the last column is the mean over the seeds of each variant's p99 latency over H=0's; "
             f"{r['environment'].get('cpu_s', float('nan')):.0f} s CPU; the queue-aware table's options on the same seeds "
             "beside it). Scenarios whose default's mean over the seeds is above 1.0: "
             + (", ".join(f"{x['set']} {x['model']} {x.get('mode') or x.get('cluster') or x.get('servers')} "
                          f"{x.get('point', x['budget'])}" for x in above) or "none") + ":\n",
             _table(["scenario", "committed seed", "mean ± sd", "min-max", "seeds above 1.0", "now: mean (seeds above)",
-                    "mean", "priced"], rows), ""]
+                    "mean", "priced", "p99: H2 / now / mean / priced"], rows), ""]
 
 
 def backlog_cost() -> list[str]:
