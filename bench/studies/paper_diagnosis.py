@@ -51,7 +51,7 @@ def main(argv: list[str]) -> int:
             out = diagnose(ctx, make_policy("ordermoe", ctx, budget=BUDGET, **params), trace, wl)
             # the compiled loop makes the same decisions; it also gives each node's utilisation
             sim = simulate(ctx, make_policy("ordermoe", ctx, budget=BUDGET, **params), trace, wl)
-            if abs(sim.latency_ms["mean"] - out["mean_ms"]) > 1e-6 * max(out["mean_ms"], 1.0):
+            if abs(sim.latency_ms["mean"] - out["mean_ms"]) > 1e-4:  # diagnose rounds to 4 decimals
                 raise AssertionError(f"{model} {name}: the per-wave path gave {out['mean_ms']} ms, the simulator "
                                      f"{sim.latency_ms['mean']} ms")
             per = out["per_layer"]
