@@ -80,6 +80,8 @@ results: $(STAMP)
 	$(BIN)/python -m bench.studies.backlog_scaling default-upcycled 4,8,16,32
 	# bench/results/lookahead_seeds.json: the same scenarios' H=2 / H=0 over 10 workload seeds
 	$(BIN)/python -m bench.studies.lookahead_seeds
+	# bench/results/paper_diagnosis.json: what the queue term changes at paper scale, per decode pass
+	$(BIN)/python -m bench.studies.paper_diagnosis
 	# bench/results/backlog_diagnosis.json: where H=2 loses to H=0, per layer
 	$(BIN)/python -m bench.studies.backlog_diagnosis default demo:paper,demo:strict
 	$(BIN)/python -m bench.studies.backlog_diagnosis default-upcycled 4:strict,4:paper,8:paper,8:strict,16:paper,16:strict,32:paper,32:strict,demo:paper,demo:strict
