@@ -37,6 +37,13 @@ def test_serve_unknown_backend():
     assert result.exit_code == 2 and "--backend" in result.stderr
 
 
+@pytest.mark.parametrize("args,name", [(["The \udcff river"], "PROMPT"), (["The river", "--stop", "\udcff"], "--stop")])
+def test_generate_refuses_text_that_is_not_unicode(args, name):
+    """A shell argument that is not UTF-8 reaches Python as lone surrogates (it was an internal error)."""
+    result = CliRunner().invoke(app, ["generate", *args, "--max-tokens", "2"])
+    assert result.exit_code == 2 and name in result.stderr and "not valid UTF-8" in result.stderr
+
+
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
 def test_serve_process_answers_and_stops_on_ctrl_c(serve_cache, deployment, stop):
     """Started with SIGINT ignored, as a background job of a non-interactive shell (or an xdist worker's child)

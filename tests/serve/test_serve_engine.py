@@ -88,6 +88,18 @@ def test_sampling_cuts():
         SamplingParams(1.0, 0.0, 0, 0)
 
 
+@pytest.mark.parametrize("temperature", [1e-300, 1e-40, 1e-20, 1e-6])
+def test_a_tiny_temperature_draws_the_most_likely_token(temperature):
+    """Any temperature in (0, 2] is a valid request: scaled logits must stay finite or -inf (1e-300 gave nan)."""
+    g = torch.Generator().manual_seed(7)
+    for _ in range(20):
+        logits = torch.randn(50, generator=g) * 10
+        for top_p, top_k in ((1.0, 0), (0.5, 5)):
+            p = SamplingParams(temperature, top_p, top_k, 0)
+            assert not torch.isnan(filtered_logits(logits, p)).any()
+            assert next_token(logits, p, 0) == int(torch.argmax(logits))
+
+
 def test_text_stream_holds_back_a_possible_stop(deployment):
     tok = deployment.tokenizer
     ids = tok("alpha beta gamma delta")["input_ids"]

@@ -228,6 +228,50 @@ def test_raw_http_errors(server):
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
 
 
+@pytest.mark.parametrize("raw,field", [
+    # JSON may spell a lone surrogate, which no tokenizer (nor UTF-8) can encode
+    (b'{"model": "default", "prompt": "ab\\udcff", "max_tokens": 2}', "prompt"),
+    (b'{"model": "default", "messages": [{"role": "user", "content": "\\ud800"}]}', "messages.0.content"),
+    # nested past Python's recursion limit: no request of this API is
+    (b'{"model": "default", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", None),
+])
+def test_hostile_json_is_400_not_500(server, raw, field):
+    path = "/v1/chat/completions" if b"messages" in raw else "/v1/completions"
+    r = httpx.post(server.url + path, content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == field
+    assert ("surrogate" in err["message"]) if field else ("nested too deeply" in err["message"])
+
+
+def test_chat_parts_other_than_text_are_400_naming_the_part(client):
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, max_tokens=2, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}])
+    assert "messages.0.content.1" in err.value.message and "image_url" in err.value.message
+    # text parts alone are served, joined
+    out = client.chat.completions.create(model=MODEL, max_tokens=2, temperature=0, messages=[
+        {"role": "user", "content": [{"type": "text", "text": "The history "}, {"type": "text", "text": "of"}]}])
+    same = client.chat.completions.create(model=MODEL, max_tokens=2, temperature=0,
+                                          messages=[{"role": "user", "content": "The history of"}])
+    assert out.choices[0].message.content == same.choices[0].message.content
+
+
+def test_top_logprobs_without_logprobs_is_400(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, max_tokens=2, top_logprobs=3,
+                                       messages=[{"role": "user", "content": "hi"}])
+    assert "top_logprobs" in err.value.message
+
+
+def test_a_tiny_temperature_samples_the_greedy_token(client):
+    """1e-300 is inside [0, 2]: the scaled logits must not overflow to nan (they did: a 500)."""
+    greedy = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0)
+    tiny = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=1e-300, seed=3)
+    assert tiny.choices[0].text == greedy.choices[0].text
+
+
 def test_api_key_and_body_limit(service):
     """A second app over the same engine, with an API key and a small body limit."""
     from edgemoe.serve.api import Limits, create_app

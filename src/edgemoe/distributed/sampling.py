@@ -44,7 +44,11 @@ class SamplingParams:
 
 def filtered_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """logits [V] (float32) -> [V] scaled by 1/temperature with the tokens outside top-k / top-p set to -inf."""
-    x = logits / p.temperature
+    # Shifted by the largest logit first (the same distribution), so that at a tiny temperature the others go to
+    # -inf and the most likely to 0 rather than inf - inf = nan; and a temperature below float32's smallest
+    # normal number (which float32 would round to 0: 0 / 0) divides as that number, the same distribution to
+    # float32's precision (every logit but the largest, or those tied with it, goes to -inf).
+    x = (logits - logits.max()) / max(p.temperature, float(torch.finfo(logits.dtype).tiny))
     if 0 < p.top_k < x.shape[0]:
         kth = torch.topk(x, p.top_k).values[-1]
         x = x.masked_fill(x < kth, float("-inf"))

@@ -117,6 +117,50 @@ class ChatBody(_Sampling):
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
 
 
+def message_text(content: str | list[dict], where: str) -> str:
+    """A chat message's text: the string, or its content parts' texts joined. Only text parts are served (the
+    model reads text alone); any other part is a 400 naming it, rather than a reply that silently ignored it."""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type")
+        if kind != "text" or not isinstance(part.get("text"), str):
+            got = f"type {kind!r}" if kind != "text" else "a text part without a string 'text'"
+            raise ApiError(400, f"{where}.{j}: only text content parts are supported, got {got}",
+                           param=f"{where}.{j}")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def lone_surrogate(doc, path: str = "") -> str | None:
+    """The dotted path of the first string in a decoded JSON document (keys included) holding a lone UTF-16
+    surrogate (code points U+D800-U+DFFF, which JSON's \\u escapes can spell and UTF-8 cannot), "" for the
+    document itself, None when there is none. Checked by encoding: valid text costs one pass."""
+    def bad(text: str) -> bool:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+
+    stack = [(doc, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            if bad(item):
+                return where
+        elif isinstance(item, dict):
+            for key, value in reversed(list(item.items())):
+                name = f"{where}.{key}" if where else str(key)
+                if bad(key):
+                    return where
+                stack.append((value, name))
+        elif isinstance(item, list):
+            stack.extend((value, f"{where}.{i}" if where else str(i)) for i, value in reversed(list(enumerate(item))))
+    return None
+
+
 def _validation_message(exc: ValidationError) -> tuple[str, str]:
     err = exc.errors()[0]
     loc = ".".join(str(x) for x in err["loc"])
@@ -167,9 +211,16 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
             if len(body) > limits.max_body_bytes:
                 raise ApiError(413, f"request body is over the limit of {limits.max_body_bytes} bytes")
         try:
-            return json.loads(body)
+            doc = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ApiError(400, f"the body is not valid JSON ({exc})") from None
+        except RecursionError:  # arrays or objects nested thousands deep: no request of this API is
+            raise ApiError(400, "the body is not valid JSON for this API (nested too deeply)") from None
+        where = lone_surrogate(doc)
+        if where is not None:  # JSON's \ud800-\udfff escapes decode to code points no tokenizer can encode
+            raise ApiError(400, f"{where or 'the body'}: a lone UTF-16 surrogate escape is not a Unicode character",
+                           param=where or None)
+        return doc
 
     def parse(cls, data):
         if not isinstance(data, dict):
@@ -402,11 +453,12 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
         check_common(body)
         if not body.messages:
             raise ApiError(400, "messages: at least one message is required", param="messages")
+        if body.top_logprobs is not None and not body.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         messages = []
-        for m in body.messages:
-            content = m.content if isinstance(m.content, str) else "".join(
-                part.get("text", "") for part in m.content if part.get("type") == "text")
-            messages.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+        for i, m in enumerate(body.messages):
+            messages.append({"role": "system" if m.role == "developer" else m.role,
+                             "content": message_text(m.content, f"messages.{i}.content")})
         text, chat_stop = chat_prompt(tokenizer, messages)
         ids = tokenizer(text, add_special_tokens=not getattr(tokenizer, "chat_template", None))["input_ids"]
         asked = body.max_completion_tokens or body.max_tokens

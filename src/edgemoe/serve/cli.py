@@ -301,6 +301,8 @@ def generate_command(
         if dial is not None and url is not None:
             raise EdgeMoEError("--dial is the in-process deployment's; a server (--url) uses its own")
         _check_dial_file(dial)
+        for name, text in (("PROMPT", prompt), *((f"--stop {s!r}", s) for s in stop or ())):
+            _check_text(name, text)
         if user is not None:
             opts["user"] = int(user) if user.isdigit() else user
         if url:
@@ -321,6 +323,16 @@ def generate_command(
                f"remote bytes {stats['remote_bytes']}]", err=True)
     if explain:
         typer.echo(explain_table(stats.get("explain", [])))
+
+
+def _check_text(name: str, text: str) -> None:
+    """Raise EdgeMoEError unless `text` is Unicode text: an argument that was not valid UTF-8 arrives holding
+    the lone surrogates Python decodes its bytes to, which no tokenizer (nor a JSON body) can carry."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise EdgeMoEError(f"{name}: not valid UTF-8 text (character {exc.start} is not Unicode: a byte that is not "
+                           "UTF-8 in the argument, or a lone surrogate)") from None
 
 
 def _generate_local(spec, prompt, max_tokens, temperature, top_p, top_k, seed, stop, opts,
