@@ -133,7 +133,7 @@ def message_text(content: str | list[dict], where: str) -> str:
     return "".join(texts)
 
 
-def lone_surrogate(doc, path: str = "") -> str | None:
+def lone_surrogate(doc) -> str | None:
     """The dotted path of the first string in a decoded JSON document (keys included) holding a lone UTF-16
     surrogate (code points U+D800-U+DFFF, which JSON's \\u escapes can spell and UTF-8 cannot), "" for the
     document itself, None when there is none. Checked by encoding: valid text costs one pass."""
@@ -144,7 +144,7 @@ def lone_surrogate(doc, path: str = "") -> str | None:
             return True
         return False
 
-    stack = [(doc, path)]
+    stack = [(doc, "")]
     while stack:
         item, where = stack.pop()
         if isinstance(item, str):
