@@ -126,7 +126,9 @@ def provenance() -> list[str]:
     return ["**Where each results file was made** (`bench/results/`; commit, the 1-minute load averages it "
             "records, CPU and wall seconds of the run where the file has them):\n",
             _table(["file", "commit", "load", "CPU s", "wall s", "date (UTC)"], rows),
-            f"\n`make results` regenerates every file above, one after another. {_results_time(cpu_total, unknown)}\n"]
+            f"\n`make results` regenerates every file above, one after another: each file records one of its commands, "
+            "word for word, and a clean tree (`tests/test_results_provenance.py` fails otherwise). "
+            f"{_results_time(cpu_total, unknown)}\n"]
 
 
 def _results_time(cpu_total: float, unknown: list[str]) -> str:
