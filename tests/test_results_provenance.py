@@ -62,6 +62,9 @@ def test_the_recipe_parser_reads_loops_variables_and_quotes():
     assert as_command(["/r/.venv/bin/edgemoe", "demo"]) == ("edgemoe", "demo")
 
 
+RECIPE = recipe_commands((ROOT / "Makefile").read_text())
+
+
 def _results_files() -> list[Path]:
     """Every results document (a JSON object), without the dot-files that mark an output folder as edgemoe's."""
     return sorted(p for p in RESULTS.rglob("*.json")
@@ -73,6 +76,5 @@ def test_every_results_file_comes_from_a_committed_tree_and_a_recipe_command(pat
     env = json.loads(path.read_text()).get("environment")
     assert env and env.get("argv"), f"{path}: records no environment.argv"
     assert env.get("git_dirty") is False, f"{path}: made from a tree with uncommitted changes ({env.get('git_commit')})"
-    commands = recipe_commands((ROOT / "Makefile").read_text())
-    assert as_command(env["argv"]) in commands, (
+    assert as_command(env["argv"]) in RECIPE, (
         f"{path}: made by `{shlex.join(as_command(env['argv']))}`, which is not a command of `make results`")

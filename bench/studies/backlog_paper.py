@@ -50,15 +50,15 @@ def paper_setting(model: str, counted: str, log=print):
     fallback = any(u.domain not in plan_prof.meta.domains for u in cluster.users)
     # keyed by the planning draw, so a changed generator never reuses an older draw's placement
     cache = ROOT / "runs" / "cache" / f"placement-paper-scale-{model}-{planning_draw(plan_prof)}.json"
+    problem = plan_problem(plan_prof, cluster, domain_fallback=fallback)
     if cache.exists():
         placement = load_placement(cache)
     else:
         c0 = time.process_time()
-        placement = plan(plan_problem(plan_prof, cluster, domain_fallback=fallback), "ordermoe")
+        placement = plan(problem, "ordermoe")
         log("plan", time.process_time() - c0)
         cache.parent.mkdir(parents=True, exist_ok=True)
         placement.save(cache)
-    problem = plan_problem(plan_prof, cluster, domain_fallback=fallback)
     ctx = context_from_problem(problem, placement, mode="migrate", dense=True)
     wl = Workload(num_requests=cfg.num_requests, prompt_tokens=cfg.prompt_tokens, gen_tokens=cfg.gen_tokens,
                   arrival=cfg.arrival, rate_per_s=cfg.rate_per_s, seed=cfg.seed)

@@ -32,6 +32,18 @@ SUMMED = ("realized_ms", "static_ms", "seen_wait_ms", "unforeseen_ms", "stage_ms
           "replaced")
 
 
+def summed_row(labels: dict, out: dict, cpu_from: float, **extra) -> dict:
+    """One diagnosed run's record: `labels`, `diagnose`'s mean and first stage, the per-layer split summed over a
+    decode pass (SUMMED) and in full, `extra`, the run's CPU seconds since `cpu_from` and the load; its summary
+    (all but the per-layer split) is printed as a JSON line."""
+    per = out["per_layer"]
+    row = {**labels, "mean_ms": out["mean_ms"], "first_stage_ms": out["first_stage_ms"],
+           "pass_sum": {k: round(float(np.nansum(per[k])), 4) for k in SUMMED}, **extra, "per_layer": per,
+           "cpu_s": round(time.process_time() - cpu_from, 1), "load": os.getloadavg()[0]}
+    print(json.dumps({k: v for k, v in row.items() if k != "per_layer"}), flush=True)
+    return row
+
+
 def main(argv: list[str]) -> int:
     from edgemoe.runtime import make_policy
     from edgemoe.runtime.sim.workload import Trace
@@ -49,12 +61,7 @@ def main(argv: list[str]) -> int:
         for name, budget, params in runs:
             c0 = time.process_time()
             out = diagnose(ctx, make_policy("ordermoe", ctx, budget=budget, **params), trace, workload)
-            per = out["per_layer"]
-            rows.append({"cluster": cluster, "budget": budget, "method": name, "params": params,
-                         "mean_ms": out["mean_ms"], "first_stage_ms": out["first_stage_ms"],
-                         "pass_sum": {k: round(float(np.nansum(per[k])), 4) for k in SUMMED}, "per_layer": per,
-                         "cpu_s": round(time.process_time() - c0, 1), "load": os.getloadavg()[0]})
-            print(json.dumps({k: v for k, v in rows[-1].items() if k != "per_layer"}), flush=True)
+            rows.append(summed_row({"cluster": cluster, "budget": budget, "method": name, "params": params}, out, c0))
     atomic_write_json(OUT, {"note": __doc__.split("\n\n")[0], "environment": environment(cpu_s=time.process_time() - c_all),
                             "rows": rows})
     print("wrote", OUT)

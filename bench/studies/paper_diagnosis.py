@@ -11,8 +11,6 @@ utilisation, for H=0, H=2 (the default), H=2 with the queue term (`now`, `mean`)
 
 Writes bench/results/paper_diagnosis.json.
 """
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -20,12 +18,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere: the bench package
 
-import numpy as np
 
 from bench.common import environment
 from bench.studies.backlog_diagnosis import diagnose
 from bench.studies.backlog_paper import paper_setting
-from bench.studies.lookahead_diagnosis import SUMMED
+from bench.studies.lookahead_diagnosis import summed_row
 from edgemoe.io import atomic_write_json
 
 OUT = ROOT / "bench" / "results" / "paper_diagnosis.json"
@@ -54,14 +51,9 @@ def main(argv: list[str]) -> int:
             if abs(sim.latency_ms["mean"] - out["mean_ms"]) > 1e-4:  # diagnose rounds to 4 decimals
                 raise AssertionError(f"{model} {name}: the per-wave path gave {out['mean_ms']} ms, the simulator "
                                      f"{sim.latency_ms['mean']} ms")
-            per = out["per_layer"]
-            rows.append({"model": model, "budget": BUDGET, "method": name, "params": params,
-                         "mean_ms": out["mean_ms"], "p99_ms": sim.latency_ms["p99"],
-                         "first_stage_ms": out["first_stage_ms"],
-                         "pass_sum": {k: round(float(np.nansum(per[k])), 4) for k in SUMMED},
-                         "utilisation": sim.utilisation, "remote": sim.remote_ratio, "per_layer": per,
-                         "cpu_s": round(time.process_time() - c0, 1), "load": os.getloadavg()[0]})
-            print(json.dumps({k: v for k, v in rows[-1].items() if k != "per_layer"}), flush=True)
+            rows.append(summed_row({"model": model, "budget": BUDGET, "method": name, "params": params}, out, c0,
+                                   p99_ms=sim.latency_ms["p99"], utilisation=sim.utilisation,
+                                   remote=sim.remote_ratio))
     atomic_write_json(OUT, {"note": __doc__.split("\n\n")[0], "environment": environment(cpu_s=time.process_time() - c_all),
                             "rows": rows})
     print("wrote", OUT)

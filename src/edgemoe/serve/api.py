@@ -34,7 +34,7 @@ from edgemoe.distributed.sampling import SamplingParams
 from edgemoe.errors import EdgeMoEError
 
 from .engine import Busy, Closed, Delta, Failed, Finished, GenerationRequest
-from .text import chat_prompt
+from .text import chat_prompt, not_unicode_at
 
 MAX_SEED = 2**63 - 1
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -136,24 +136,17 @@ def message_text(content: str | list[dict], where: str) -> str:
 def lone_surrogate(doc) -> str | None:
     """The dotted path of the first string in a decoded JSON document (keys included) holding a lone UTF-16
     surrogate (code points U+D800-U+DFFF, which JSON's \\u escapes can spell and UTF-8 cannot), "" for the
-    document itself, None when there is none. Checked by encoding: valid text costs one pass."""
-    def bad(text: str) -> bool:
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            return True
-        return False
-
+    document itself, None when there is none (`not_unicode_at` per string: valid text costs one pass)."""
     stack = [(doc, "")]
     while stack:
         item, where = stack.pop()
         if isinstance(item, str):
-            if bad(item):
+            if not_unicode_at(item) is not None:
                 return where
         elif isinstance(item, dict):
             for key, value in reversed(list(item.items())):
                 name = f"{where}.{key}" if where else str(key)
-                if bad(key):
+                if not_unicode_at(key) is not None:
                     return where
                 stack.append((value, name))
         elif isinstance(item, list):

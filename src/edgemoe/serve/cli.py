@@ -328,11 +328,12 @@ def generate_command(
 def _check_text(name: str, text: str) -> None:
     """Raise EdgeMoEError unless `text` is Unicode text: an argument that was not valid UTF-8 arrives holding
     the lone surrogates Python decodes its bytes to, which no tokenizer (nor a JSON body) can carry."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise EdgeMoEError(f"{name}: not valid UTF-8 text (character {exc.start} is not Unicode: a byte that is not "
-                           "UTF-8 in the argument, or a lone surrogate)") from None
+    from .text import not_unicode_at
+
+    at = not_unicode_at(text)
+    if at is not None:
+        raise EdgeMoEError(f"{name}: not valid UTF-8 text (character {at} is not Unicode: a byte that is not "
+                           "UTF-8 in the argument, or a lone surrogate)")
 
 
 def _generate_local(spec, prompt, max_tokens, temperature, top_p, top_k, seed, stop, opts,

@@ -10,6 +10,17 @@ from __future__ import annotations
 REPLACEMENT = "\ufffd"  # what a tokenizer decodes an incomplete multi-byte character to
 
 
+def not_unicode_at(text: str) -> int | None:
+    """Index of the first character of `text` that is not a Unicode scalar value (a lone UTF-16 surrogate,
+    U+D800-U+DFFF: what JSON's \\u escapes can spell and Python decodes non-UTF-8 arguments to), None when
+    there is none. No tokenizer encodes such a character, nor UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
 class TextStream:
     """Generated ids -> the completion's text, released piece by piece."""
 
