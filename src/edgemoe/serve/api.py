@@ -21,6 +21,7 @@ import functools
 import hmac
 import json
 import secrets
+import sys
 import time
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -209,6 +210,9 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
             raise ApiError(400, f"the body is not valid JSON ({exc})") from None
         except RecursionError:  # arrays or objects nested thousands deep: no request of this API is
             raise ApiError(400, "the body is not valid JSON for this API (nested too deeply)") from None
+        except ValueError:  # an integer literal past Python's int_max_str_digits: no field of this API takes one
+            raise ApiError(400, f"the body is not valid JSON for this API (an integer of more than "
+                           f"{sys.get_int_max_str_digits()} digits)") from None
         where = lone_surrogate(doc)
         if where is not None:  # JSON's \ud800-\udfff escapes decode to code points no tokenizer can encode
             raise ApiError(400, f"{where or 'the body'}: a lone UTF-16 surrogate escape is not a Unicode character",
