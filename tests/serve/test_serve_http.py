@@ -335,3 +335,29 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot(server):
         time.sleep(0.1)
     after = metrics(server).get(("edgemoe_finished_sequences_total", (("reason", "cancelled"),)), 0.0)
     assert after == before + 1
+
+
+def test_a_client_that_leaves_a_whole_response_frees_its_slot(server):
+    """Not streamed: a client that closes its connection before the completion is done cancels its sequence (it
+    ran to max_tokens before, holding its slot for a response nobody would read)."""
+    import json
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    body = json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": 900, "seed": 22,
+                       "edgemoe": {"budget": 0}}).encode()
+    key = ("edgemoe_finished_sequences_total", (("reason", "cancelled"),))
+    before = metrics(server).get(key, 0.0)
+    url = urlsplit(server.url)
+    with socket.create_connection((url.hostname, url.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 120
+        while not httpx.get(server.url + "/health").json()["running"]:
+            assert time.monotonic() < deadline, "the request never started"
+            time.sleep(0.02)
+    while httpx.get(server.url + "/health").json()["running"]:
+        assert time.monotonic() < deadline, "the abandoned sequence still runs"
+        time.sleep(0.1)
+    assert metrics(server).get(key, 0.0) == before + 1

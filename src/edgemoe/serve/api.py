@@ -39,7 +39,7 @@ from .text import chat_prompt, not_unicode_at
 
 MAX_SEED = 2**63 - 1
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               405: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_exceeded",
+               405: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_exceeded", 499: "client_closed_request",
                500: "internal_error", 503: "service_unavailable"}
 
 
@@ -153,6 +153,17 @@ def lone_surrogate(doc) -> str | None:
         elif isinstance(item, list):
             stack.extend((value, f"{where}.{i}" if where else str(i)) for i, value in reversed(list(enumerate(item))))
     return None
+
+
+GONE = object()  # put on a request's event queue when its client has closed the connection
+
+
+async def client_gone(request: Request, queue: asyncio.Queue) -> None:
+    """Put GONE on `queue` once the client has closed its connection. The body has been read, so the next ASGI
+    message is the disconnect (uvicorn sends it when the connection is lost or after the response)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    queue.put_nowait(GONE)
 
 
 def _validation_message(exc: ValidationError) -> tuple[str, str]:
@@ -327,12 +338,16 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
             raise ApiError(400, str(exc), param=str(exc).split(":")[0]) from None
         return seq, queue
 
-    async def collect(seq, queue) -> tuple[str, list, Finished]:
-        """Wait for the whole completion: (text, token infos, the Finished event)."""
+    async def collect(seq, queue, request: Request) -> tuple[str, list, Finished]:
+        """Wait for the whole completion: (text, token infos, the Finished event). A client that closes its
+        connection meanwhile cancels the sequence (its slot is free at the engine's next step; nobody reads it)."""
         text, infos = [], []
+        watch = asyncio.ensure_future(client_gone(request, queue))
         try:
             while True:
                 ev = await queue.get()
+                if ev is GONE:
+                    raise ApiError(499, "the client closed the connection before the completion was done")
                 if isinstance(ev, Delta):
                     text.append(ev.text)
                     infos.extend(ev.tokens)
@@ -341,6 +356,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
                 elif isinstance(ev, Failed):
                     raise ApiError(ev.status, ev.message)
         finally:
+            watch.cancel()
             if not seq.done:
                 seq.cancelled = True
 
@@ -437,7 +453,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
 
             return stream_response(seq, queue, chunk, final, "text_completion",
                                    bool((body.stream_options or {}).get("include_usage")))
-        text, infos, fin = await collect(seq, queue)
+        text, infos, fin = await collect(seq, queue, request)
         lp = completion_logprobs(infos) if req.logprobs is not None else None
         return JSONResponse(dict(base, choices=[{"text": text, "index": 0, "logprobs": lp, "finish_reason": fin.reason}],
                                  usage=usage(req, len(seq.generated)), edgemoe=fin.stats),
@@ -483,7 +499,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
 
             return stream_response(seq, queue, chunk, final, "chat.completion.chunk",
                                    bool((body.stream_options or {}).get("include_usage")))
-        text, infos, fin = await collect(seq, queue)
+        text, infos, fin = await collect(seq, queue, request)
         lp = chat_logprobs(infos) if req.logprobs is not None else None
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lp,
                   "finish_reason": fin.reason}
