@@ -44,6 +44,14 @@ def test_generate_refuses_text_that_is_not_unicode(args, name):
     assert result.exit_code == 2 and name in result.stderr and "not valid UTF-8" in result.stderr
 
 
+@pytest.mark.parametrize("flag", ["--budget", "--max-ppl-increase"])
+def test_generate_refuses_an_infinite_quality_option(flag):
+    """inf passes typer's min=0; sent to a server it was an internal error (no JSON number spells it)."""
+    result = CliRunner().invoke(app, ["generate", "The river", "--max-tokens", "2", "--url", "http://127.0.0.1:9",
+                                      flag, "inf"])
+    assert result.exit_code == 2 and flag in result.stderr and "finite" in result.stderr
+
+
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
 def test_serve_process_answers_and_stops_on_ctrl_c(serve_cache, deployment, stop):
     """Started with SIGINT ignored, as a background job of a non-interactive shell (or an xdist worker's child)

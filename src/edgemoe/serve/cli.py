@@ -8,6 +8,7 @@ Mounted by the main CLI: `app.command("serve")(serve_command)`, `app.command("ge
 from __future__ import annotations
 
 import json
+import math
 import signal
 import threading
 from contextlib import contextmanager
@@ -288,6 +289,9 @@ def generate_command(
 ):
     """Print a completion of PROMPT: in-process (the deployment options), or from a running server (--url)."""
     try:
+        for flag, value in (("--budget", budget), ("--max-ppl-increase", max_ppl_increase)):
+            if value is not None and not math.isfinite(value):  # inf passes typer's min=0 (and is no JSON number)
+                raise EdgeMoEError(f"{flag} {value}: expected a finite number >= 0")
         opts = {"exact": exact, "explain": explain}
         if budget is not None:
             opts["budget"] = budget
