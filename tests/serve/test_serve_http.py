@@ -212,6 +212,10 @@ def test_prompt_plus_max_tokens_over_the_context_is_400(client, deployment):
     ({"extra_body": {"edgemoe": {"user": "nobody"}}}, "edgemoe.user"), ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"extra_body": {"edgemoe": {"budget": -1}}}, "budget"), ({"extra_body": {"bogus": 1}}, "bogus"),
     ({"prompt": ""}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"), ({"echo": True}, "echo"),
+    # stream_options was an untyped dict: "include_usage": "no" sent a usage chunk, and without stream it was ignored
+    ({"stream": True, "stream_options": {"include_usage": "maybe"}}, "stream_options.include_usage"),
+    ({"stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options.continuous_usage_stats"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
 ])
 def test_bad_fields_are_400_naming_the_field(client, kw, field):
     args = {"model": MODEL, "prompt": "a", "max_tokens": 2, **kw}

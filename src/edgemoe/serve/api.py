@@ -77,6 +77,11 @@ class EdgeMoEOptions(BaseModel):
     allow_degraded: bool = False  # accept slots that a failed server drops (else exact execution fails with 503)
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False  # a last chunk with the usage (choices empty)
+
+
 class _Sampling(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str
@@ -87,7 +92,7 @@ class _Sampling(BaseModel):
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
     stop: str | list[str] | None = None
     stream: bool = False
-    stream_options: dict | None = None
+    stream_options: StreamOptions | None = None  # only with stream: true
     n: int = 1
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -250,6 +255,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
                 raise ApiError(400, f"{name} is not supported (give 0 or leave it out)", param=name)
         if body.logit_bias:
             raise ApiError(400, "logit_bias is not supported", param="logit_bias")
+        if body.stream_options is not None and not body.stream:
+            raise ApiError(400, "stream_options is only allowed with stream: true", param="stream_options")
         if engine.failure or not engine.alive:
             raise ApiError(503, engine.failure or "the engine is not running")
 
@@ -452,7 +459,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
                             edgemoe=ev.stats)
 
             return stream_response(seq, queue, chunk, final, "text_completion",
-                                   bool((body.stream_options or {}).get("include_usage")))
+                                   bool(body.stream_options and body.stream_options.include_usage))
         text, infos, fin = await collect(seq, queue, request)
         lp = completion_logprobs(infos) if req.logprobs is not None else None
         return JSONResponse(dict(base, choices=[{"text": text, "index": 0, "logprobs": lp, "finish_reason": fin.reason}],
@@ -498,7 +505,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
                             edgemoe=ev.stats)
 
             return stream_response(seq, queue, chunk, final, "chat.completion.chunk",
-                                   bool((body.stream_options or {}).get("include_usage")))
+                                   bool(body.stream_options and body.stream_options.include_usage))
         text, infos, fin = await collect(seq, queue, request)
         lp = chat_logprobs(infos) if req.logprobs is not None else None
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lp,
