@@ -250,6 +250,15 @@ def test_hostile_json_is_400_not_500(server, raw, field, words):
     assert words in err["message"]
 
 
+@pytest.mark.parametrize("field,literal", [("temperature", "NaN"), ("top_p", "NaN"), ("temperature", "-Infinity")])
+def test_nan_and_infinity_are_400_saying_a_finite_number_is_expected(server, field, literal):
+    """Python's json reads NaN and Infinity (not JSON): the range checks said "less than or equal to 2" for NaN."""
+    raw = b'{"model": "default", "prompt": "a", "max_tokens": 1, "%s": %s}' % (field.encode(), literal.encode())
+    r = httpx.post(server.url + "/v1/completions", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field
+    assert "finite number" in r.json()["error"]["message"]
+
+
 def test_chat_parts_other_than_text_are_400_naming_the_part(client):
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     with pytest.raises(openai.BadRequestError) as err:

@@ -86,8 +86,9 @@ class _Sampling(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str
     max_tokens: Annotated[int, Field(ge=1)] | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
-    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    # allow_inf_nan=False: Python's json reads NaN and Infinity, which the range checks misname ("<= 2" for NaN)
+    temperature: Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
     top_k: Annotated[int, Field(ge=-1)] = 0  # 0 or -1: no top-k cut (vLLM's -1 accepted)
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
     stop: str | list[str] | None = None
