@@ -82,6 +82,9 @@ results: $(STAMP)
 	$(BIN)/python -m bench.studies.backlog_scaling default-upcycled 4,8,16,32
 	# bench/results/lookahead_seeds.json: the same scenarios' H=2 / H=0 over 10 workload seeds
 	$(BIN)/python -m bench.studies.lookahead_seeds
+	# the same at the exact event order (window 0), and each scenario's error at the default 1 ms waves
+	$(BIN)/python -m bench.studies.lookahead_seeds --window-s 0 --out bench/results/lookahead_seeds_exact.json
+	$(BIN)/python -m bench.studies.window_error
 	# bench/results/paper_diagnosis.json: what the queue term changes at paper scale, per decode pass
 	$(BIN)/python -m bench.studies.paper_diagnosis
 	# bench/results/backlog_diagnosis.json: where H=2 loses to H=0, per layer

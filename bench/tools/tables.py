@@ -456,11 +456,17 @@ def backlog_table() -> list[str]:
             _table(["scenario", "oracle", "H2 (default)", "now", "mean", "priced"], rows), ""]
 
 
-def lookahead_seeds() -> list[str]:
-    """The default look-ahead over H=0 per scenario across workload seeds (`lookahead_seeds.json`)."""
-    r = _load(RESULTS / "lookahead_seeds.json")
+def lookahead_seeds(name: str = "lookahead_seeds.json") -> list[str]:
+    """The default look-ahead over H=0 per scenario across workload seeds (`lookahead_seeds.json`; the same at
+    the exact event order, `lookahead_seeds_exact.json`)."""
+    r = _load(RESULTS / name)
     if not r:
         return []
+    window = r.get("window_s", 1e-3)
+    how = ("" if window == 1e-3 else " --window-s 0 --out bench/results/" + name if window == 0
+           else f" --window-s {window:g}")
+    order = ("the simulator's default 1 ms waves" if window == 1e-3 else "the exact event order (window 0)"
+             if window == 0 else f"{window * 1e3:g} ms waves")
     rows = []
     for x in r["rows"]:
         where = x.get("mode") or (f"{x['servers']} servers" if "servers" in x else x.get("cluster", ""))
@@ -473,8 +479,8 @@ def lookahead_seeds() -> list[str]:
                     + [" / ".join(f"{v['p99_mean']:.3f}" if "p99_mean" in v else "-"
                                   for v in (x, *(others.get(k, {}) for k in ("H2-now", "H2-mean", "H2-priced"))))])
     above = [x for x in r["rows"] if x["mean"] > 1.0]
-    return [f"**The look-ahead over workload seeds** (`bench/results/lookahead_seeds.json`, `python -m "
-            f"bench.studies.lookahead_seeds`; H=2, the default, over H=0 in mean latency on {r['seeds_per_scenario']} "
+    return [f"**The look-ahead over workload seeds, {order}** (`bench/results/{name}`, `python -m "
+            f"bench.studies.lookahead_seeds{how}`; H=2, the default, over H=0 in mean latency on {r['seeds_per_scenario']} "
             "workload seeds per scenario, the committed files' seed first; the same placements, traces and budgets; "
             "the last column is the mean over the seeds of each variant's p99 latency over H=0's; "
             f"{r['environment'].get('cpu_s', float('nan')):.0f} s CPU; the queue-aware table's options on the same seeds "
@@ -483,6 +489,36 @@ def lookahead_seeds() -> list[str]:
                          f"{x.get('point', x['budget'])}" for x in above) or "none") + ":\n",
             _table(["scenario", "committed seed", "mean ± sd", "min-max", "seeds above 1.0", "now: mean (seeds above)",
                     "mean", "priced", "p99: H2 / now / mean / priced"], rows), ""]
+
+
+def lookahead_seeds_exact() -> list[str]:
+    return lookahead_seeds("lookahead_seeds_exact.json")
+
+
+def window_error() -> list[str]:
+    """The default wave width's error against the exact event order per scenario (`window_error.json`)."""
+    r = _load(RESULTS / "window_error.json")
+    if not r:
+        return []
+    rows = []
+    for x in r["rows"]:
+        where = x.get("mode") or (f"{x['servers']} servers" if "servers" in x else x.get("cluster", ""))
+        label = f"{x['set']}, {x['model']}, {where}, " + (x["point"] if "point" in x else f"budget {x['budget']:g}")
+        pol = x["policies"]
+        rows.append([label] + [f"{_pct(pol[n]['error']['mean'])} / {_pct(pol[n]['error']['p99'])}"
+                               + ("" if pol[n]["within_tolerance"] else " **out**") for n in ("H0", "H2", "H2-mean")]
+                    + [f"{_vs_h0(x['over_h0']['window'][n])} / {_vs_h0(x['over_h0']['exact'][n])}"
+                       for n in ("H2", "H2-mean")])
+    tol = r["tolerance"]
+    return [f"**The simulator's wave width against the exact event order** (`bench/results/window_error.json`, "
+            f"`python -m bench.studies.window_error`; each scenario of the seeds table on its committed seed, "
+            f"simulated with the default {r['window_s'] * 1e3:g} ms waves and with window 0, the reference engine's "
+            f"order; the error is the window's latency over the exact order's, mean / p99; **out** where a policy's "
+            f"error is past the stated tolerance, {tol['mean']:.0%} on the mean and {tol['p99']:.0%} on p99; "
+            f"{r['outside_tolerance']} of {len(r['rows'])} scenarios have one; "
+            f"{r['environment'].get('cpu_s', float('nan')):.0f} s CPU):\n",
+            _table(["scenario", "H=0 error", "H=2 error", "H=2 `mean` error", "H=2 / H=0: window / exact",
+                    "`mean` / H=0: window / exact"], rows), ""]
 
 
 def backlog_cost() -> list[str]:
@@ -1148,7 +1184,7 @@ def stand_in_calibration() -> list[str]:
 
 # --- the block ------------------------------------------------------------------------------------------------
 
-SECTIONS = (model_table, demo_tables, planner_tables, slim_sweeps, out_of_sample, ordermoe_placement, scaling, backlog_table, lookahead_seeds, backlog_cost, adaptive,
+SECTIONS = (model_table, demo_tables, planner_tables, slim_sweeps, out_of_sample, ordermoe_placement, scaling, backlog_table, lookahead_seeds, lookahead_seeds_exact, window_error, backlog_cost, adaptive,
             upcycle, ladder, stand_in_calibration, runtime_tables, paper_scale, ray_demo, ray_failover, targets, provenance)
 
 
