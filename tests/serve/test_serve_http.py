@@ -259,6 +259,21 @@ def test_nan_and_infinity_are_400_saying_a_finite_number_is_expected(server, fie
     assert "finite number" in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("path,body,field,kinds", [
+    ("/v1/completions", {"prompt": [1, "a"]}, "prompt", "str, list[int], list[str], list[list[int]]"),
+    ("/v1/completions", {"prompt": "a", "stop": 5}, "stop", "str, list[str]"),
+    ("/v1/completions", {"prompt": "a", "edgemoe": {"user": []}}, "edgemoe.user", "str, int"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages.0.content", "str, list[object]"),
+])
+def test_a_union_field_of_the_wrong_type_is_named_with_the_types_it_takes(server, path, body, field, kinds):
+    """pydantic's loc holds the union member it tried first: the param was "prompt.str" (no such field) and the
+    message said a string was expected where token ids are fine too."""
+    r = httpx.post(server.url + path, json={"model": MODEL, "max_tokens": 1, **body})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == field and err["message"] == f"{field}: expected one of {kinds}"
+
+
 def test_chat_parts_other_than_text_are_400_naming_the_part(client):
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     with pytest.raises(openai.BadRequestError) as err:

@@ -20,6 +20,7 @@ import asyncio
 import functools
 import hmac
 import json
+import re
 import secrets
 import sys
 import time
@@ -172,10 +173,25 @@ async def client_gone(request: Request, queue: asyncio.Queue) -> None:
     queue.put_nowait(GONE)
 
 
+# pydantic names the member of a union field (prompt, stop, content, edgemoe.user) after the field in an error's loc
+UNION_MEMBER = re.compile(r"(str|int|float|bool|(list|dict)\[.*\])")
+
+
 def _validation_message(exc: ValidationError) -> tuple[str, str]:
-    err = exc.errors()[0]
-    loc = ".".join(str(x) for x in err["loc"])
-    return f"{loc}: {err['msg']}" if loc else err["msg"], loc
+    """(message, param) of a body pydantic refused: its first error. A union field's errors are one per member
+    type: the field is named, with the types it takes (its loc held a member's name, e.g. "prompt.str")."""
+    errors = exc.errors()
+    loc = list(errors[0]["loc"])
+    at = next((i for i, x in enumerate(loc) if isinstance(x, str) and UNION_MEMBER.fullmatch(x)), None)
+    if at is not None:
+        field = loc[:at]
+        members = list(dict.fromkeys(e["loc"][at] for e in errors if list(e["loc"][:at]) == field
+                                     and len(e["loc"]) > at))
+        name = ".".join(str(x) for x in field)
+        kinds = ", ".join(m.replace("dict[any,any]", "object") for m in members)
+        return f"{name}: expected one of {kinds}", name
+    name = ".".join(str(x) for x in loc)
+    return f"{name}: {errors[0]['msg']}" if name else errors[0]["msg"], name
 
 
 # ---- the app ------------------------------------------------------------------------------------------------
