@@ -389,3 +389,30 @@ def test_a_client_that_leaves_a_whole_response_frees_its_slot(server):
         assert time.monotonic() < deadline, "the abandoned sequence still runs"
         time.sleep(0.1)
     assert metrics(server).get(key, 0.0) == before + 1
+
+
+def test_messages_a_chat_template_refuses_are_400(service):
+    """A hub chat model's template may refuse a conversation (raise_exception: roles that do not alternate, a
+    system message it does not take); that is the request's fault, a 400 naming messages, not a 500."""
+    import copy
+
+    from edgemoe.serve.api import create_app
+    from edgemoe.serve.service import ServerThread
+
+    class WithTokenizer:  # the service's engine, seen with another tokenizer
+        def __init__(self, engine, tokenizer):
+            self._engine, self.tokenizer = engine, tokenizer
+
+        def __getattr__(self, name):
+            return getattr(self._engine, name)
+
+    tok = copy.deepcopy(service.engine.tokenizer)
+    tok.chat_template = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+                         "{% endif %}{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    with ServerThread(create_app(WithTokenizer(service.engine, tok), MODEL)) as s:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as err:
+            c.chat.completions.create(model=MODEL, max_tokens=1, messages=[{"role": "system", "content": "Be brief."}])
+        assert err.value.body["param"] == "messages" and "System role not supported" in err.value.message
+        ok = c.chat.completions.create(model=MODEL, max_tokens=1, messages=[{"role": "user", "content": "Hi"}])
+        assert ok.usage.completion_tokens == 1

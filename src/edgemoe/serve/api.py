@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+import jinja2
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -496,7 +497,12 @@ def create_app(engine, model_name: str, api_key: str | None = None, limits: Limi
         for i, m in enumerate(body.messages):
             messages.append({"role": "system" if m.role == "developer" else m.role,
                              "content": message_text(m.content, f"messages.{i}.content")})
-        text, chat_stop = chat_prompt(tokenizer, messages)
+        try:
+            text, chat_stop = chat_prompt(tokenizer, messages)
+        except jinja2.TemplateSyntaxError:  # the model's own template is broken: not the request's fault
+            raise
+        except jinja2.TemplateError as exc:  # a hub chat template's raise_exception (roles, system messages)
+            raise ApiError(400, f"messages: the model's chat template refused them ({exc})", param="messages") from None
         ids = tokenizer(text, add_special_tokens=not getattr(tokenizer, "chat_template", None))["input_ids"]
         asked = body.max_completion_tokens or body.max_tokens
         max_tokens = asked if asked is not None else max(1, min(max_new, context - len(ids)))
