@@ -52,6 +52,28 @@ def test_generate_refuses_an_infinite_quality_option(flag):
     assert result.exit_code == 2 and flag in result.stderr and "finite" in result.stderr
 
 
+@pytest.mark.parametrize("status,answer,words", [
+    (200, {"id": "cmpl-1", "choices": [{"text": " x", "index": 0, "finish_reason": "length"}]}, "not an edgemoe"),
+    (200, {"choices": []}, "not an edgemoe"),
+    (200, [1, 2], "not an edgemoe"),
+    (400, {"error": "a plain string"}, "400"),
+])
+def test_generate_against_a_server_that_is_not_edgemoe(status, answer, words):
+    """vLLM (or any OpenAI-style server) answers without the edgemoe object: that was an internal error."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from edgemoe.serve.service import ServerThread
+
+    async def completions(_request):
+        return JSONResponse(answer, status_code=status)
+
+    with ServerThread(Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])) as other:
+        result = CliRunner().invoke(app, ["generate", "The river", "--max-tokens", "2", "--url", other.url])
+    assert result.exit_code == 2 and words in result.stderr and "internal error" not in result.stderr
+
+
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
 def test_serve_process_answers_and_stops_on_ctrl_c(serve_cache, deployment, stop):
     """Started with SIGINT ignored, as a background job of a non-interactive shell (or an xdist worker's child)

@@ -23,6 +23,7 @@ from edgemoe.params import parse_params
 from .dial import DIAL_REFINE, DIAL_TOKENS
 
 BACKENDS = ("inprocess", "ray")
+STATS_SHOWN = ("expert_slots", "policy", "home", "budget_spent", "remote_bytes")  # what generate prints of edgemoe
 
 # Options shared by `serve` and `generate` (the deployment).
 ModelOpt = Annotated[str, typer.Option(help="model folder, hub id, or 'default' (the shipped model)")]
@@ -397,10 +398,19 @@ def _generate_http(url, api_key, model, prompt, max_tokens, temperature, top_p, 
     except json.JSONDecodeError:
         raise EdgeMoEError(f"--url {url}: answered {r.status_code} with a body that is not JSON") from None
     if r.status_code != 200:
-        message = (doc.get("error") or {}).get("message", r.text) if isinstance(doc, dict) else r.text
-        raise EdgeMoEError(f"--url {url}: {r.status_code}: {message}")
-    choice = doc["choices"][0]
-    return choice["text"], choice["finish_reason"], doc["edgemoe"]
+        error = doc.get("error") if isinstance(doc, dict) else None
+        message = error.get("message") if isinstance(error, dict) else None
+        raise EdgeMoEError(f"--url {url}: {r.status_code}: {message if isinstance(message, str) else r.text[:500]}")
+    try:  # another server (vLLM, any OpenAI-style one) answers without the edgemoe object, or in another shape
+        choice = doc["choices"][0]
+        text, reason, stats = choice["text"], choice["finish_reason"], doc["edgemoe"]
+        if not (isinstance(text, str) and isinstance(stats, dict) and isinstance(stats["expert_slots"], dict)
+                and all(k in stats for k in STATS_SHOWN) and isinstance(stats["budget_spent"], int | float)):
+            raise TypeError
+    except (KeyError, IndexError, TypeError):
+        raise EdgeMoEError(f"--url {url}: the answer is not an edgemoe completion (choices[0].text and an "
+                           f"'edgemoe' object with {', '.join(STATS_SHOWN)} were expected): is it `edgemoe serve`?") from None
+    return text, reason, stats
 
 
 def explain_table(tokens: list[dict]) -> str:
