@@ -57,16 +57,20 @@ def test_generate_refuses_an_infinite_quality_option(flag):
     (200, {"choices": []}, "not an edgemoe"),
     (200, [1, 2], "not an edgemoe"),
     (400, {"error": "a plain string"}, "400"),
+    # bodies json.loads refuses with other ValueErrors than JSONDecodeError
+    (200, b"\xff\xfe{", "not JSON"), (500, b'{"a": ' + b"9" * 5000 + b"}", "not JSON"),
 ])
 def test_generate_against_a_server_that_is_not_edgemoe(status, answer, words):
     """vLLM (or any OpenAI-style server) answers without the edgemoe object: that was an internal error."""
     from starlette.applications import Starlette
-    from starlette.responses import JSONResponse
+    from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
     from edgemoe.serve.service import ServerThread
 
     async def completions(_request):
+        if isinstance(answer, bytes):
+            return Response(answer, status_code=status, media_type="application/json")
         return JSONResponse(answer, status_code=status)
 
     with ServerThread(Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])) as other:

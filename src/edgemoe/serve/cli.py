@@ -395,7 +395,7 @@ def _generate_http(url, api_key, model, prompt, max_tokens, temperature, top_p, 
         raise EdgeMoEError(f"--url {url}: cannot reach the server ({type(exc).__name__}: {exc})") from None
     try:
         doc = r.json()
-    except json.JSONDecodeError:
+    except ValueError:  # not JSON, not UTF-8 (UnicodeDecodeError), or an integer past int_max_str_digits
         raise EdgeMoEError(f"--url {url}: answered {r.status_code} with a body that is not JSON") from None
     if r.status_code != 200:
         error = doc.get("error") if isinstance(doc, dict) else None
