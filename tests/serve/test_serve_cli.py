@@ -37,6 +37,13 @@ def test_serve_unknown_backend():
     assert result.exit_code == 2 and "--backend" in result.stderr
 
 
+@pytest.mark.parametrize("device,words", [("bogus", "not a torch device"), ("cuda:99", "cannot use it here")])
+def test_serve_refuses_a_device_torch_cannot_use(serve_cache, device, words):
+    """Both were internal errors (torch's RuntimeError; a CPU-only torch's AssertionError for cuda)."""
+    result = CliRunner().invoke(app, ["serve", "--device", device, "--cache-dir", str(serve_cache), *SMALL])
+    assert result.exit_code == 2 and f"--device {device!r}" in result.stderr and words in result.stderr
+
+
 @pytest.mark.parametrize("args,name", [(["The \udcff river"], "PROMPT"), (["The river", "--stop", "\udcff"], "--stop")])
 def test_generate_refuses_text_that_is_not_unicode(args, name):
     """A shell argument that is not UTF-8 reaches Python as lone surrogates (it was an internal error)."""

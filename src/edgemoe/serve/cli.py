@@ -105,6 +105,10 @@ def serve_command(
         if chosen not in BACKENDS:
             raise EdgeMoEError(f"--backend {chosen!r}: expected one of {', '.join(BACKENDS)}")
         check_bind(host, api_key)
+        if chosen == "ray":
+            from .setup import check_device
+
+            check_device(device, here=False)  # the servers' machines hold the device: only the name is checked here
         if chosen == "ray" and dial is not None and load_users:
             raise EdgeMoEError("--dial: a load run (--load-users) sends no requests to map; serve over HTTP to use it")
         _check_dial_file(dial)

@@ -84,6 +84,23 @@ def _dtype(name: str, model: str):
         raise EdgeMoEError(f"--{exc}") from None
 
 
+def check_device(name: str, here: bool = True):
+    """--device NAME as a torch.device, or EdgeMoEError naming it; here: it must also work in this process (the
+    in-process backend; a Ray server's device is on its own machine)."""
+    import torch
+
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError, TypeError):
+        raise EdgeMoEError(f"--device {name!r}: not a torch device (expected cpu, cuda, cuda:1, ...)") from None
+    if here and dev.type != "cpu":
+        try:
+            torch.empty(1, device=dev)
+        except (RuntimeError, AssertionError) as exc:  # a CPU-only torch asserts for cuda
+            raise EdgeMoEError(f"--device {name!r}: torch cannot use it here ({' '.join(str(exc).split())})") from None
+    return dev
+
+
 def _cluster_key(cluster: str) -> str:
     """The cluster's identity for the cache: a file's content, or a preset's name and its file's content."""
     from edgemoe.cluster import load_cluster
@@ -132,6 +149,7 @@ def load_deployment(spec: DeploymentSpec, log=lambda _m: None) -> Deployment:
         raise EdgeMoEError(f"--mode {spec.mode!r}: expected one of home, migrate")
     params = policy_params(spec.policy, spec.params)
     dtype = _dtype(spec.dtype, spec.model)
+    check_device(spec.device)
     cluster = load_cluster(spec.cluster)
     adapter = load_moe(spec.model, dtype=dtype)
     if spec.device != "cpu":
