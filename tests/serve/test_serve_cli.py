@@ -37,6 +37,20 @@ def test_serve_unknown_backend():
     assert result.exit_code == 2 and "--backend" in result.stderr
 
 
+@pytest.mark.parametrize("flag", ["--placement", "--profile"])
+def test_serve_refuses_to_log_routing_into_an_input(tmp_path, flag):
+    """--log-routing appends trace lines: given the placement file (or a profile's file) it corrupted that input."""
+    placement, profile = tmp_path / "placement.json", tmp_path / "prof"
+    profile.mkdir()
+    placement.write_text("{}")
+    (profile / "meta.json").write_text("{}")
+    log = placement if flag == "--placement" else profile / "meta.json"
+    result = CliRunner().invoke(app, ["serve", "--placement", str(placement), "--profile", str(profile),
+                                      "--log-routing", str(log)])
+    assert result.exit_code == 2 and "--log-routing" in result.stderr and flag in result.stderr
+    assert log.read_text() == "{}"
+
+
 @pytest.mark.parametrize("device,words", [("bogus", "not a torch device"), ("cuda:99", "cannot use it here")])
 def test_serve_refuses_a_device_torch_cannot_use(serve_cache, device, words):
     """Both were internal errors (torch's RuntimeError; a CPU-only torch's AssertionError for cuda)."""

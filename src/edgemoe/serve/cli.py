@@ -123,10 +123,12 @@ def serve_command(
                                                 served_name=served_name, dtype=dtype, device=device,
                                                 dial=None if dial is None else str(dial)))
             return
-        if log_routing is not None:
-            from edgemoe.io import file_target
+        if log_routing is not None:  # appended to as the server runs: never one of its inputs (nor in its folders)
+            from edgemoe.io import Output, check_outputs
 
-            file_target(log_routing)
+            check_outputs({"--log-routing": Output(log_routing)},
+                          {"--placement": placement, "--profile": _paths_in(profile), "--dial": dial,
+                           "--cluster": cluster, "--model": _paths_in(model)})
         spec = _spec(model, cluster, placement, planner, profile, policy, param, mode, cache_dir, calib_data, calib_tokens,
                      dtype, device)
         from .api import Limits
@@ -140,6 +142,14 @@ def serve_command(
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2) from None
     _run_http(svc, host, port, api_key)
+
+
+def _paths_in(path) -> list:
+    """A path given as an input, with the files of the folder it names (a profile, a model folder)."""
+    if path is None:
+        return []
+    p = Path(path)
+    return [p, *sorted(p.iterdir())] if p.is_dir() else [p]
 
 
 def _check_dial_file(dial: Path | None) -> None:
