@@ -87,6 +87,7 @@ results: $(STAMP)
 	$(BIN)/python -m bench.studies.window_error
 	# bench/results/paper_diagnosis.json: what the queue term changes at paper scale, per decode pass
 	$(BIN)/python -m bench.studies.paper_diagnosis
+	$(BIN)/python -m bench.studies.paper_diagnosis --window-s 0 --out bench/results/paper_diagnosis_exact.json
 	# bench/results/backlog_diagnosis.json: where H=2 loses to H=0, per layer
 	$(BIN)/python -m bench.studies.backlog_diagnosis default demo:paper,demo:strict
 	$(BIN)/python -m bench.studies.backlog_diagnosis default-upcycled 4:strict,4:paper,8:paper,8:strict,16:paper,16:strict,32:paper,32:strict,demo:paper,demo:strict

@@ -57,8 +57,9 @@ def static_s(ctx, layer: np.ndarray, dec, home: np.ndarray) -> tuple[np.ndarray,
     return lat + trip, trip
 
 
-def diagnose(ctx, policy, trace, workload) -> dict:
-    """Per-layer means (module docstring) over decode passes, plus the run's mean decode latency."""
+def diagnose(ctx, policy, trace, workload, window_s: float | None = None) -> dict:
+    """Per-layer means (module docstring) over decode passes, plus the run's mean decode latency; window_s: the
+    simulator's wave width (None: its default)."""
     from edgemoe.runtime.sim.engine import WaveEngine
     from edgemoe.runtime.sim.run import Feedback, Run
     from edgemoe.runtime.sim.simulate import DEFAULT_WINDOW_S, build_scenario
@@ -66,7 +67,7 @@ def diagnose(ctx, policy, trace, workload) -> dict:
     sc = build_scenario(ctx.user_weight, ctx.user_domain, trace, workload)
     run = Run(ctx, sc)
     state = policy.start(sc.row_user, tokens=sc.row_trace)
-    engine = WaveEngine(ctx, sc, run, DEFAULT_WINDOW_S, policy)
+    engine = WaveEngine(ctx, sc, run, DEFAULT_WINDOW_S if window_s is None else window_s, policy)
     feedback = Feedback(policy, sc, state, run, dense_s=engine.pass_dense)
     L, P = ctx.num_layers, sc.num_passes
     cols = ("static", "trip", "est", "hops", "spent", "replaced", "start")

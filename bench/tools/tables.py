@@ -496,29 +496,51 @@ def lookahead_seeds_exact() -> list[str]:
 
 
 def window_error() -> list[str]:
-    """The default wave width's error against the exact event order per scenario (`window_error.json`)."""
+    """The wave width's error against the exact event order per scenario, and its cost (`window_error.json`)."""
     r = _load(RESULTS / "window_error.json")
     if not r:
         return []
+    names = ("H0", "H2", "H2-mean")
+
+    def err(p, key):
+        e = p["error"][key]
+        return f"{_pct(e['mean'])} / {_pct(e['p99'])}" + ("" if p["within_tolerance"][key] else " **out**")
+
     rows = []
     for x in r["rows"]:
         where = x.get("mode") or (f"{x['servers']} servers" if "servers" in x else x.get("cluster", ""))
         label = f"{x['set']}, {x['model']}, {where}, " + (x["point"] if "point" in x else f"budget {x['budget']:g}")
-        pol = x["policies"]
-        rows.append([label] + [f"{_pct(pol[n]['error']['mean'])} / {_pct(pol[n]['error']['p99'])}"
-                               + ("" if pol[n]["within_tolerance"] else " **out**") for n in ("H0", "H2", "H2-mean")]
-                    + [f"{_vs_h0(x['over_h0']['window'][n])} / {_vs_h0(x['over_h0']['exact'][n])}"
-                       for n in ("H2", "H2-mean")])
-    tol = r["tolerance"]
+        pol, h0 = x["policies"], x["over_h0"]
+        rows.append([label] + [err(pol[n], "default") for n in names]
+                    + [" / ".join(_pct(pol[n]["error"]["narrow"]["mean"]) for n in names)]
+                    + [f"{_vs_h0(h0['default'][n])} / {_vs_h0(h0['exact'][n])}" for n in ("H2", "H2-mean")])
+    cost = []
+    for x in r["cost"]:
+        if x["window"] != "default":
+            continue
+        same = [y for y in r["cost"] if y["scenario"] == x["scenario"] and y["policy"] == x["policy"]]
+        by = {y["window"]: y for y in same}
+        cost.append([x["scenario"], x["policy"]]
+                    + [f"{by[k]['cpu_s']:.2f}" for k in ("default", "narrow", "exact")]
+                    + [f"{_pct(by[k]['mean_ms'] / by['exact']['mean_ms'] - 1)}" for k in ("default", "narrow")]
+                    + [f"{min(y['load'] for y in same):.1f}-{max(y['load'] for y in same):.1f}"])
+    tol, w = r["tolerance"], r["windows_s"]
+    out = r["outside_tolerance"]
     return [f"**The simulator's wave width against the exact event order** (`bench/results/window_error.json`, "
             f"`python -m bench.studies.window_error`; each scenario of the seeds table on its committed seed, "
-            f"simulated with the default {r['window_s'] * 1e3:g} ms waves and with window 0, the reference engine's "
-            f"order; the error is the window's latency over the exact order's, mean / p99; **out** where a policy's "
-            f"error is past the stated tolerance, {tol['mean']:.0%} on the mean and {tol['p99']:.0%} on p99; "
-            f"{r['outside_tolerance']} of {len(r['rows'])} scenarios have one; "
-            f"{r['environment'].get('cpu_s', float('nan')):.0f} s CPU):\n",
-            _table(["scenario", "H=0 error", "H=2 error", "H=2 `mean` error", "H=2 / H=0: window / exact",
-                    "`mean` / H=0: window / exact"], rows), ""]
+            f"simulated with the default {w['default'] * 1e3:g} ms waves, with {w['narrow'] * 1e3:g} ms and with "
+            f"window 0, the reference engine's order; an error is a window's latency over the exact order's, mean / "
+            f"p99; **out** where it is past the stated tolerance, {tol['mean']:.0%} on the mean and {tol['p99']:.0%} "
+            f"on p99. Scenarios with a policy out: {out['default']} of {len(r['rows'])} at {w['default'] * 1e3:g} ms, "
+            f"{out['narrow']} at {w['narrow'] * 1e3:g} ms; {r['cpu_s_scenarios']:.0f} s CPU):\n",
+            _table(["scenario", "H=0 error", "H=2 error", "H=2 `mean` error",
+                    f"mean error at {w['narrow'] * 1e3:g} ms: H=0 / H=2 / `mean`", "H=2 / H=0: 1 ms / exact",
+                    "`mean` / H=0: 1 ms / exact"], rows), "",
+            f"What the width costs (the same file, `bench.speed.simulator`'s scenarios but its largest; CPU seconds "
+            f"of one run, the fastest of {r['cost_repeat']}; mean latency's error against the exact order):\n",
+            _table(["scenario", "policy", f"CPU s at {w['default'] * 1e3:g} ms", f"at {w['narrow'] * 1e3:g} ms",
+                    "exact order", f"mean error at {w['default'] * 1e3:g} ms", f"at {w['narrow'] * 1e3:g} ms", "load"],
+                   cost), ""]
 
 
 def backlog_cost() -> list[str]:
