@@ -37,6 +37,15 @@ def test_serve_unknown_backend():
     assert result.exit_code == 2 and "--backend" in result.stderr
 
 
+def test_serve_on_ray_refuses_log_routing(tmp_path):
+    """The Ray backend never wrote the file it was given (the option was dropped): refused before Ray starts."""
+    # a dead --ray-address: were the option not checked first, the run would end at once without Ray
+    result = CliRunner().invoke(app, ["serve", "--backend", "ray", "--log-routing", str(tmp_path / "r.jsonl"),
+                                      "--ray-address", "127.0.0.1:9", "--placement", str(tmp_path / "p.json"),
+                                      "--profile", str(tmp_path)])
+    assert result.exit_code == 2 and "--log-routing" in result.stderr and "in-process" in result.stderr
+
+
 @pytest.mark.parametrize("flag", ["--placement", "--profile"])
 def test_serve_refuses_to_log_routing_into_an_input(tmp_path, flag):
     """--log-routing appends trace lines: given the placement file (or a profile's file) it corrupted that input."""

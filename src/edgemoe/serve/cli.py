@@ -105,6 +105,9 @@ def serve_command(
         if chosen not in BACKENDS:
             raise EdgeMoEError(f"--backend {chosen!r}: expected one of {', '.join(BACKENDS)}")
         check_bind(host, api_key)
+        if chosen == "ray" and log_routing is not None:  # it was silently ignored: the homes run the passes
+            raise EdgeMoEError("--log-routing: only the in-process backend logs routing (on Ray each home runs its "
+                               "own passes); leave it out or serve in-process")
         if chosen == "ray":
             from .setup import check_device
 
