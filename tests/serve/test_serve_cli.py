@@ -37,6 +37,15 @@ def test_serve_unknown_backend():
     assert result.exit_code == 2 and "--backend" in result.stderr
 
 
+def test_dial_refuses_to_write_over_its_placement(tmp_path):
+    """--out naming the --placement file replaced the placement with the dial once the calibration was done."""
+    placement = tmp_path / "placement.json"
+    placement.write_text("{}")
+    result = CliRunner().invoke(app, ["dial", "--placement", str(placement), "--out", str(placement)])
+    assert result.exit_code == 2 and "--out" in result.stderr and "--placement" in result.stderr
+    assert placement.read_text() == "{}"
+
+
 def test_serve_on_ray_refuses_log_routing(tmp_path):
     """The Ray backend never wrote the file it was given (the option was dropped): refused before Ray starts."""
     # a dead --ray-address: were the option not checked first, the run would end at once without Ray

@@ -471,12 +471,13 @@ def dial_command(
     on calibration text at fractions of the deployment's budget, written to --out for `edgemoe serve --dial`."""
     try:
         from edgemoe.eval.dial import save_dial
-        from edgemoe.io import file_target
+        from edgemoe.io import Output, check_outputs
 
         from .dial import calibrate_serving_dial, identity
         from .setup import load_deployment
 
-        file_target(out)
+        check_outputs({"--out": Output(out)}, {"--placement": placement, "--profile": _paths_in(profile),
+                                               "--cluster": cluster, "--model": _paths_in(model)})
         spec = _spec(model, cluster, placement, planner, profile, policy, param, mode, cache_dir, calib_data, calib_tokens)
         dep = load_deployment(spec, typer.echo)
         text = data or calib_data
