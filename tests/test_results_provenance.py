@@ -48,8 +48,16 @@ def as_command(argv: list[str]) -> tuple[str, ...]:
     path as argv[0])."""
     if argv[0].endswith("/edgemoe"):
         return ("edgemoe", *argv[1:])
-    module = re.search(r"(bench/[\w/]+)\.py$", argv[0])
+    # the last `bench/` folder of the path: a checkout may sit in a folder whose name ends in "bench" (wt-bench/)
+    module = re.match(r".*(?:^|/)(bench/[\w/]+)\.py$", argv[0])
     return ("-m", module.group(1).replace("/", "."), *argv[1:]) if module else tuple(argv)
+
+
+def test_a_recorded_script_path_names_its_module_from_the_last_bench_folder():
+    assert as_command(["/work/wt-bench/bench/studies/x.py", "--k", "1"]) == ("-m", "bench.studies.x", "--k", "1")
+    assert as_command(["/a/bench/bench/speed/y.py"]) == ("-m", "bench.speed.y")
+    assert as_command(["bench/tools/z.py"]) == ("-m", "bench.tools.z")
+    assert as_command(["/x/.venv/bin/edgemoe", "demo"]) == ("edgemoe", "demo")
 
 
 def test_the_recipe_parser_reads_loops_variables_and_quotes():
