@@ -171,6 +171,38 @@ def test_fast_engine_matches_reference(edge8_setup, mode, policy, arrival):
     assert fast.latency_ms["p99"] == pytest.approx(ref.latency_ms["p99"], rel=0.05)
 
 
+@pytest.fixture(scope="module")
+def closed_loop_ordermoe():
+    """bench.speed.simulator's edge8 closed loop with ordermoe H=2: tokens stay on their node for many layers,
+    each a short call, so one 1 ms wave spans several layers (bench/results/window_error.json)."""
+    profile = synthetic_profile(num_layers=8, num_experts=8, top_k=2, num_tokens=3000, seed=0)
+    cluster = load_cluster("edge8")
+    ctx = make_context(profile, cluster, plan(plan_problem(profile, cluster, domain_fallback=True), "ordermoe"),
+                       mode="migrate", domain_fallback=True)
+    trace, wl = Trace.from_profile(profile), Workload(64, 16, 16, "closed")
+    ref = simulate(ctx, make_policy("ordermoe", ctx, horizon=2), trace, wl, engine="reference").latency_ms["mean"]
+
+    def error(window_s):
+        fast = simulate(ctx, make_policy("ordermoe", ctx, horizon=2), trace, wl, window_s=window_s)
+        return fast.latency_ms["mean"] / ref - 1.0
+
+    return error
+
+
+def test_a_narrower_wave_converges_to_the_reference(closed_loop_ordermoe):
+    coarse, narrow = closed_loop_ordermoe(1e-3), closed_loop_ordermoe(1e-4)
+    assert abs(narrow) < abs(coarse) / 4
+    assert abs(narrow) <= 0.005
+    assert closed_loop_ordermoe(0.0) == pytest.approx(0.0, abs=1e-12)
+
+
+@pytest.mark.xfail(strict=True, reason="known: the default 1 ms wave overstates latency where a layer is shorter "
+                   "than a wave (+2.8% here, +12.8% for Qwen1.5-MoE H=2 at paper scale: window_error.json); a "
+                   "narrower default waits on re-making every simulated figure")
+def test_the_default_wave_is_within_its_stated_tolerance_where_layers_are_short(closed_loop_ordermoe):
+    assert abs(closed_loop_ordermoe(1e-3)) <= 0.02
+
+
 def test_simulation_is_deterministic_for_a_seed(edge8_setup):
     profile, cluster, placement = edge8_setup
     ctx = make_context(profile, cluster, placement, mode="migrate", domain_fallback=True)
