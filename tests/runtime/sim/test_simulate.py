@@ -203,6 +203,20 @@ def test_the_default_wave_is_within_its_stated_tolerance_where_layers_are_short(
     assert abs(closed_loop_ordermoe(1e-3)) <= 0.02
 
 
+@pytest.mark.xfail(strict=True, reason="known: backlog='mean' moves its per-node EWMA once per decide call, and the "
+                   "reference decides one pass per call where the fast engine decides every pass of an instant in one, "
+                   "so the term's waits depend on how decisions are grouped (+0.15% here); docs/runtime.md")
+def test_the_queue_term_at_window_0_equals_the_reference():
+    profile = synthetic_profile(num_layers=8, num_experts=8, top_k=2, num_tokens=3000, seed=0)
+    cluster = load_cluster("edge8")
+    ctx = make_context(profile, cluster, plan(plan_problem(profile, cluster, domain_fallback=True), "ordermoe"),
+                       mode="migrate", domain_fallback=True)
+    trace, wl = Trace.from_profile(profile), Workload(64, 16, 16, "closed")
+    runs = [simulate(ctx, make_policy("ordermoe", ctx, horizon=2, backlog="mean"), trace, wl, engine=engine,
+                     window_s=0.0).latency_ms["mean"] for engine in ("reference", "fast")]
+    assert runs[1] == pytest.approx(runs[0], rel=1e-9)
+
+
 def test_simulation_is_deterministic_for_a_seed(edge8_setup):
     profile, cluster, placement = edge8_setup
     ctx = make_context(profile, cluster, placement, mode="migrate", domain_fallback=True)
