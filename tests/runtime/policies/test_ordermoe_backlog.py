@@ -110,6 +110,27 @@ def test_mean_waits_are_the_ewma_of_the_loads_seen_and_unknown_kinds_are_errors(
         make_policy("ordermoe", ctx, backlog="later")
 
 
+def test_mean_waits_step_once_per_row_whatever_the_grouping():
+    """Two rows decided in one call move the EWMA as two one-row calls do (0.4 halved twice: 0.3 at node 2), and
+    each row prices the EWMA after its own step, so grouping rows into calls changes no wait."""
+    profile, ctx = herding_setup()
+    users, load = np.array([0, 0]), np.array([0.0, 0.0, 0.4, 0.0])  # two rows of the one user
+    topk, gates = np.repeat(profile.topk[:1, 0].astype(np.int64), 2, axis=0), np.repeat(profile.gates[:1, 0], 2, axis=0)
+    one = make_policy("ordermoe", ctx, budget=0.0, horizon=1, backlog="mean", ewma=0.5)
+    keep, dev = one.mean_waits(load, 2)
+    np.testing.assert_allclose(keep, [0.5, 0.25])
+    np.testing.assert_allclose(load + keep[:, None] * dev, [[0.0, 0.0, 0.2, 0.0], [0.0, 0.0, 0.3, 0.0]])
+    np.testing.assert_allclose(one.node_wait, [0.0, 0.0, 0.3, 0.0])
+    grouped = make_policy("ordermoe", ctx, budget=0.0, horizon=1, backlog="mean", ewma=0.5)
+    grouped.decide(0, topk, gates, grouped.start(users), load)
+    single = make_policy("ordermoe", ctx, budget=0.0, horizon=1, backlog="mean", ewma=0.5)
+    for i in range(2):
+        single.decide(0, topk[i:i + 1], gates[i:i + 1], single.start(users[i:i + 1]), load)
+    np.testing.assert_allclose(grouped.node_wait, single.node_wait, rtol=1e-15)
+    np.testing.assert_allclose(grouped.node_wait, [0.0, 0.0, 0.3, 0.0])
+    assert one.mean_waits(load, 0) is None and make_policy("ordermoe", ctx, horizon=1).mean_waits(load, 2) is None
+
+
 def test_exposure_rows_too_large_are_a_clear_error(monkeypatch):
     """Above EXPOSURE_MAX_BYTES the policy names the rows' size and shape and the ways out instead of keeping
     them; with home_trip=False (one exposure row for every home) the same context fits."""

@@ -759,7 +759,7 @@ class OrderMoEPolicy(Policy):
                                           self.quality_price if table_price else 0.0)
         # the cost-to-go adds the queue waits the tables are exposed to: "now" the current ones, "mean" node_wait
         self.backlog = backlog if self.lookahead.backlog else "off"
-        self.node_wait = np.zeros(ctx.num_nodes)  # [N] EWMA (weight ewma per call) of each node's queue wait
+        self.node_wait = np.zeros(ctx.num_nodes)  # [N] EWMA (weight ewma per decided row) of each node's queue wait
         U = ctx.num_users
         self.queue_pressure = 0.0  # EWMA of mean queueing delay / (it + median round trip)
         self.latency_excess = np.zeros(U)  # [U] EWMA of max(observed / estimated latency - 1, 0)
@@ -885,10 +885,25 @@ class OrderMoEPolicy(Policy):
             step = self.adapt_gain * a_u * (rate[upd] - self.spend_target) / self.spend_target
             self.quality_weight[upd] = np.clip(self.quality_weight[upd] * np.exp(step), 1e-3, 1e3)
 
+    def mean_waits(self, load: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The `mean` queue term's EWMA over one call of `rows` rows that all see the waits `load` [N]: each row
+        is one observation, and row t prices the EWMA after its own step, node_wait + (1 - (1 - ewma)^(t+1)) x
+        (load - node_wait) = load + keep[t] x dev. Returns (keep [rows], dev [N] = node_wait - load) and leaves
+        node_wait after the last row; None when the term is not `mean` or there are no rows.
+
+        One step per row, not per call, so that the waits do not depend on how decisions are grouped into calls
+        (the reference engine decides one pass per call, the fast engine every pass of a wave, a server a batch):
+        only the order of the rows counts. keep is a running product (as the compiled decision multiplies it)."""
+        if self.backlog != "mean" or rows == 0:
+            return None
+        keep = np.multiply.accumulate(np.full(rows, 1.0 - self.ewma))
+        dev = self.node_wait - load
+        self.node_wait[:] = load + keep[-1] * dev  # in place: the compiled decision holds this array
+        return keep, dev
+
     def choose(self, layer, topk, gates, state, load):
         ctx = self.ctx
-        if self.backlog == "mean":  # this call's waits join the per-node EWMA before it is read
-            self.node_wait += self.ewma * (load - self.node_wait)
+        mean = self.mean_waits(load, len(state))  # the rows' observations join the per-node EWMA before it is read
         logits = self.row_logits(np.broadcast_to(layer, state.user.shape), state) if self.per_token else None
         if self.per_token:
             self.logit_layers += logits is not None
@@ -929,8 +944,10 @@ class OrderMoEPolicy(Policy):
         wait = None  # [T, G] steered / [T, M] unsteered: the next layers' expected queue wait (`backlog`)
         if part is not None and self.backlog != "off":
             meets = opt.meet if opt.meet is not None else opt.next_mg[:, :, 0]
-            wait = self.lookahead.backlog_s(np.broadcast_to(layer, key.shape), state.home, key, meets,
-                                            load if self.backlog == "now" else self.node_wait)
+            lk = np.broadcast_to(layer, key.shape)
+            wait = self.lookahead.backlog_s(lk, state.home, key, meets, load)
+            if mean is not None:  # row t's EWMA: load + keep[t] x dev, priced as the compiled decision sums it
+                wait = wait + mean[0][:, None] * self.lookahead.backlog_s(lk, state.home, key, meets, mean[1])
         if opt.latency_mg is None:  # steered, compiled: the same sums and argmin, row by row
             pick, lat, node = steered_pick(opt, part, stride, table, loc, state.home,
                                            layer == ctx.num_layers - 1, feasible, qterm, alpha, wait)

@@ -395,6 +395,23 @@ def _backlog_s(expo_val, expo_node, expo_span, row, load):  # pragma: no cover -
     return s
 
 
+@njit(cache=True, inline="always")
+def _wait_s(expo_val, expo_node, expo_span, row, load, mean, keep, dev):  # pragma: no cover - compiled
+    """A candidate's queue wait (`OrderMoEPolicy.choose`'s `wait`): `_backlog_s` under the current waits, plus,
+    with `mean`, keep x `_backlog_s` under dev (node_wait - load): the row's EWMA, priced in that order."""
+    s = _backlog_s(expo_val, expo_node, expo_span, row, load)
+    if mean:
+        s = s + keep * _backlog_s(expo_val, expo_node, expo_span, row, dev)
+    return s
+
+
+@njit(cache=True, inline="always")
+def _end_mean(node_wait, load, keep):  # pragma: no cover - compiled
+    """node_wait (holding dev = node_wait - load) <- the EWMA after the call's last row, load + keep x dev."""
+    for n in range(load.shape[0]):
+        node_wait[n] = load[n] + keep * node_wait[n]
+
+
 @njit(cache=True)
 def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load, xfer, num_layers, out,
                      extra, b):
@@ -418,10 +435,14 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
     power2, steer, all_nodes = flags[F_POWER2], flags[F_STEER], flags[F_ALL_NODES]
     all_usable = flags[F_ALL_USABLE]  # every node usable by every user (no devices): the steered search skips the test
     backlog = flags[F_BACKLOG] and ints[I_HORIZON] > 0
-    if backlog and flags[F_BACKLOG_MEAN]:  # `choose`: this call's waits join the EWMA first, which is then priced
+    # `OrderMoEPolicy.mean_waits`: one EWMA step per row, row t pricing load + keep_t x dev with keep_t the running
+    # product of (1 - ewma); node_wait holds dev = node_wait - load during the call, and the EWMA after its last
+    # row at the end (`_end_mean`)
+    mean = backlog and flags[F_BACKLOG_MEAN] and rows.shape[0] > 0
+    keep_c, keep = 1.0 - params[P_EWMA], 1.0
+    if mean:
         for n in range(load.shape[0]):
-            node_wait[n] = node_wait[n] + params[P_EWMA] * (load[n] - node_wait[n])
-    waits = node_wait if flags[F_BACKLOG_MEAN] else load
+            node_wait[n] = node_wait[n] - load[n]
     n_short, C, levels, horizon, pace = ints[I_SHORT], ints[I_CELLS], ints[I_LEVELS], ints[I_HORIZON], ints[I_PACE]
     homes = ints[I_HOMES]
     quality_price, pressure_gain, ewma = params[P_QUALITY_PRICE], params[P_PRESSURE_GAIN], params[P_EWMA]
@@ -449,6 +470,10 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
                     out_zeroed[b + t, k] = False
             mean_load = _mean(load)
             qpress[0] += ewma * (mean_load / (mean_load + rt_med) - qpress[0])
+            if mean:
+                for _t in range(T):
+                    keep = keep * keep_c
+                _end_mean(node_wait, load, keep)
             return
     # The wave's rows lie scattered over the token state, and each row reads its state at its start, in its middle
     # and at its end: one cache miss after another. Their lines are asked for first, for the whole wave, so that the
@@ -479,6 +504,8 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
         for m in range(M):
             mbits[m] = m
     for t in range(T):
+        if mean:
+            keep = keep * keep_c  # this row's EWMA is load + keep x dev
         r, lv, tok = rows[t], rlayer[t], rtok[t]
         o = b + t
         loc, home, u = st_loc[r], st_home[r], st_user[r]
@@ -660,8 +687,9 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
             # -- unsteered (`unsteered_meeting`), then argmin J over the M subsets
             if backlog:  # each candidate meeting node's expected queue wait (`LookAhead.backlog_s`)
                 for gi in range(K + 1 if migrate else 1):
-                    wait[gi] = _backlog_s(expo_val, expo_node, expo_span,
-                                          expo_row0 + (loc if gi == 0 else x_node[t, gi - 1]) * C, waits)
+                    wait[gi] = _wait_s(expo_val, expo_node, expo_span,
+                                       expo_row0 + (loc if gi == 0 else x_node[t, gi - 1]) * C, load, mean,
+                                       keep, node_wait)
             best_cost, best_m, best_nxt, best_lat = np.inf, 0, loc, np.nan
             for m in range(M):
                 bm = mbits[m]
@@ -843,8 +871,8 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
                         # the wait (>= 0) only where the action can still win with the table's seconds added
                         if backlog and (alpha < 0 or alpha * ahead + qterm[m] < best_cost):
                             if wait[gi] != wait[gi]:
-                                wait[gi] = _backlog_s(expo_val, expo_node, expo_span, expo_row0 + meet[gi] * C,
-                                                      waits)
+                                wait[gi] = _wait_s(expo_val, expo_node, expo_span, expo_row0 + meet[gi] * C,
+                                                   load, mean, keep, node_wait)
                             ahead = ahead + wait[gi]
                         cost = alpha * ahead + qterm[m]
                     if cost < best_cost:
@@ -893,6 +921,8 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
         budget_used[r] = budget_used[r] + quality[m]
         st_layer[r] += 1
         st_top1[r] = topk_tab[tok, lv, bk] if K else -1
+    if mean:
+        _end_mean(node_wait, load, keep)
     mean_load = _mean(load)
     qpress[0] += ewma * (mean_load / (mean_load + rt_med) - qpress[0])
 
