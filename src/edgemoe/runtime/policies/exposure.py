@@ -130,7 +130,8 @@ class Exposure:
 
     def wait(self, layer: np.ndarray, home_row: np.ndarray, nodes: np.ndarray, key: np.ndarray,
              load: np.ndarray) -> np.ndarray:
-        """[T, G] exposure . load of each row (`rows`), summed over its entries in node order from 0.0."""
+        """[T, G] exposure . load of each row (`rows`), summed over its entries in node order from 0.0. load: [N]
+        waits for every row, or [T, N] each row's own (the `mean` term's per-row EWMA)."""
         rows = self.rows(layer, home_row, nodes, key)
         start, count = self.span[rows, 0].astype(np.int64), (self.span[rows, 1] - self.span[rows, 0]).astype(np.int64)
         width = int(count.max()) if count.size else 0
@@ -138,7 +139,11 @@ class Exposure:
             return np.zeros(rows.shape)
         k = np.arange(width)
         idx = np.minimum(start[..., None] + k, len(self.val) - 1)  # [T, G, width]
-        terms = np.where(k < count[..., None], self.val[idx] * load[self.node[idx]], 0.0)
+        if load.ndim == 1:
+            seen = load[self.node[idx]]
+        else:  # row t of the call reads load[t]
+            seen = load[np.arange(rows.shape[0]).reshape((-1,) + (1,) * (idx.ndim - 1)), self.node[idx]]
+        terms = np.where(k < count[..., None], self.val[idx] * seen, 0.0)
         # 0.0 first, then each term in order: the compiled loop's sum (cumsum is sequential, unlike sum)
         return np.cumsum(np.concatenate([np.zeros(rows.shape + (1,)), terms], axis=-1), axis=-1)[..., -1]
 

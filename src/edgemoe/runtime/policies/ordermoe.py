@@ -944,10 +944,9 @@ class OrderMoEPolicy(Policy):
         wait = None  # [T, G] steered / [T, M] unsteered: the next layers' expected queue wait (`backlog`)
         if part is not None and self.backlog != "off":
             meets = opt.meet if opt.meet is not None else opt.next_mg[:, :, 0]
-            lk = np.broadcast_to(layer, key.shape)
-            wait = self.lookahead.backlog_s(lk, state.home, key, meets, load)
-            if mean is not None:  # row t's EWMA: load + keep[t] x dev, priced as the compiled decision sums it
-                wait = wait + mean[0][:, None] * self.lookahead.backlog_s(lk, state.home, key, meets, mean[1])
+            # with `mean`, row t reads its own EWMA, load + keep[t] x dev ([T, N]), as the compiled decision sums it
+            seen = load if mean is None else load[None, :] + mean[0][:, None] * mean[1][None, :]
+            wait = self.lookahead.backlog_s(np.broadcast_to(layer, key.shape), state.home, key, meets, seen)
         if opt.latency_mg is None:  # steered, compiled: the same sums and argmin, row by row
             pick, lat, node = steered_pick(opt, part, stride, table, loc, state.home,
                                            layer == ctx.num_layers - 1, feasible, qterm, alpha, wait)

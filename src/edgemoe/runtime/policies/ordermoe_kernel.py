@@ -397,11 +397,15 @@ def _backlog_s(expo_val, expo_node, expo_span, row, load):  # pragma: no cover -
 
 @njit(cache=True, inline="always")
 def _wait_s(expo_val, expo_node, expo_span, row, load, mean, keep, dev):  # pragma: no cover - compiled
-    """A candidate's queue wait (`OrderMoEPolicy.choose`'s `wait`): `_backlog_s` under the current waits, plus,
-    with `mean`, keep x `_backlog_s` under dev (node_wait - load): the row's EWMA, priced in that order."""
-    s = _backlog_s(expo_val, expo_node, expo_span, row, load)
-    if mean:
-        s = s + keep * _backlog_s(expo_val, expo_node, expo_span, row, dev)
+    """A candidate's queue wait (`OrderMoEPolicy.choose`'s `wait`): `_backlog_s` under the current waits, or, with
+    `mean`, under the row's own EWMA load + keep x dev (dev = node_wait - load), each entry's EWMA formed as the
+    numpy path forms its [T, N] matrix: one pass over the row's entries either way."""
+    if not mean:
+        return _backlog_s(expo_val, expo_node, expo_span, row, load)
+    s = 0.0
+    for i in range(expo_span[2 * row], expo_span[2 * row + 1]):
+        n = expo_node[i]
+        s += expo_val[i] * (load[n] + keep * dev[n])
     return s
 
 
