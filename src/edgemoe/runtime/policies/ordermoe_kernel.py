@@ -396,17 +396,12 @@ def _backlog_s(expo_val, expo_node, expo_span, row, load):  # pragma: no cover -
 
 
 @njit(cache=True, inline="always")
-def _wait_s(expo_val, expo_node, expo_span, row, load, mean, keep, dev):  # pragma: no cover - compiled
-    """A candidate's queue wait (`OrderMoEPolicy.choose`'s `wait`): `_backlog_s` under the current waits, or, with
-    `mean`, under the row's own EWMA load + keep x dev (dev = node_wait - load), each entry's EWMA formed as the
-    numpy path forms its [T, N] matrix: one pass over the row's entries either way."""
-    if not mean:
-        return _backlog_s(expo_val, expo_node, expo_span, row, load)
-    s = 0.0
-    for i in range(expo_span[2 * row], expo_span[2 * row + 1]):
-        n = expo_node[i]
-        s += expo_val[i] * (load[n] + keep * dev[n])
-    return s
+def _row_ewma(row_waits, load, keep, dev):  # pragma: no cover - compiled
+    """row_waits <- the row's own EWMA of the waits, load + keep x dev (dev = node_wait - load), as the numpy path
+    forms its [T, N] matrix; filled once per row, at its first wait read, so that `now`'s reads stay plain
+    `_backlog_s` calls under `load`."""
+    for n in range(load.shape[0]):
+        row_waits[n] = load[n] + keep * dev[n]
 
 
 @njit(cache=True, inline="always")
@@ -444,9 +439,12 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
     # row at the end (`_end_mean`)
     mean = backlog and flags[F_BACKLOG_MEAN] and rows.shape[0] > 0
     keep_c, keep = 1.0 - params[P_EWMA], 1.0
+    row_waits = np.empty(load.shape[0] if mean else 0)  # with `mean`, the row's EWMA (`_row_ewma`)
+    filled = False  # row_waits holds this row's EWMA
     if mean:
         for n in range(load.shape[0]):
             node_wait[n] = node_wait[n] - load[n]
+    waits = row_waits if mean else load  # what a wait read prices (`_backlog_s`)
     n_short, C, levels, horizon, pace = ints[I_SHORT], ints[I_CELLS], ints[I_LEVELS], ints[I_HORIZON], ints[I_PACE]
     homes = ints[I_HOMES]
     quality_price, pressure_gain, ewma = params[P_QUALITY_PRICE], params[P_PRESSURE_GAIN], params[P_EWMA]
@@ -510,6 +508,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
     for t in range(T):
         if mean:
             keep = keep * keep_c  # this row's EWMA is load + keep x dev
+            filled = False
         r, lv, tok = rows[t], rlayer[t], rtok[t]
         o = b + t
         loc, home, u = st_loc[r], st_home[r], st_user[r]
@@ -690,10 +689,12 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
         if not steer:
             # -- unsteered (`unsteered_meeting`), then argmin J over the M subsets
             if backlog:  # each candidate meeting node's expected queue wait (`LookAhead.backlog_s`)
+                if mean and not filled:
+                    _row_ewma(row_waits, load, keep, node_wait)
+                    filled = True
                 for gi in range(K + 1 if migrate else 1):
-                    wait[gi] = _wait_s(expo_val, expo_node, expo_span,
-                                       expo_row0 + (loc if gi == 0 else x_node[t, gi - 1]) * C, load, mean,
-                                       keep, node_wait)
+                    wait[gi] = _backlog_s(expo_val, expo_node, expo_span,
+                                          expo_row0 + (loc if gi == 0 else x_node[t, gi - 1]) * C, waits)
             best_cost, best_m, best_nxt, best_lat = np.inf, 0, loc, np.nan
             for m in range(M):
                 bm = mbits[m]
@@ -875,8 +876,11 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
                         # the wait (>= 0) only where the action can still win with the table's seconds added
                         if backlog and (alpha < 0 or alpha * ahead + qterm[m] < best_cost):
                             if wait[gi] != wait[gi]:
-                                wait[gi] = _wait_s(expo_val, expo_node, expo_span, expo_row0 + meet[gi] * C,
-                                                   load, mean, keep, node_wait)
+                                if mean and not filled:
+                                    _row_ewma(row_waits, load, keep, node_wait)
+                                    filled = True
+                                wait[gi] = _backlog_s(expo_val, expo_node, expo_span, expo_row0 + meet[gi] * C,
+                                                      waits)
                             ahead = ahead + wait[gi]
                         cost = alpha * ahead + qterm[m]
                     if cost < best_cost:
