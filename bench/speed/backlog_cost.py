@@ -55,20 +55,11 @@ def decode_rows(repeat: int) -> list[dict]:
 
 def simulator_rows(repeat: int) -> list[dict]:
     """The simulator per scenario: fastest CPU s of exact and of ordermoe (H=2) with each queue-term kind."""
-    from bench.speed.simulator import scenarios, timed_runs, warm_up
-    from edgemoe.plan import plan_problem
-    from edgemoe.plan.base import plan
-    from edgemoe.profile import synthetic_profile
-    from edgemoe.runtime import make_context, make_policy
-    from edgemoe.runtime.sim.workload import Trace
+    from bench.speed.simulator import contexts, timed_runs
+    from edgemoe.runtime import make_policy
 
-    profile = synthetic_profile(num_layers=8, num_experts=8, top_k=2, num_tokens=3000, seed=0)
-    trace = Trace.from_profile(profile)
-    warm_up(profile, trace)
     out = []
-    for label, cluster, wl, _ in scenarios(False):
-        ctx = make_context(profile, cluster, plan(plan_problem(profile, cluster, domain_fallback=True), "ordermoe"),
-                           mode="migrate", domain_fallback=True)
+    for label, ctx, trace, wl, _ in contexts(False):
         runs, errors, rows = {"exact": (ctx, "exact", {}, trace, wl, "fast", 1e-3)}, {}, {}
         for kind in KINDS:
             try:

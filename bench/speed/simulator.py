@@ -53,6 +53,21 @@ def warm_up(profile, trace) -> None:
     simulate(ctx, make_policy("exact", ctx), trace, Workload(2, 2, 2, "closed"))
 
 
+def contexts(quick: bool, max_users: int | None = None):
+    """(label, ctx, trace, workload, run the reference too) per scenario (`scenarios`; those with at most
+    max_users users when given, skipped before they are planned): the benchmark's synthetic profile (L=8, E=8,
+    K=2), an ordermoe placement, migrate mode; the compiled engine warmed up first. The other simulator-cost
+    studies (`bench.speed.backlog_cost`, `bench.studies.window_error`) time the same contexts."""
+    profile = synthetic_profile(num_layers=8, num_experts=8, top_k=2, num_tokens=3000, seed=0)
+    trace = Trace.from_profile(profile)
+    warm_up(profile, trace)
+    for label, cluster, wl, with_ref in scenarios(quick):
+        if max_users is not None and cluster.num_users > max_users:
+            continue
+        placement = plan(plan_problem(profile, cluster, domain_fallback=True), "ordermoe")
+        yield label, make_context(profile, cluster, placement, mode="migrate", domain_fallback=True), trace, wl, with_ref
+
+
 def timed_runs(repeats: int, runs: dict) -> dict:
     """{name: (result, fastest wall s, fastest CPU s, first run's CPU s)} of `run_once(*runs[name])`, each called
     `repeats` times, the names taking turns (one run of each, then again): a drift of the host's speed then
@@ -80,13 +95,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each fast-engine row; the fastest is kept")
     args = ap.parse_args()
-    profile = synthetic_profile(num_layers=8, num_experts=8, top_k=2, num_tokens=3000, seed=0)
-    trace = Trace.from_profile(profile)
-    warm_up(profile, trace)
     rows = []
-    for label, cluster, wl, with_ref in scenarios(args.quick):
-        placement = plan(plan_problem(profile, cluster, domain_fallback=True), "ordermoe")
-        ctx = make_context(profile, cluster, placement, mode="migrate", domain_fallback=True)
+    for label, ctx, trace, wl, with_ref in contexts(args.quick):
         policies = (("exact", {}), ("ordermoe", {"horizon": 2}))
         fast_load = os.getloadavg()[0]
         fast = timed_runs(args.repeat, {policy: (ctx, policy, params, trace, wl, "fast", 1e-3)

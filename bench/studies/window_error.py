@@ -75,24 +75,12 @@ def cost_rows(windows: dict[str, float]) -> list[dict]:
     """`bench.speed.simulator`'s scenarios (but its largest) with exact and ordermoe H=2 under each window and
     at the exact order: the fastest of REPEAT runs' CPU seconds, the token-layer events per CPU second, and the
     mean and p99 latency (the same every run)."""
-    from bench.speed.simulator import scenarios as speed_scenarios
-    from bench.speed.simulator import warm_up
-    from edgemoe.plan import plan_problem
-    from edgemoe.plan.base import plan
-    from edgemoe.profile import synthetic_profile
-    from edgemoe.runtime import make_context, make_policy
+    from bench.speed.simulator import contexts
+    from edgemoe.runtime import make_policy
     from edgemoe.runtime.sim.simulate import simulate
-    from edgemoe.runtime.sim.workload import Trace
 
-    profile = synthetic_profile(num_layers=8, num_experts=8, top_k=2, num_tokens=3000, seed=0)
-    trace = Trace.from_profile(profile)
-    warm_up(profile, trace)
     rows = []
-    for label, cluster, wl, _ in speed_scenarios(False):
-        if cluster.num_users > 4000:
-            continue
-        ctx = make_context(profile, cluster, plan(plan_problem(profile, cluster, domain_fallback=True), "ordermoe"),
-                           mode="migrate", domain_fallback=True)
+    for label, ctx, trace, wl, _ in contexts(False, max_users=4000):
         for policy, params in (("exact", {}), ("ordermoe", {"horizon": 2})):
             for key, w in {**windows, "exact": 0.0}.items():
                 load = os.getloadavg()[0]
