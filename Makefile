@@ -31,7 +31,7 @@ lint: $(STAMP)
 BENCH := speed.simulator speed.sim_scale speed.policies speed.planners speed.profile_speed speed.ordermoe_scale speed.ordermoe_planner \
 	studies.ordermoe_placement studies.scaling studies.adaptive studies.lookahead studies.slim_sweeps studies.upcycle studies.ladder studies.equal_quality \
 	ray.ray_sweep ray.ray_failover speed.serving ray.serving_ray tools.exact_stop
-BACKLOG_PAPER := ordermoe-H0,ordermoe-H2,ordermoe-H2-now,ordermoe-H2-mean,ordermoe-H2-priced,oracle
+BACKLOG_PAPER := ordermoe-H0,ordermoe-H2,ordermoe-H2-now,ordermoe-H2-off,ordermoe-H2-priced,oracle
 results: $(STAMP)
 	$(BIN)/edgemoe demo --out bench/results/demo
 	$(BIN)/edgemoe demo --backend ray --out bench/results/demo-ray
@@ -68,7 +68,7 @@ results: $(STAMP)
 	$(BIN)/python -m bench.studies.full_policy_diagnosis
 	$(BIN)/python -m bench.studies.ladder --curve
 	$(BIN)/python -m bench.studies.lookahead --quick --budgets 0.05,0.2 --clusters testbed8,edge8
-	$(BIN)/python -m bench.studies.lookahead --backlog-horizons 2 --backlogs now,mean --out bench/results/lookahead_backlog.json
+	$(BIN)/python -m bench.studies.lookahead --backlog-horizons 2 --backlogs off,now --out bench/results/lookahead_backlog.json
 	$(BIN)/python -m bench.speed.policies --setups L=16 --policies 'ordermoe(H=0),ordermoe(H=2),ordermoe(H=3)'
 	$(BIN)/python -m bench.speed.policies --setups 'edge8 L=8' --rows 1,64 --out policies_decode.json
 	$(BIN)/python -m bench.speed.policies --setups L=32,generate --policies 'ordermoe(H=2)' --rows 1,64 \

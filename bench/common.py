@@ -138,7 +138,7 @@ def planning_draw(profile) -> str:
 # The look-ahead variants the backlog scripts (bench/studies/backlog_*.py) compare: H=0, H=2 on static tables
 # (the default), H=2 with each kind of queue term, and H=2 whose tables price future stand-ins (`table_price`).
 BACKLOG_VARIANTS = (("H0", {"horizon": 0}), ("H2", {"horizon": 2}), ("H2-now", {"horizon": 2, "backlog": "now"}),
-                    ("H2-mean", {"horizon": 2, "backlog": "mean"}), ("H2-priced", {"horizon": 2, "table_price": True}))
+                    ("H2-off", {"horizon": 2, "backlog": "off"}), ("H2-priced", {"horizon": 2, "table_price": True}))
 
 
 def compare_backlogs(ctx, trace, workload, budget: float, row: dict) -> list[dict]:

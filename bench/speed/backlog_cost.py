@@ -57,14 +57,15 @@ def simulator_rows(repeat: int) -> list[dict]:
     """The simulator per scenario: fastest CPU s of exact and of ordermoe (H=2) with each queue-term kind."""
     from bench.speed.simulator import contexts, timed_runs
     from edgemoe.runtime import make_policy
+    from edgemoe.runtime.sim.simulate import DEFAULT_WINDOW_S
 
     out = []
     for label, ctx, trace, wl, _ in contexts(False):
-        runs, errors, rows = {"exact": (ctx, "exact", {}, trace, wl, "fast", 1e-3)}, {}, {}
+        runs, errors, rows = {"exact": (ctx, "exact", {}, trace, wl, "fast", DEFAULT_WINDOW_S)}, {}, {}
         for kind in KINDS:
             try:
                 expo = make_policy("ordermoe", ctx, horizon=2, backlog=kind).lookahead.expo
-                runs[kind] = (ctx, "ordermoe", {"horizon": 2, "backlog": kind}, trace, wl, "fast", 1e-3)
+                runs[kind] = (ctx, "ordermoe", {"horizon": 2, "backlog": kind}, trace, wl, "fast", DEFAULT_WINDOW_S)
             except EdgeMoEError as e:
                 errors[kind] = str(e)
                 continue

@@ -5,7 +5,7 @@
 A token-layer event = one token row passing one MoE layer (its K slots decided, queued, served, gathered).
 Scenarios grow from edge8 with 16 users to generated clusters of hundreds of servers and thousands of
 users (closed loop: every user keeps one request in flight). Each is run with the fast engine (default
-window 1 ms) and, where small enough, the exact reference engine, to show the speed-up and the agreement.
+the default window, `DEFAULT_WINDOW_S`) and, where small enough, the exact reference engine, to show the speed-up and the agreement.
 Wall time is the headline (events_per_s); CPU time of this process is recorded too, because the machine is
 shared and wall time moves with the other processes' load. Each fast-engine run is repeated (`--repeat`, 3)
 and the fastest kept, as timeit does (the first run's CPU seconds are kept too, `cpu_s_first_run`: a context's
@@ -30,7 +30,7 @@ from edgemoe.plan import plan_problem
 from edgemoe.plan.base import plan
 from edgemoe.profile import synthetic_profile
 from edgemoe.runtime import make_context, make_policy
-from edgemoe.runtime.sim.simulate import simulate
+from edgemoe.runtime.sim.simulate import DEFAULT_WINDOW_S, simulate
 from edgemoe.runtime.sim.workload import Trace, Workload
 
 
@@ -99,10 +99,10 @@ def main() -> None:
     for label, ctx, trace, wl, with_ref in contexts(args.quick):
         policies = (("exact", {}), ("ordermoe", {"horizon": 2}))
         fast_load = os.getloadavg()[0]
-        fast = timed_runs(args.repeat, {policy: (ctx, policy, params, trace, wl, "fast", 1e-3)
+        fast = timed_runs(args.repeat, {policy: (ctx, policy, params, trace, wl, "fast", DEFAULT_WINDOW_S)
                                         for policy, params in policies})
         for policy, params in policies:
-            engines = [("fast", 1e-3)] + ([("reference", 0.0)] if with_ref else [])
+            engines = [("fast", DEFAULT_WINDOW_S)] + ([("reference", 0.0)] if with_ref else [])
             for engine, window in engines:
                 if engine == "fast":
                     m, wall, cpu, first = fast[policy]

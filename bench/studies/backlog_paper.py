@@ -3,7 +3,7 @@
 backlog) + oracle on the paper-scale scenario (one model).
 
     python -m bench.studies.backlog_paper MODEL COUNTED METHODS
-    # e.g. qwen1.5-moe-a2.7b olmoe ordermoe-H0,ordermoe-H2,ordermoe-H2-now,ordermoe-H2-mean,oracle
+    # e.g. qwen1.5-moe-a2.7b olmoe ordermoe-H0,ordermoe-H2,ordermoe-H2-now,ordermoe-H2-off,oracle
 
 A method is `oracle` or `ordermoe-H<horizon>[-<backlog kind> | -priced]` (`-priced`: the tables price future
 stand-ins, `table_price=True`). The ordermoe placement is planned once per

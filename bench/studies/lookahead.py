@@ -59,7 +59,7 @@ def study_context(cluster_name: str, plan_prof, log=print):
 
 
 def run(cluster_name: str, budgets, plan_prof, eval_prof, workload: Workload, log=print,
-        backlog_horizons=(), backlogs=("now", "mean")) -> list[dict]:
+        backlog_horizons=(), backlogs=("off", "now")) -> list[dict]:
     """Rows of ordermoe H = 0..3 and the oracle at each budget on one cluster (ordermoe placement, migrate);
     backlog_horizons: H of extra rows "ordermoe-H{h}-{kind}" (and "-{kind}-free" where the free rows run) with
     the queue-aware look-ahead (`backlog=kind` for each kind in `backlogs`), the others with the policy's default."""
@@ -101,7 +101,7 @@ def main() -> None:
     ap.add_argument("--budgets", default="0,0.05,0.2")
     ap.add_argument("--clusters", default="testbed8,edge8")
     ap.add_argument("--backlog-horizons", default="", help="H values of extra rows with a queue-aware look-ahead, e.g. 2")
-    ap.add_argument("--backlogs", default="now,mean", help="the `backlog` kinds of those rows")
+    ap.add_argument("--backlogs", default="off,now", help="the `backlog` kinds of those rows")
     ap.add_argument("--out", default=None, help="results file (default bench/results/lookahead[_quick].json)")
     ap.add_argument("--shared-data", default=str(Path(__file__).resolve().parents[2] / ".." / "shared" / "data"))
     args = ap.parse_args()

@@ -37,7 +37,7 @@ from edgemoe.io import atomic_write_json
 OUT = RESULTS / "lookahead_seeds.json"
 SETS = ("demo", "scaling", "lookahead", "paper")
 # H=2 variants, each over H=0 on every seed: the default first, then the options the queue-aware table compares
-VARIANTS = {"H2": {}, "H2-now": {"backlog": "now"}, "H2-mean": {"backlog": "mean"}, "H2-priced": {"table_price": True}}
+VARIANTS = {"H2": {}, "H2-now": {"backlog": "now"}, "H2-off": {"backlog": "off"}, "H2-priced": {"table_price": True}}
 
 
 def ratios(ctx, trace, workload, budget: float, seeds: int, window_s: float) -> dict[str, dict[str, list[float]]]:

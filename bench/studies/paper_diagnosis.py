@@ -32,7 +32,7 @@ OUT = ROOT / "bench" / "results" / "paper_diagnosis.json"
 MODELS = "qwen1.5-moe-a2.7b:olmoe,mixtral-8x7b:mixtral"
 BUDGET = 0.05  # backlog_paper's
 VARIANTS = {"H0": {"horizon": 0}, "H2": {"horizon": 2}, "H2-now": {"horizon": 2, "backlog": "now"},
-            "H2-mean": {"horizon": 2, "backlog": "mean"}, "H2-priced": {"horizon": 2, "table_price": True}}
+            "H2-off": {"horizon": 2, "backlog": "off"}, "H2-priced": {"horizon": 2, "table_price": True}}
 
 
 def main(argv: list[str]) -> int:

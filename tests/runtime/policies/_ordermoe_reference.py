@@ -198,13 +198,14 @@ def pick_decision(opt: Options, pick: np.ndarray, location: np.ndarray) -> Decis
 class ReferenceOrderMoE(OrderMoEPolicy):
     """`ordermoe` with the reference decision (same tables, same adaptive weights)."""
 
-    def choose(self, layer, topk, gates, state, load):  # the pre-optimisation decision, verbatim
+    def choose(self, layer, topk, gates, state, load):  # the pre-optimisation decision, verbatim but the weights
         ctx = self.ctx
+        # the adaptive weights as the policy has them now: the queue pressure steps once per row
+        # (`OrderMoEPolicy.pressures`), where at cd54dbb it stepped once per call after the decision
+        pressure = self.pressures(load, len(state))
         has_budget = state.budget_total > 0
         if len(state) == 0 or not (self.steer or has_budget.any()):
-            dec = exact_decision(ctx, layer, topk, state, load)  # no budget and no steering: exactly `exact`
-            self._track(load)
-            return dec
+            return exact_decision(ctx, layer, topk, state, load)  # no budget and no steering: exactly `exact`
         loc = state.location
         opt = layer_options(ctx, layer, loc, state.home, ctx.usable[state.user], topk, gates, load, self.max_enum_k,
                             self.kinds, self.steer, self.steer_replicas, self.power)
@@ -216,13 +217,10 @@ class ReferenceOrderMoE(OrderMoEPolicy):
         flat = (((layer[:, None] + 1) * N + opt.next_location) * C + key[:, None]) * m + self.grid.index(np.maximum(left, 0.0))
         future = self.lookahead.stacked.reshape(-1).take(flat)  # [T, A]: one flat gather
         beta = self.beta(layer, state)[:, None]
-        cost = self.alpha[state.user][:, None] * (opt.latency_s + future) + (beta + EPS_S_PER_Q) * quality
+        alpha = 1.0 + self.pressure_gain * (pressure + np.minimum(self.latency_excess[state.user], 1.0))
+        cost = alpha[:, None] * (opt.latency_s + future) + (beta + EPS_S_PER_Q) * quality
         pick = np.where(feasible, cost, np.inf).argmin(axis=1)  # action 0 (no substitution) is always feasible
-        self._track(load)
         return pick_decision(opt, pick, loc)
-
-    def _track(self, load: np.ndarray) -> None:
-        OrderMoEPolicy._track(self, load)
 
 
 class ReferenceOracle(OraclePolicy):

@@ -59,7 +59,8 @@ def test_exposure_counts_the_layers_ahead(horizon, seed):
     assert off.lookahead.exposure.shape == (L + 1, 1, ctx.num_nodes, la.keys.size, ctx.num_nodes)
     assert not la.exposure[0].any() and not la.exposure[L].any()
     assert make_policy("ordermoe", ctx, horizon=0, backlog="mean").backlog == "off"
-    assert make_policy("ordermoe", ctx, horizon=horizon).backlog == "off"
+    assert make_policy("ordermoe", ctx, horizon=horizon).backlog == "mean"  # the default
+    assert make_policy("ordermoe", ctx, horizon=horizon, backlog="off").backlog == "off"
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -128,7 +129,7 @@ def test_mean_waits_step_once_per_row_whatever_the_grouping():
         single.decide(0, topk[i:i + 1], gates[i:i + 1], single.start(users[i:i + 1]), load)
     np.testing.assert_allclose(grouped.node_wait, single.node_wait, rtol=1e-15)
     np.testing.assert_allclose(grouped.node_wait, [0.0, 0.0, 0.3, 0.0])
-    assert one.mean_waits(load, 0) is None and make_policy("ordermoe", ctx, horizon=1).mean_waits(load, 2) is None
+    assert one.mean_waits(load, 0) is None and make_policy("ordermoe", ctx, horizon=1, backlog="now").mean_waits(load, 2) is None
 
 
 def test_exposure_rows_too_large_are_a_clear_error(monkeypatch):
@@ -146,4 +147,26 @@ def test_exposure_rows_too_large_are_a_clear_error(monkeypatch):
     with pytest.raises(EdgeMoEError, match=r"exposure rows take .* GiB .*homes up to .*home_trip=False"):
         make_policy("ordermoe", ctx, horizon=2, backlog="mean")
     assert make_policy("ordermoe", ctx, horizon=2, backlog="mean", home_trip=False).backlog == "mean"
-    assert make_policy("ordermoe", ctx, horizon=2).backlog == "off"  # no queue term: no exposure, no limit
+    with pytest.raises(EdgeMoEError, match=r"exposure rows take .*use backlog='off'"):  # the default is "mean"
+        make_policy("ordermoe", ctx, horizon=2)
+    assert make_policy("ordermoe", ctx, horizon=2, backlog="off").backlog == "off"  # no queue term: no exposure, no limit
+
+
+@pytest.mark.parametrize("budget", [0.0, 0.05])  # no budget (exactly `exact`, the early return) and the full decision
+def test_queue_pressure_steps_once_per_row_whatever_the_grouping(budget):
+    """The adaptive weights' queue pressure takes one EWMA step per row toward mean wait / (mean wait + median
+    round trip), as `mean`'s waits do: two rows in one call leave it where two one-row calls do, (1 - 0.5^2) x that
+    share from 0, and each row prices it after its own step."""
+    profile, ctx = herding_setup()
+    users, load = np.array([0, 0]), np.array([0.0, 0.0, 0.4, 0.0])
+    topk, gates = np.repeat(profile.topk[:1, 0].astype(np.int64), 2, axis=0), np.repeat(profile.gates[:1, 0], 2, axis=0)
+    one = make_policy("ordermoe", ctx, budget=budget, horizon=1, ewma=0.5)
+    share = 0.1 / (0.1 + one.rt_med)  # the mean wait is 0.1 s
+    np.testing.assert_allclose(one.pressures(load, 2), [0.5 * share, 0.75 * share])
+    assert one.queue_pressure == pytest.approx(0.75 * share) and one.pressures(load, 0).size == 0
+    grouped = make_policy("ordermoe", ctx, budget=budget, horizon=1, ewma=0.5)
+    grouped.decide(0, topk, gates, grouped.start(users), load)
+    single = make_policy("ordermoe", ctx, budget=budget, horizon=1, ewma=0.5)
+    for i in range(2):
+        single.decide(0, topk[i:i + 1], gates[i:i + 1], single.start(users[i:i + 1]), load)
+    assert grouped.queue_pressure == single.queue_pressure == pytest.approx(0.75 * share, rel=1e-15)

@@ -63,11 +63,12 @@ def test_ordermoe_decisions_equal_the_reference(seed, mode, horizon):
         load = rng.exponential(0.01, ctx.num_nodes) if rng.integers(2) else None
         params = dict(budget=budget, horizon=horizon, substitutes=kinds, max_enum_k=(4, 2)[seed % 2],
                       quality_power=(2.0, 1.0)[seed % 3 == 2])
-        # the reference predates pacing and the trip home: unpaced, the tables are looked up at the whole remaining
-        # budget, and they take the token's home to be its node at the last layer
-        new = decisions(make_policy("ordermoe", ctx, pace=False, home_trip=False, **params), profile, ctx, rows, users,
+        # the reference predates pacing, the trip home and the queue term: unpaced, the tables are looked up at the
+        # whole remaining budget, they take the token's home to be its node at the last layer, and no wait is priced
+        new = decisions(make_policy("ordermoe", ctx, pace=False, home_trip=False, backlog="off", **params), profile,
+                        ctx, rows, users, load)
+        ref = decisions(ReferenceOrderMoE(ctx, home_trip=False, backlog="off", **params), profile, ctx, rows, users,
                         load)
-        ref = decisions(ReferenceOrderMoE(ctx, home_trip=False, **params), profile, ctx, rows, users, load)
         assert_same(new, ref)
 
 

@@ -52,7 +52,7 @@ EXPOSURE_MAX_BYTES = 1 << 30  # the queue term's exposure rows above this: a cle
 STEER_ALL_NODES = 16  # up to this many nodes, a steered decision may meet at any node; beyond, at a replica
 COMPILED_STEER = HAVE_NUMBA  # steered decisions by `ordermoe_kernel` (same picks and bits; False: the numpy path)
 COMPILED_DECODE = HAVE_NUMBA  # `decide` in one compiled call (`ordermoe_kernel.DecodePath`; same bits; False: numpy)
-BACKLOG = "off"  # the look-ahead's queue term (`LookAhead.backlog_s`): "off" (static tables), "now" or "mean" (`BACKLOGS`)
+BACKLOG = "mean"  # the look-ahead's queue term (`LookAhead.backlog_s`): "off" (static tables), "now" or "mean" (`BACKLOGS`)
 BACKLOGS = ("off", "now", "mean")  # queue waits priced: none, the current ones (load), their per-node EWMA (node_wait)
 COMPILED_LOOP = HAVE_NUMBA  # the simulator's fast engine decides inside its compiled loop (`edgemoe.runtime.sim.ordermoe_loop`;
 # same picks and bits; False: the per-wave `decide` call, the reference)
@@ -901,17 +901,30 @@ class OrderMoEPolicy(Policy):
         self.node_wait[:] = load + keep[-1] * dev  # in place: the compiled decision holds this array
         return keep, dev
 
+    def pressures(self, load: np.ndarray, rows: int) -> np.ndarray:
+        """[rows] the queue pressure each row of one call prices, all rows seeing the waits `load` [N]: one EWMA
+        step per row toward x = mean wait / (mean wait + median round trip), row t after its own step,
+        x + keep[t] x (queue_pressure - x) with keep[t] = (1 - ewma)^(t+1) a running product; leaves
+        queue_pressure after the last row. Per row for the reason `mean_waits` is: the weights must not depend on
+        how the backend groups decisions into calls."""
+        keep = np.multiply.accumulate(np.full(rows, 1.0 - self.ewma))
+        mean_load = float(load.mean()) if load.size else 0.0
+        x = mean_load / (mean_load + self.rt_med)
+        pressure = x + keep * (self.queue_pressure - x)
+        if rows:
+            self.queue_pressure = float(pressure[-1])
+        return pressure
+
     def choose(self, layer, topk, gates, state, load):
         ctx = self.ctx
         mean = self.mean_waits(load, len(state))  # the rows' observations join the per-node EWMA before it is read
+        pressure = self.pressures(load, len(state))  # likewise the queue pressure, one step per row
         logits = self.row_logits(np.broadcast_to(layer, state.user.shape), state) if self.per_token else None
         if self.per_token:
             self.logit_layers += logits is not None
         has_budget = state.budget_total > 0
         if len(state) == 0 or not (self.steer or has_budget.any()):
-            dec = exact_decision(ctx, layer, topk, state, load)  # no budget and no steering: exactly `exact`
-            self._track(load)
-            return dec
+            return exact_decision(ctx, layer, topk, state, load)  # no budget and no steering: exactly `exact`
         loc = state.location
         subs = self.token_subs(layer, loc, topk, logits) if self.per_token else None
         opt = layer_options(ctx, layer, loc, state.home, ctx.usable[state.user], topk, gates, load, self.max_enum_k,
@@ -939,7 +952,7 @@ class OrderMoEPolicy(Policy):
             table, base, stride = self.lookahead.flat_index(np.broadcast_to(layer, key.shape), state.home, key)
             part = base[:, None] + self.grid.index(ahead)  # [T, M]
         beta = self.beta(layer, state)
-        alpha = self.alpha[state.user]
+        alpha = 1.0 + self.pressure_gain * (pressure + np.minimum(self.latency_excess[state.user], 1.0))  # `alpha`
         qterm = (beta + EPS_S_PER_Q)[:, None] * quality  # [T, M]
         wait = None  # [T, G] steered / [T, M] unsteered: the next layers' expected queue wait (`backlog`)
         if part is not None and self.backlog != "off":
@@ -950,7 +963,6 @@ class OrderMoEPolicy(Policy):
         if opt.latency_mg is None:  # steered, compiled: the same sums and argmin, row by row
             pick, lat, node = steered_pick(opt, part, stride, table, loc, state.home,
                                            layer == ctx.num_layers - 1, feasible, qterm, alpha, wait)
-            self._track(load)
             return pick_decision(opt, pick, loc, lat, node)
         T, M, G = opt.latency_mg.shape
         seconds = opt.latency_mg
@@ -961,12 +973,7 @@ class OrderMoEPolicy(Policy):
         cost = alpha[:, None, None] * seconds + qterm[:, :, None]
         cost[~feasible] = np.inf
         pick = cost.reshape(T, M * G).argmin(axis=1)  # action 0 (no substitution) is always feasible
-        self._track(load)
         return pick_decision(opt, pick, loc)
-
-    def _track(self, load: np.ndarray) -> None:
-        mean_load = float(load.mean()) if load.size else 0.0
-        self.queue_pressure += self.ewma * (mean_load / (mean_load + self.rt_med) - self.queue_pressure)
 
 
 def load_calibration(calibration, num_layers: int) -> KindCalibration | None:

@@ -438,7 +438,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
     # product of (1 - ewma); node_wait holds dev = node_wait - load during the call, and the EWMA after its last
     # row at the end (`_end_mean`)
     mean = backlog and flags[F_BACKLOG_MEAN] and rows.shape[0] > 0
-    keep_c, keep = 1.0 - params[P_EWMA], 1.0
+    keep_c, keep = 1.0 - params[P_EWMA], 1.0  # keep: (1 - ewma)^(t+1) at row t, for both EWMAs
     row_waits = np.empty(load.shape[0] if mean else 0)  # with `mean`, the row's EWMA (`_row_ewma`)
     filled = False  # row_waits holds this row's EWMA
     if mean:
@@ -447,8 +447,12 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
     waits = row_waits if mean else load  # what a wait read prices (`_backlog_s`)
     n_short, C, levels, horizon, pace = ints[I_SHORT], ints[I_CELLS], ints[I_LEVELS], ints[I_HORIZON], ints[I_PACE]
     homes = ints[I_HOMES]
-    quality_price, pressure_gain, ewma = params[P_QUALITY_PRICE], params[P_PRESSURE_GAIN], params[P_EWMA]
+    quality_price, pressure_gain = params[P_QUALITY_PRICE], params[P_PRESSURE_GAIN]
     rt_med, step, eps = params[P_RT_MED], params[P_STEP], params[P_EPS]
+    # `OrderMoEPolicy.pressures`: the queue pressure, one EWMA step per row toward press_x, row t pricing
+    # press_x + keep_t x (press_0 - press_x)
+    mean_load = _mean(load)
+    press_x, press_0 = mean_load / (mean_load + rt_med), qpress[0]
     out_experts, out_node, out_loc, out_next, out_lat, out_topk, out_layer, out_home, out_pass = out
     out_quality, out_zeroed = extra
     x_node = scratch_out.node
@@ -470,12 +474,12 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
                 budget_used[rows[t]] = budget_used[rows[t]] + 0.0
                 for k in range(K):
                     out_zeroed[b + t, k] = False
-            mean_load = _mean(load)
-            qpress[0] += ewma * (mean_load / (mean_load + rt_med) - qpress[0])
+            for _t in range(T):
+                keep = keep * keep_c
             if mean:
-                for _t in range(T):
-                    keep = keep * keep_c
                 _end_mean(node_wait, load, keep)
+            if T > 0:
+                qpress[0] = press_x + keep * (press_0 - press_x)
             return
     # The wave's rows lie scattered over the token state, and each row reads its state at its start, in its middle
     # and at its end: one cache miss after another. Their lines are asked for first, for the whole wave, so that the
@@ -506,9 +510,8 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
         for m in range(M):
             mbits[m] = m
     for t in range(T):
-        if mean:
-            keep = keep * keep_c  # this row's EWMA is load + keep x dev
-            filled = False
+        keep = keep * keep_c  # this row's EWMAs: load + keep x dev, press_x + keep x (press_0 - press_x)
+        filled = False
         r, lv, tok = rows[t], rlayer[t], rtok[t]
         o = b + t
         loc, home, u = st_loc[r], st_home[r], st_user[r]
@@ -638,7 +641,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
         used = budget_used[r] / total if total > 0 else 0.0
         beta = quality_price * quality_weight[u] * used / ((lv + 0.5) / L)
         lx = latency_excess[u]
-        alpha = 1.0 + pressure_gain * (qpress[0] + (lx if lx < 1.0 else 1.0))
+        alpha = 1.0 + pressure_gain * ((press_x + keep * (press_0 - press_x)) + (lx if lx < 1.0 else 1.0))
         share = 1.0
         if pace:
             rest = L - 1 - lv
@@ -931,8 +934,8 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
         st_top1[r] = topk_tab[tok, lv, bk] if K else -1
     if mean:
         _end_mean(node_wait, load, keep)
-    mean_load = _mean(load)
-    qpress[0] += ewma * (mean_load / (mean_load + rt_med) - qpress[0])
+    if T > 0:
+        qpress[0] = press_x + keep * (press_0 - press_x)
 
 
 def ordermoe_tables(policy, budget_total, budget_used, eps_s_per_q: float, steer_all_nodes: int) -> OrderMoETables:

@@ -7,7 +7,7 @@ also runs): exact's replica choice (rules' `_decide_rows`, rule "exact", nodes o
 the budget state, the look-ahead lookup (`LookAhead.stacked`, paced), the steered search of
 `ordermoe_kernel._steered_pick` or the unsteered meeting rule (`unsteered_meeting`), the adaptive weights
 (alpha from the queue pressure and the per-user latency excess, beta from the per-user quality weight), the
-queue-pressure EWMA (`_track`) and the feedback's per-pass estimate and spend (`Feedback.add`).
+queue-pressure EWMA (`OrderMoEPolicy.pressures`) and the feedback's per-pass estimate and spend (`Feedback.add`).
 
 What stays in Python: the exp of `OrderMoEPolicy.observe`'s quality-weight step (numpy's exp, whose last bit
 the compiled code could not promise to match). The loop leaves the compiled call at exactly the policy

@@ -38,7 +38,7 @@ from .rules import RULES, run_rule
 from .run import Feedback, Run
 from .workload import Scenario, Trace, Workload, build_scenario
 
-DEFAULT_WINDOW_S = 1e-3  # fast engine's wave width: about the compute time of a few expert calls
+DEFAULT_WINDOW_S = 1e-4  # fast engine's wave width: about the compute time of one expert call (`bench.studies.window_error`)
 
 
 def simulate(ctx: RuntimeContext, policy: Policy, trace: Trace, workload: Workload, engine: str = "fast",
