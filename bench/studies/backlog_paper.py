@@ -5,7 +5,8 @@ backlog) + oracle on the paper-scale scenario (one model).
     python -m bench.studies.backlog_paper MODEL COUNTED METHODS
     # e.g. qwen1.5-moe-a2.7b olmoe ordermoe-H0,ordermoe-H2,ordermoe-H2-now,ordermoe-H2-off,oracle
 
-A method is `oracle` or `ordermoe-H<horizon>[-<backlog kind> | -priced]` (`-priced`: the tables price future
+A method is `oracle` or `ordermoe-H<horizon>[-<backlog kind> | -priced]` (no kind: the default, `backlog="mean"`;
+`-priced`: the default whose tables price future
 stand-ins, `table_price=True`). The ordermoe placement is planned once per
 planning draw and cached in runs/cache. Prints a JSON line per method and writes the rows into
 bench/results/backlog_scenarios.json (this command's own part).
@@ -35,8 +36,8 @@ def _policy(name: str, ctx, eval_prof):
     if name == "oracle":
         return make_policy("oracle", ctx, budget=0.05, routing=(eval_prof.topk, eval_prof.gates))
     parts = name.split("-")
-    tail = parts[2] if len(parts) >= 3 else "off"
-    kind = {"table_price": True} if tail == "priced" else {"backlog": tail}
+    tail = parts[2] if len(parts) >= 3 else None  # none: the policy's default queue term
+    kind = {} if tail is None else {"table_price": True} if tail == "priced" else {"backlog": tail}
     return make_policy("ordermoe", ctx, budget=0.05, horizon=int(parts[1][1:]), **kind)
 
 
