@@ -63,13 +63,13 @@ def test_backlog_table_divides_by_h0_and_bolds_the_defaults_misses(tables, tmp_p
     scen = {"rows": [row("H0", 10.0, model="m", mode="migrate", point="paper"),
                      row("H2", 10.2, model="m", mode="migrate", point="paper"),
                      row("H2-now", 9.0, model="m", mode="migrate", point="paper"),
-                     row("H2-mean", 10.3, model="m", mode="migrate", point="paper"),
+                     row("H2-off", 10.3, model="m", mode="migrate", point="paper"),
                      row("H2-priced", 9.99, model="m", mode="migrate", point="paper"),
                      row("ordermoe-H0", 20.0, model="big"), row("ordermoe-H2", 18.0, model="big"),
                      row("oracle", 16.0, model="big")]}
     deep = {"rows": [{"cluster": "edge8", "budget": b, "method": m, "mean_vs_H0": v}
                      for b in (0.0, 0.05) for m, v in (("ordermoe-H0", 1.0), ("ordermoe-H2", 1.001 + b),
-                                                       ("ordermoe-H2-now", 0.9), ("ordermoe-H2-mean", 0.95),
+                                                       ("ordermoe-H2-now", 0.9), ("ordermoe-H2-off", 0.95),
                                                        ("oracle", 0.8))]}
     (tmp_path / "backlog_scenarios.json").write_text(json.dumps(scen))
     (tmp_path / "lookahead_backlog.json").write_text(json.dumps(deep))

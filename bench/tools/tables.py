@@ -571,7 +571,7 @@ def backlog_cost() -> list[str]:
                     + ["too large" if k in x["errors"] else (f"{x['vs_exact'][k]:.2f}x" if k in x["vs_exact"] else "-")
                        for k in kinds])
     return ["**What the queue term costs** (`bench/results/backlog_cost.json`, `python -m bench.speed.backlog_cost`; "
-            "ordermoe H=2 with `backlog` off (the default), `now`, `mean`; the fastest of the repeats, the load beside "
+            "ordermoe H=2 with `backlog` off, `now`, `mean` (the default); the fastest of the repeats, the load beside "
             "each row in the file; \"too large\": the exposure tables would pass `EXPOSURE_MAX_BYTES` and the policy "
             "refuses):\n", _table(["measure", "off", "now", "mean"], rows), ""]
 
