@@ -217,7 +217,7 @@ class ReferenceOrderMoE(OrderMoEPolicy):
         flat = (((layer[:, None] + 1) * N + opt.next_location) * C + key[:, None]) * m + self.grid.index(np.maximum(left, 0.0))
         future = self.lookahead.stacked.reshape(-1).take(flat)  # [T, A]: one flat gather
         beta = self.beta(layer, state)[:, None]
-        alpha = 1.0 + self.pressure_gain * (pressure + np.minimum(self.latency_excess[state.user], 1.0))
+        alpha = self.latency_weights(pressure, state.user)
         cost = alpha[:, None] * (opt.latency_s + future) + (beta + EPS_S_PER_Q) * quality
         pick = np.where(feasible, cost, np.inf).argmin(axis=1)  # action 0 (no substitution) is always feasible
         return pick_decision(opt, pick, loc)

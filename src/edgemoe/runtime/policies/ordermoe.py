@@ -833,7 +833,12 @@ class OrderMoEPolicy(Policy):
     @property
     def alpha(self) -> np.ndarray:
         """[U] latency weight: 1 without pressure, up to 1 + 2 * pressure_gain under heavy queues / slow links."""
-        return 1.0 + self.pressure_gain * (self.queue_pressure + np.minimum(self.latency_excess, 1.0))
+        return self.latency_weights(self.queue_pressure, slice(None))
+
+    def latency_weights(self, pressure, users) -> np.ndarray:
+        """alpha of the rows of `users` ([T] indices, or a slice) at queue pressure `pressure` (scalar, or [T]
+        per row as `pressures` gives it)."""
+        return 1.0 + self.pressure_gain * (pressure + np.minimum(self.latency_excess[users], 1.0))
 
     def beta(self, layer: np.ndarray, state: TokenState) -> np.ndarray:
         """[T] quality weight: quality_price x the user's adapted weight x (share of budget used) / (share of
@@ -952,7 +957,7 @@ class OrderMoEPolicy(Policy):
             table, base, stride = self.lookahead.flat_index(np.broadcast_to(layer, key.shape), state.home, key)
             part = base[:, None] + self.grid.index(ahead)  # [T, M]
         beta = self.beta(layer, state)
-        alpha = 1.0 + self.pressure_gain * (pressure + np.minimum(self.latency_excess[state.user], 1.0))  # `alpha`
+        alpha = self.latency_weights(pressure, state.user)  # [T]
         qterm = (beta + EPS_S_PER_Q)[:, None] * quality  # [T, M]
         wait = None  # [T, G] steered / [T, M] unsteered: the next layers' expected queue wait (`backlog`)
         if part is not None and self.backlog != "off":
