@@ -386,72 +386,77 @@ def _work_arrays(K, N, J, G, M):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
-def _backlog_s(expo_val, expo_node, expo_span, row, load):  # pragma: no cover - compiled
+def _backlog_s(expo_val, expo_node, expo_span, row, load, dev, keep, mean):  # pragma: no cover - compiled
     """`LookAhead.backlog_s` of one exposure row (`exposure.Exposure.rows`; in `_decide_ordermoe`, expo_row0 +
-    g * C for a row meeting at g): its entries . load, in node order from 0.0."""
+    g * C for a row meeting at g): its entries . waits, in node order from 0.0, where the waits are `load`, or
+    with `mean` the row's own EWMA load + keep x dev (dev = node_wait - load), the numpy path's [T, N] matrix
+    entry by entry, read where needed rather than filled per row."""
     s = 0.0
     for i in range(expo_span[2 * row], expo_span[2 * row + 1]):
-        s += expo_val[i] * load[expo_node[i]]
+        n = expo_node[i]
+        s += expo_val[i] * ((load[n] + keep * dev[n]) if mean else load[n])
     return s
 
 
 @njit(cache=True, inline="always")
-def _row_ewma(row_waits, load, keep, dev):  # pragma: no cover - compiled
-    """row_waits <- the row's own EWMA of the waits, load + keep x dev (dev = node_wait - load), as the numpy path
-    forms its [T, N] matrix; filled once per row, at its first wait read, so that `now`'s reads stay plain
-    `_backlog_s` calls under `load`."""
-    for n in range(load.shape[0]):
-        row_waits[n] = load[n] + keep * dev[n]
+def _exact_only(rows, flags, budget_total):  # pragma: no cover - compiled
+    """`choose`'s shortcut: no steering and no row of the wave with a budget -> the wave is exactly `exact`'s.
+    (One return: inlined, an early one would keep the reference counts of `_decide_ordermoe`'s arguments.)"""
+    only = not flags[F_STEER]
+    for t in range(rows.shape[0]):
+        if budget_total[rows[t]] > 0:
+            only = False
+    return only
 
 
-@njit(cache=True, inline="always")
-def _end_mean(node_wait, load, keep):  # pragma: no cover - compiled
-    """node_wait (holding dev = node_wait - load) <- the EWMA after the call's last row, load + keep x dev."""
-    for n in range(load.shape[0]):
-        node_wait[n] = load[n] + keep * node_wait[n]
-
-
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load, xfer, num_layers, out,
-                     extra, b):
+                     extra, b, mean_load):
     """OrderMoE's decision for the T rows of one wave into the buffers' rows b .. b + T, and the token state
-    updated as `Policy.decide` does (location, budget used, layer, top-1), then the queue pressure (`_track`).
+    updated as `Policy.decide` does (location, budget used, layer, top-1), then the queue pressure.
+
+    The caller first runs exact's rule (`rules._decide_rows`, RULE_EXACT) on the wave and passes mean_load =
+    `_mean(load)`: when `_exact_only`, as the decision itself (into out at b, the state updated), and this
+    kernel adds the rest (no quality spent, the EWMAs' steps); otherwise for its replica choice alone
+    (x_node: nodes_only, into scratch_out at 0, the state untouched). It is the callers' (`_drive_ordermoe`,
+    `_decode_call`) because a function that calls another compiled function or allocates an array keeps
+    numba's reference counting of its array arguments (about 100 here, an atomic add and subtract each, every
+    call), which LLVM's pruning drops only from a function that does neither and has one way out; so this one
+    does neither, and takes numpy's error model (no exception exits). tests/runtime/sim/test_kernel_refcounts.py
+    holds it to that: with the counts kept, they took a fifth of the ordermoe simulator's CPU time.
 
     A function of its own, called once per wave (not inlined): `_drive_ordermoe` and `_decode_call` call
     the same compiled code, and each compiles in about half the CPU time it took with this body inlined
     into it (LLVM's cost grows faster than the function's size).
 
-    ex: rules' `_decide_rows` tables (`RuleTables`) on the token state (exact's replica choice x_node comes from
-    its nodes-only call into scratch_out, which leaves the state alone); om: `OrderMoETables`;
-    out: a `DecisionBuffers`; extra: (quality [B], zeroed [B, K])."""
+    ex: rules' `_decide_rows` tables (`RuleTables`) on the token state; om: `OrderMoETables`; work:
+    `_work_arrays`; out: a `DecisionBuffers`; extra: (quality [B], zeroed [B, K])."""
     (topk_tab, gates_tab, st_user, st_home, st_loc, st_layer, st_top1, zero_load, usable, hosts, rt, compute, hold_ptr,
      hold_node, hold_compute, is_cloud, migrate, sorted_on, cand_ptr, cand_node, cand_compute, srt_built, srt_static,
-     srt_node) = ex
+     srt_node, _ready) = ex
     (best_sub, best_sub_err, subst_err, flags, short_node, table, ints, params, budget_total, budget_used,
      qpress, latency_excess, quality_weight, expo_val, expo_node, expo_span, expo_base, expo_homes, node_wait, home_index,
      home_table, home_layer) = om
+    (g, sub, q_sub, q_zero, err, kind, p, q_alt, quality, valid, feasible, qterm, part, sub_ready, ready_x, ready_sub, w,
+     cand, base, meet, arrive, kept_max, to_meet, home_leg, seen, nodes_m, wait, nv, mbits, rank, vals) = work
     has_sub, has_drop, has_zero = flags[F_SUB], flags[F_DROP], flags[F_ZERO]
     power2, steer, all_nodes = flags[F_POWER2], flags[F_STEER], flags[F_ALL_NODES]
     all_usable = flags[F_ALL_USABLE]  # every node usable by every user (no devices): the steered search skips the test
     backlog = flags[F_BACKLOG] and ints[I_HORIZON] > 0
     # `OrderMoEPolicy.mean_waits`: one EWMA step per row, row t pricing load + keep_t x dev with keep_t the running
     # product of (1 - ewma); node_wait holds dev = node_wait - load during the call, and the EWMA after its last
-    # row at the end (`_end_mean`)
+    # row at the end
     mean = backlog and flags[F_BACKLOG_MEAN] and rows.shape[0] > 0
     keep_c, keep = 1.0 - params[P_EWMA], 1.0  # keep: (1 - ewma)^(t+1) at row t, for both EWMAs
-    row_waits = np.empty(load.shape[0] if mean else 0)  # with `mean`, the row's EWMA (`_row_ewma`)
-    filled = False  # row_waits holds this row's EWMA
     if mean:
         for n in range(load.shape[0]):
             node_wait[n] = node_wait[n] - load[n]
-    waits = row_waits if mean else load  # what a wait read prices (`_backlog_s`)
     n_short, C, levels, horizon, pace = ints[I_SHORT], ints[I_CELLS], ints[I_LEVELS], ints[I_HORIZON], ints[I_PACE]
     homes = ints[I_HOMES]
     quality_price, pressure_gain = params[P_QUALITY_PRICE], params[P_PRESSURE_GAIN]
     rt_med, step, eps = params[P_RT_MED], params[P_STEP], params[P_EPS]
     # `OrderMoEPolicy.pressures`: the queue pressure, one EWMA step per row toward press_x, row t pricing
     # press_x + keep_t x (press_0 - press_x)
-    mean_load = _mean(load)
     press_x, press_0 = mean_load / (mean_load + rt_med), qpress[0]
     out_experts, out_node, out_loc, out_next, out_lat, out_topk, out_layer, out_home, out_pass = out
     out_quality, out_zeroed = extra
@@ -461,26 +466,14 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
     N = xfer.shape[0]
     L = num_layers
     E = compute.shape[2]
-    if not steer:  # `choose`: no budget in the wave and no steering -> exactly `exact`
-        any_budget = False
+    exact_only = _exact_only(rows, flags, budget_total)
+    if exact_only:  # the caller's exact rule decided the wave: the rest of `choose` (the row loop below is skipped)
         for t in range(T):
-            if budget_total[rows[t]] > 0:
-                any_budget = True
-        if not any_budget:
-            _decide_rows(np.int64(RULE_EXACT), rows, rpass, rlayer, rtok, ex, load, xfer, num_layers, out, b,
-                         np.bool_(False))
-            for t in range(T):
-                out_quality[b + t] = 0.0
-                budget_used[rows[t]] = budget_used[rows[t]] + 0.0
-                for k in range(K):
-                    out_zeroed[b + t, k] = False
-            for _t in range(T):
-                keep = keep * keep_c
-            if mean:
-                _end_mean(node_wait, load, keep)
-            if T > 0:
-                qpress[0] = press_x + keep * (press_0 - press_x)
-            return
+            out_quality[b + t] = 0.0
+            budget_used[rows[t]] = budget_used[rows[t]] + 0.0
+            for k in range(K):
+                out_zeroed[b + t, k] = False
+            keep = keep * keep_c
     # The wave's rows lie scattered over the token state, and each row reads its state at its start, in its middle
     # and at its end: one cache miss after another. Their lines are asked for first, for the whole wave, so that the
     # misses overlap each other and the work (exact's replica choice below reads the location first)
@@ -493,25 +486,18 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
         prefetch(budget_used, r)
         prefetch(st_layer, r)
         prefetch(st_top1, r)
-    # exact's replica choice (x_node) alone: nodes_only leaves the token state to this kernel's own update below.
-    # np.int64(...), np.bool_(...): a plain constant would make numba compile `_decide_rows` again for its literal type
-    _decide_rows(np.int64(RULE_EXACT), rows, rpass, rlayer, rtok, ex, load, xfer, num_layers, scratch_out, np.int64(0),
-                 np.bool_(True))
     enumerated = K <= ints[I_ENUM]
     M = (1 << K) if enumerated else K + 1  # `action_count`
     full = (1 << K) - 1
     J = 1 + n_short
     Cm = C * levels
-    (g, sub, q_sub, q_zero, err, kind, p, q_alt, quality, valid, feasible, qterm, part, sub_ready, ready_x, ready_sub, w,
-     cand, base, meet, arrive, kept_max, to_meet, home_leg, seen, nodes_m, wait, nv, mbits, rank, vals) = work
     for n in range(N):
         seen[n] = -1
     if enumerated:  # action m replaces the slots of its bits (`subset_bits`); prefixes: set per row
         for m in range(M):
             mbits[m] = m
-    for t in range(T):
+    for t in range(0 if exact_only else T):
         keep = keep * keep_c  # this row's EWMAs: load + keep x dev, press_x + keep x (press_0 - press_x)
-        filled = False
         r, lv, tok = rows[t], rlayer[t], rtok[t]
         o = b + t
         loc, home, u = st_loc[r], st_home[r], st_user[r]
@@ -692,12 +678,10 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
         if not steer:
             # -- unsteered (`unsteered_meeting`), then argmin J over the M subsets
             if backlog:  # each candidate meeting node's expected queue wait (`LookAhead.backlog_s`)
-                if mean and not filled:
-                    _row_ewma(row_waits, load, keep, node_wait)
-                    filled = True
                 for gi in range(K + 1 if migrate else 1):
                     wait[gi] = _backlog_s(expo_val, expo_node, expo_span,
-                                          expo_row0 + (loc if gi == 0 else x_node[t, gi - 1]) * C, waits)
+                                          expo_row0 + (loc if gi == 0 else x_node[t, gi - 1]) * C, load,
+                                          node_wait, keep, mean)
             best_cost, best_m, best_nxt, best_lat = np.inf, 0, loc, np.nan
             for m in range(M):
                 bm = mbits[m]
@@ -879,11 +863,8 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
                         # the wait (>= 0) only where the action can still win with the table's seconds added
                         if backlog and (alpha < 0 or alpha * ahead + qterm[m] < best_cost):
                             if wait[gi] != wait[gi]:
-                                if mean and not filled:
-                                    _row_ewma(row_waits, load, keep, node_wait)
-                                    filled = True
                                 wait[gi] = _backlog_s(expo_val, expo_node, expo_span, expo_row0 + meet[gi] * C,
-                                                      waits)
+                                                      load, node_wait, keep, mean)
                             ahead = ahead + wait[gi]
                         cost = alpha * ahead + qterm[m]
                     if cost < best_cost:
@@ -932,8 +913,9 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
         budget_used[r] = budget_used[r] + quality[m]
         st_layer[r] += 1
         st_top1[r] = topk_tab[tok, lv, bk] if K else -1
-    if mean:
-        _end_mean(node_wait, load, keep)
+    if mean:  # node_wait (holding dev) <- the EWMA after the call's last row, load + keep x dev
+        for n in range(N):
+            node_wait[n] = load[n] + keep * node_wait[n]
     if T > 0:
         qpress[0] = press_x + keep * (press_0 - press_x)
 
@@ -1052,8 +1034,16 @@ def _decode_call(tab, layer, topk, gates, load, user, home, location, state_laye
     rows = tab.rows[:T]
     rlayer = np.full(T, layer, np.int64)
     b0 = 0 * T  # an int64, not the literal 0: the simulator loop's compiled `_decide_ordermoe`, not a second one
-    _decide_ordermoe(rows, rows, rlayer, rows, ex, tab.scratch_out, om, tab.work, load, tab.xfer,
-                     tab.num_layers, out, extra, b0)
+    scratch_out, xfer, num_layers = tab.scratch_out, tab.xfer, tab.num_layers
+    # exact's rule first, as `_decide_ordermoe` asks (the same lines as `_drive_ordermoe`'s)
+    if _exact_only(rows, om.flags, om.budget_total):
+        _decide_rows(np.int64(RULE_EXACT), rows, rows, rlayer, rows, ex, load, xfer, num_layers, out, b0,
+                     np.bool_(False))
+    else:
+        _decide_rows(np.int64(RULE_EXACT), rows, rows, rlayer, rows, ex, load, xfer, num_layers, scratch_out,
+                     np.int64(0), np.bool_(True))
+    _decide_ordermoe(rows, rows, rlayer, rows, ex, scratch_out, om, tab.work, load, xfer, num_layers, out, extra,
+                     b0, _mean(load))
     zeroed = extra[1][:T].copy()
     any_zeroed = False
     for t in range(T):
@@ -1104,9 +1094,12 @@ class DecodePath:
         G = (1 + N if om.flags[F_ALL_NODES] else 1 + K * J) if om.flags[F_STEER] else 1
         self.cap, self.om = cap, om
         work = _work_arrays(K, N, J, G, action_count(K, int(om.ints[I_ENUM])))
-        self.tab = _decode_tables(ex, decision_buffers(cap, K), om, work,
-                                  decision_buffers(cap, K), (np.empty(cap), np.empty((cap, K), np.bool_)),
-                                  np.arange(cap, dtype=_I), np.array(ctx.xfer_s, float), int(L))
+        # (ex, scratch_out, om, work, out, extra, rows, xfer, num_layers): kept as a tuple too, for the tests that
+        # compile the kernel afresh with these argument types (tests/runtime/sim/test_kernel_refcounts.py)
+        self.tables = (ex, decision_buffers(cap, K), om, work, decision_buffers(cap, K),
+                       (np.empty(cap), np.empty((cap, K), np.bool_)), np.arange(cap, dtype=_I),
+                       np.array(ctx.xfer_s, float), int(L))
+        self.tab = _decode_tables(*self.tables)
 
     def __call__(self, pol, layer, topk, gates, state, load_s):
         from ..policy import Decision

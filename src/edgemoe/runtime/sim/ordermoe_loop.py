@@ -42,6 +42,8 @@ from ..policies.ordermoe_kernel import (
     I_ENUM,
     I_SHORT,
     _decide_ordermoe,
+    _exact_only,
+    _mean,
     _work_arrays,
     action_count,
     ordermoe_tables,
@@ -49,7 +51,7 @@ from ..policies.ordermoe_kernel import (
 from ..policy import Decision
 from .engine import _wave_step
 from .jobqueue import C_ENDED, C_PENDING
-from .rules import decision_buffers, rule_tables
+from .rules import RULE_EXACT, _decide_rows, decision_buffers, rule_tables
 
 _I = np.int64
 
@@ -193,6 +195,7 @@ def _drive_ordermoe(tab, chunk_rows, every, stamp, b, wave):  # pragma: no cover
     load, jobs_f, counters = nodes.load, nodes.queue.jobs_f, nodes.counters
     xfer, num_layers = cost.xfer, cost.num_layers
     K = ex.topk.shape[2]
+    om_flags, budget_total = om.flags, om.budget_total
     _apply_factor(om.quality_weight, ob, calls)
     more = True
     observe = False
@@ -200,8 +203,16 @@ def _drive_ordermoe(tab, chunk_rows, every, stamp, b, wave):  # pragma: no cover
         T = rows.shape[0]
         if b + T > out_pass.shape[0] or counters[C_PENDING] + T * K > jobs_f.shape[0] or T > scratch_out.pass_.shape[0]:
             break
+        # exact's rule first, as `_decide_ordermoe` asks: the wave's decision when `_exact_only`, else its replica
+        # choice alone (np.int64(...), np.bool_(...): a plain constant would compile `_decide_rows` again)
+        if _exact_only(rows, om_flags, budget_total):
+            _decide_rows(np.int64(RULE_EXACT), rows, rpass, rlayer, rtok, ex, load, xfer, num_layers, out, b,
+                         np.bool_(False))
+        else:
+            _decide_rows(np.int64(RULE_EXACT), rows, rpass, rlayer, rtok, ex, load, xfer, num_layers, scratch_out,
+                         np.int64(0), np.bool_(True))
         _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load, xfer, num_layers, out,
-                         extra, b)
+                         extra, b, _mean(load))
         t = 0
         while t < T:  # rows come grouped by pass
             p = rpass[t]

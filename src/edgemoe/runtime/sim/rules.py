@@ -51,6 +51,7 @@ class RuleTables(NamedTuple):
     srt_built: np.ndarray  # [N] bool: location's sorted row built
     srt_static: np.ndarray  # [N, C] static cost per location, ascending
     srt_node: np.ndarray  # [N, C] and its node
+    ready: np.ndarray  # [K] scratch: a row's branch ready times (`_decide_rows` allocates nothing)
 
 
 class DecisionBuffers(NamedTuple):
@@ -95,24 +96,53 @@ def holder_lists(hosts: np.ndarray, compute_s: np.ndarray, is_cloud: np.ndarray 
     return ptr, node.astype(_I), np.moveaxis(compute_s, 0, -1).reshape(L * E, N)[le, node].astype(float)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
+def _before(v1, n1, v2, n2):
+    """(v1, n1) sorts before (v2, n2): by value, NaN last as numpy sorts it, then by node."""
+    nan1, nan2 = v1 != v1, v2 != v2
+    if nan1 or nan2:
+        return nan2 and (not nan1 or n1 < n2)
+    return v1 < v2 or (v1 == v2 and n1 < n2)
+
+
+@njit(cache=True, inline="always")
+def _sift(vs, ns, a, root, end):
+    """Heap sort's sift-down of entry `root` of the heap vs[a:a + end], ns[a:a + end] (ordered by `_before`)."""
+    while True:
+        child = 2 * root + 1
+        if child >= end:
+            return
+        if child + 1 < end and _before(vs[a + child], ns[a + child], vs[a + child + 1], ns[a + child + 1]):
+            child += 1
+        if not _before(vs[a + root], ns[a + root], vs[a + child], ns[a + child]):
+            return
+        vs[a + root], vs[a + child] = vs[a + child], vs[a + root]
+        ns[a + root], ns[a + child] = ns[a + child], ns[a + root]
+        root = child
+
+
+@njit(cache=True, inline="always")
 def _sort_candidates(loc, rt, cand_ptr, cand_node, cand_compute, srt_static, srt_node):
     """Row `loc` of the sorted search's tables: each (layer, expert)'s candidates by static cost rt[loc, n] +
-    compute (the brute force's first sum), ties in ascending node order (stable sort of ascending lists)."""
+    compute (the brute force's first sum), ties in ascending node order: what a stable sort of the ascending
+    lists gives, here as an in-place heap sort on (cost, node), so that `_decide_rows`, which inlines it,
+    allocates nothing (see its docstring)."""
+    vs, ns = srt_static[loc], srt_node[loc]
     for le in range(cand_ptr.shape[0] - 1):
         a, z = cand_ptr[le], cand_ptr[le + 1]
-        if z == a:
-            continue
-        vals = np.empty(z - a)
         for i in range(a, z):
-            vals[i - a] = rt[loc, cand_node[i]] + cand_compute[i]
-        order = np.argsort(vals, kind="mergesort")
-        for j in range(z - a):
-            srt_static[loc, a + j] = vals[order[j]]
-            srt_node[loc, a + j] = cand_node[a + order[j]]
+            vs[i] = rt[loc, cand_node[i]] + cand_compute[i]
+            ns[i] = cand_node[i]
+        m = z - a
+        for root in range(m // 2 - 1, -1, -1):  # a max-heap on (cost, node) ...
+            _sift(vs, ns, a, root, m)
+        for end in range(m - 1, 0, -1):  # ... whose largest goes to the end, one at a time
+            vs[a], vs[a + end] = vs[a + end], vs[a]
+            ns[a], ns[a + end] = ns[a + end], ns[a]
+            _sift(vs, ns, a, 0, end)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _decide_rows(rule, rows, rpass, rlayer, rtok, tables, load, xfer, num_layers, out, b, nodes_only):
     """Decide the T rows of one wave by `rule` (RULES) into the buffers' rows b .. b + T and update the token
     state (location, next layer, top-1) as `Policy.decide` does.
@@ -125,12 +155,14 @@ def _decide_rows(rule, rows, rpass, rlayer, rtok, tables, load, xfer, num_layers
     One of four copies of the layer rule (the others: `edgemoe.runtime.policy`, the reference;
     `plan.ordermoe.runtime_model.PathModel`; `runtime.policies.ordermoe_kernel`); pinned to the policies'
     own `decide` by tests/runtime/sim/test_sim_speed.py (`test_compiled_rule_is_the_policy_call_bit_for_bit`).
-    A call of its own per wave (not inlined): `_drive` and the OrderMoE kernel (twice per wave) share one
-    compiled copy.
+    A call of its own per wave (not inlined): `_drive`, `_drive_ordermoe` and the decode path share one
+    compiled copy. It calls no other compiled function, allocates nothing and raises nothing (numpy's error
+    model), so that LLVM drops numba's reference counting of its ~35 array arguments, an atomic add and
+    subtract each per call otherwise (tests/runtime/sim/test_kernel_refcounts.py holds it to that).
     """
     (topk_tab, gates_tab, st_user, st_home, st_loc, st_layer, st_top1, zero_load, usable, hosts, rt, compute, hold_ptr,
      hold_node, hold_compute, is_cloud, migrate, sorted_on, cand_ptr, cand_node, cand_compute, srt_built, srt_static,
-     srt_node) = tables
+     srt_node, ready) = tables
     out_experts, out_node, out_loc, out_next, out_lat, out_topk, out_layer, out_home, out_pass = out
     K = topk_tab.shape[2]
     E = compute.shape[2]
@@ -138,8 +170,9 @@ def _decide_rows(rule, rows, rpass, rlayer, rtok, tables, load, xfer, num_layers
     for n in range(is_cloud.shape[0]):
         if is_cloud[n]:
             has_cloud = True
-    seen = zero_load if rule == RULE_SLIMCACHING else load
-    ready = np.empty(K)
+    # the load the rule sees (slimcaching: none) as a flag, not as `seen = zero_load if ... else load`: numba would
+    # keep that variable's reference count, and with it that of every array argument (see the docstring)
+    blind = rule == RULE_SLIMCACHING
     for t in range(rows.shape[0]):
         r, lv, tok = rows[t], rlayer[t], rtok[t]
         o = b + t
@@ -168,7 +201,7 @@ def _decide_rows(rule, rows, rpass, rlayer, rtok, tables, load, xfer, num_layers
                         if s > best:
                             break
                         n = srt_node[loc, i]
-                        c = s + seen[n]
+                        c = s + (0.0 if blind else load[n])
                         if c < best or (c == best and n < node):
                             best, node = c, n
                     if node < 0:
@@ -180,7 +213,7 @@ def _decide_rows(rule, rows, rpass, rlayer, rtok, tables, load, xfer, num_layers
                         n = hold_node[i]
                         if not usable[u, n]:
                             continue
-                        c = rt[loc, n] + hold_compute[i] + seen[n]
+                        c = rt[loc, n] + hold_compute[i] + (0.0 if blind else load[n])
                         if c < best_all:
                             best_all, arg_all = c, n
                         if not is_cloud[n] and (arg_edge < 0 or c < best_edge):
@@ -191,7 +224,7 @@ def _decide_rows(rule, rows, rpass, rlayer, rtok, tables, load, xfer, num_layers
                 continue
             # (the sorted search's node is never -1)
             out_experts[o, k] = e if node >= 0 else -1
-            ready[k] = (xfer[loc, node] + seen[node]) + compute[node, lv, e] if node >= 0 else -np.inf
+            ready[k] = (xfer[loc, node] + (0.0 if blind else load[node])) + compute[node, lv, e] if node >= 0 else -np.inf
         if nodes_only:
             continue
         if not migrate or K == 0:  # outputs return to the token's node
@@ -284,7 +317,8 @@ def rule_tables(ctx, state, trace, rule: str, loc=None, layer=None, top1=None) -
                       state.location if loc is None else loc, state.layer if layer is None else layer,
                       state.prev_top1 if top1 is None else top1, np.zeros(N), ctx.usable, ctx.hosts, rt, ctx.compute_s,
                       hold_ptr, hold_node, hold_compute, ctx.is_cloud, ctx.mode == "migrate", sorted_on, cand_ptr,
-                      cand_node, cand_compute, np.zeros(N, bool), np.zeros(shape), np.zeros(shape, _I))
+                      cand_node, cand_compute, np.zeros(N, bool), np.zeros(shape), np.zeros(shape, _I),
+                      np.empty(trace.topk.shape[2]))
 
 
 def run_rule(engine, rule: str, ctx, state, trace, count, chunk_rows: int = 1 << 16) -> None:
