@@ -11,8 +11,14 @@ in the compiled loop too, a chunk of waves per call. The model and the wave rule
 docstring of `edgemoe.runtime.sim.simulate`; this module only makes them cheap.
 
 Speed notes (measured with perf): numba reference-counts every array argument of a real call and of an
-inlined call, so the per-wave parts take grouped arrays (the NamedTuples `Passes`, `Nodes`, `ScenarioArrays`,
-`Cost`), and the hot inner loops call nothing with array arguments. CPython passes a call of more than 30
+inlined call (an atomic add on entry, a subtract on exit), so the per-wave parts take grouped arrays (the
+NamedTuples `Passes`, `Nodes`, `ScenarioArrays`, `Cost`), and the hot inner loops call nothing with array
+arguments. LLVM's pruning removes those counts only from a function that calls no other compiled function,
+allocates no array (the scratch arrays of `Passes` and `QueueArrays` instead), raises nothing (numpy's error
+model), has one return, and whose inlined helpers' array arguments are not read in one branch alone; so
+`_wave_step` (like the decision kernels `rules._decide_rows` and `ordermoe_kernel._decide_ordermoe`) is written
+so, and tests/runtime/sim/test_kernel_refcounts.py reads their LLVM IR to hold them to it. With the counts
+kept, they were 28% of the ordermoe simulator's CPU time at the 0.1 ms wave. CPython passes a call of more than 30
 arguments as *args, which numba cannot inline: keep calls between compiled functions under that. `_wave_step`
 itself is a call of its own, once per wave (not inlined): what runs it (`WaveEngine` from Python, `rules._drive`,
 `ordermoe_loop._drive_ordermoe`) then shares one compiled copy, where each wave loop inlining its own took a
@@ -48,7 +54,8 @@ from .jobqueue import (
     QueueArrays,
     _earliest_job,
     _enqueue,
-    _serve,
+    _serve_due,
+    _stable_sort,
 )
 from .run import pass_stage_s
 
@@ -70,6 +77,11 @@ class Passes(NamedTuple):
     pass_home: np.ndarray  # its user's home node
     pass_dense: np.ndarray  # one layer's backbone-stage seconds: dense (+ decision when charged; `pass_stage_s`)
     ended: np.ndarray  # log of ended passes, in end order (counters[C_ENDED] of them)
+    # scratch [P] of `_wave_step`, which allocates nothing (see the module's speed notes)
+    ids: np.ndarray  # the wave's picked passes (`_wave_step` returns a view of the first ones)
+    fin: np.ndarray  # passes that finished their layer (`_advance`)
+    order: np.ndarray  # ready-list positions to serve (`_dense_stage`)
+    tmp: np.ndarray  # a merge sort's buffer
 
 
 class Nodes(NamedTuple):
@@ -119,24 +131,21 @@ class Cost(NamedTuple):
 
 @njit(cache=True, inline="always")
 def _push_jobs(dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc, dec_next, start_t, done_t,
-               outstanding, pass_begin, layer, wave_ids, xfer, call1, flops, nbytes, peak, mem_bw, overhead, num_layers,
-               queue, counters):
+               outstanding, pass_begin, layer, wave_ids, n_ids, xfer, call1, flops, nbytes, peak, mem_bw, overhead,
+               num_layers, queue, counters):
     """Jobs of one wave's decision (T rows, K slots; rows grouped by pass) added to the pending queue
     (`_enqueue`), each with arrival, service, trip back (jobs_f) and pass, node, seq (jobs_i). A pass's slots for
     the same expert on the same node share one batched call: each is charged roofline(count) / count.
     """
     T, K = dec_node.shape
     E = flops.shape[1]
-    for i in range(wave_ids.shape[0]):
+    for i in range(n_ids):
         p = wave_ids[i]
         if layer[p] == 0 and not (pass_begin[p] == pass_begin[p]):  # nan: not begun at a dense stage
             pass_begin[p] = start_t[p]
         done_t[p] = start_t[p]
         outstanding[p] = 0
-    new_f = np.empty((T * K, 3))
-    new_i = np.empty((T * K, 3), _I)
-    keys = np.empty(T * K, _I)
-    starts = np.empty(T + 1, _I)  # each pass's first job, then the end
+    new_f, new_i, keys, starts = queue.new_f, queue.new_i, queue.keys, queue.starts  # [T x K] jobs, [T + 1] passes
     n_pass = 0
     n = 0
     seq = counters[C_SEQ]
@@ -170,17 +179,19 @@ def _push_jobs(dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc, de
         outstanding[p] += n - first_job
         r = r_end
     starts[n_pass] = n
-    _price_calls(new_f, new_i, starts, n_pass, keys, call1, flops, nbytes, peak, mem_bw, overhead)
+    _price_calls(new_f, new_i, starts, n_pass, keys, queue.order, queue.tmp, call1, flops, nbytes, peak, mem_bw,
+                 overhead)
     counters[C_SEQ] = seq
     _enqueue(queue, counters, new_f, new_i, n)
 
 
 @njit(cache=True, inline="always")  # once per wave: numba reference-counts an inlined call's array arguments too
-def _price_calls(jobs_f, jobs_i, starts, n_pass, keys, call1, flops, nbytes, peak, mem_bw, overhead):
+def _price_calls(jobs_f, jobs_i, starts, n_pass, keys, order, tmp, call1, flops, nbytes, peak, mem_bw, overhead):
     """Service seconds of the jobs of each pass q (starts[q] .. starts[q + 1]): roofline(count) / count per
     (node, layer, expert).
 
-    On entry jobs_f[j, JF_SERVICE] holds the job's layer * E + expert; on exit its service seconds. keys: scratch [>= m];
+    On entry jobs_f[j, JF_SERVICE] holds the job's layer * E + expert; on exit its service seconds. keys, order, tmp:
+    scratch [>= m];
     call1 [N * L * E]: `_call_s` of one-token calls, precomputed (`one_token_calls`).
     """
     for q in range(n_pass):
@@ -201,7 +212,9 @@ def _price_calls(jobs_f, jobs_i, starts, n_pass, keys, call1, flops, nbytes, pea
                 else:
                     jobs_f[lo + j, JF_SERVICE] = _call_s(keys[j], count, flops, nbytes, peak, mem_bw, overhead)
             continue
-        order = np.argsort(keys[:m], kind="mergesort")
+        for j in range(m):
+            order[j] = j
+        _stable_sort(order, 0, m, keys, tmp, False)  # np.argsort(keys[:m], kind="mergesort")
         a = 0
         while a < m:
             b = a
@@ -242,7 +255,7 @@ def one_token_calls(flops, nbytes, peak, mem_bw, overhead):
 @njit(cache=True, inline="always")
 def _advance(touched, n_touched, n_decided, mark, stamp, outstanding, layer, done_t, pass_end, ended, pass_next,
              pass_request, request_next, request_first_pass, request_arrival, closed, think_s, num_layers, ready_ids,
-             ready_t, ready_stage, first_stage, counters):
+             ready_t, ready_stage, first_stage, counters, fin, tmp):
     """Passes among `touched` (the n_decided passes of the wave's decision, then the passes of the jobs
     served) with no job left finished their layer: next layer, next pass or next request.
 
@@ -251,25 +264,19 @@ def _advance(touched, n_touched, n_decided, mark, stamp, outstanding, layer, don
     enters at `first_stage`: 0 (its layer's dense work is still to run on the home's backbone) or 1 (ready to
     decide; the dense part is off).
     """
-    if n_touched == n_decided:  # no job served: the decided passes in ready-list order (as numpy did)
-        fin = touched[:n_touched].copy()
-        k = 0
-        for i in range(n_touched):
-            if outstanding[fin[i]] == 0:
-                fin[k] = fin[i]
+    k = 0  # fin[:k]: the finished passes (scratch [P]), each once, in touched order
+    for i in range(n_touched):
+        p = touched[i]
+        if mark[p] != stamp:
+            mark[p] = stamp
+            if outstanding[p] == 0:
+                fin[k] = p
                 k += 1
-        fin = fin[:k]
-    else:  # by pass id (np.unique of decided + served passes), the finished ones only: fewer to sort
-        fin = np.empty(n_touched, _I)
-        k = 0
-        for i in range(n_touched):
-            p = touched[i]
-            if mark[p] != stamp:
-                mark[p] = stamp
-                if outstanding[p] == 0:
-                    fin[k] = p
-                    k += 1
-        fin = np.sort(fin[:k])
+    # No job served: the decided passes in ready-list order (as numpy did); else by pass id (np.unique of decided
+    # + served passes). One sort for both (an empty range for the first), outside any branch: a branch would
+    # keep the reference counts of `_wave_step`'s arguments (see the comment at `_pick`)
+    served = n_touched != n_decided
+    _stable_sort(fin, 0, k if served else 0, fin, tmp, True)
     nr = counters[C_READY]
     for i in range(k):
         p = fin[i]
@@ -307,27 +314,19 @@ def _advance(touched, n_touched, n_decided, mark, stamp, outstanding, layer, don
 
 @njit(cache=True, inline="always")
 def _dense_stage(t0, horizon, windowed, ready_ids, ready_t, ready_stage, nr, layer, pass_begin, pass_home, pass_dense,
-                 backbone_free):
+                 backbone_free, order, tmp):
     """Serve the ready entries at stage 0 before the horizon (at t0 for window 0) on their homes' backbone
     queues, FIFO in (time, ready-list) order: end = max(backbone free, ready) + the layer's dense seconds. Each
-    becomes a stage-1 entry (ready to decide) at its end; a pass's first layer begins at its stage-0 time."""
+    becomes a stage-1 entry (ready to decide) at its end; a pass's first layer begins at its stage-0 time.
+    order, tmp: scratch [>= nr]."""
     m = 0
     for i in range(nr):
         if ready_stage[i] == 0 and ((ready_t[i] < horizon) if windowed else (ready_t[i] <= t0)):
+            order[m] = i
             m += 1
-    if m == 0:
-        return
-    idx = np.empty(m, _I)
-    when = np.empty(m)
-    q = 0
-    for i in range(nr):
-        if ready_stage[i] == 0 and ((ready_t[i] < horizon) if windowed else (ready_t[i] <= t0)):
-            idx[q] = i
-            when[q] = ready_t[i]
-            q += 1
-    order = np.argsort(when, kind="mergesort")  # stable: equal times in ready-list order
+    _stable_sort(order, 0, m, ready_t, tmp, False)  # by time; equal times in ready-list order
     for j in range(m):
-        i = idx[order[j]]
+        i = order[j]
         p = ready_ids[i]
         if layer[p] == 0:
             pass_begin[p] = ready_t[i]
@@ -339,41 +338,32 @@ def _dense_stage(t0, horizon, windowed, ready_ids, ready_t, ready_stage, nr, lay
 
 
 @njit(cache=True, inline="always")
-def _pick(window, queue, counters, ready_ids, ready_t, ready_stage, start_t, node_free, load, times, layer, pass_begin,
-          pass_home, pass_dense, backbone_free):
-    """Next wave: t0 = earliest pending time; serve the dense work due before t0 + window (`_dense_stage`),
-    then take the passes ready to decide before t0 + window (at t0 for window 0).
+def _pick(window, first_job, counters, ready_ids, ready_t, ready_stage, start_t, node_free, load, times, layer,
+          pass_begin, pass_home, pass_dense, backbone_free, ids, order, tmp):
+    """Next wave: t0 = earliest pending time (the ready passes' and first_job, the earliest pending job's
+    arrival, `_earliest_job`); serve the dense work due before t0 + window (`_dense_stage`), then take the passes
+    ready to decide before t0 + window (at t0 for window 0).
 
-    Returns the picked pass ids (ready-list order) or None when nothing is pending; times <- (t0, horizon).
+    Called with something pending (a ready pass or a job). Writes the picked pass ids to ids[:m] (ready-list
+    order) and returns m; times <- (t0, horizon). order, tmp: scratch for `_dense_stage`.
     """
-    nr, nj = counters[C_READY], counters[C_PENDING]
-    if nr == 0 and nj == 0:
-        return np.empty(0, _I), False
-    t0 = np.inf
+    nr = counters[C_READY]
+    t0 = first_job
     for i in range(nr):
         if ready_t[i] < t0:
             t0 = ready_t[i]
-    if nj > 0:  # every pending arrival is >= the last wave's t0
-        first = _earliest_job(times[T0], queue)
-        if first < t0:
-            t0 = first
     horizon = t0 + window
     windowed = window > 0
     _dense_stage(t0, horizon, windowed, ready_ids, ready_t, ready_stage, nr, layer, pass_begin, pass_home, pass_dense,
-                 backbone_free)
+                 backbone_free, order, tmp)
     m = 0
-    for i in range(nr):
-        if ready_stage[i] == 1 and ((ready_t[i] < horizon) if windowed else (ready_t[i] <= t0)):
-            m += 1
-    ids = np.empty(m, _I)
-    q = 0
     w = 0
     for i in range(nr):
         t = ready_t[i]
         if ready_stage[i] == 1 and ((t < horizon) if windowed else (t <= t0)):
-            ids[q] = ready_ids[i]
+            ids[m] = ready_ids[i]
             start_t[ready_ids[i]] = t
-            q += 1
+            m += 1
         else:
             ready_ids[w] = ready_ids[i]
             ready_t[w] = t
@@ -385,7 +375,7 @@ def _pick(window, queue, counters, ready_ids, ready_t, ready_stage, start_t, nod
     for n in range(node_free.shape[0]):
         d = node_free[n] - t0
         load[n] = d if d > 0.0 else 0.0
-    return ids, True
+    return m
 
 
 @njit(cache=True, inline="always")
@@ -412,50 +402,70 @@ def _rows(ids, layer, pass_row_start, pass_row_count, row_trace):
 
 
 @njit(cache=True)
+def wave_rows(ids, layer, pass_row_start, pass_row_count, row_trace):
+    """`_rows` as a call of its own, for the Python side (`WaveEngine`)."""
+    return _rows(ids, layer, pass_row_start, pass_row_count, row_trace)
+
+
+@njit(cache=True, error_model="numpy")
 def _wave_step(has_wave, stamp, wave_ids, dec, passes, nodes, scenario, cost):
     """Finish the current wave (jobs of its decision, FIFO service, advance) and pick the next wave with
-    decisions; waves without decisions are run through here. Returns (ids, rows, pass, layer, token, stamp,
-    more).
+    decisions; waves without decisions are run through here. Returns (ids, stamp, more): the picked passes (a
+    view of the scratch `passes.ids`, valid until the next call; their rows: `_rows`).
 
     The arrays come in groups (`WaveEngine` builds them): dec (the wave's decision: [T] pass, layer, home,
     [T, K] node, expert, [T] location, next location), passes, nodes, scenario and cost. Grouped, every call
     here has few arguments (CPython passes a call of more than 30 arguments as *args, which numba's inliner
-    refuses). Called once per wave, not inlined: see the module's speed notes.
+    refuses). Called once per wave, not inlined: see the module's speed notes, and why it allocates nothing,
+    calls no other compiled function, has one return, raises nothing (numpy's error model) and reassigns no
+    array variable.
     """
-    dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc, dec_next = dec
-    layer, start_t, done_t, outstanding, pass_begin, pass_end, mark, pass_home, pass_dense, ended = passes
+    (layer, start_t, done_t, outstanding, pass_begin, pass_end, mark, pass_home, pass_dense, ended, ids, fin, order,
+     tmp) = passes
     (window, times, first_stage, node_free, node_busy, ready_ids, ready_t, ready_stage, backbone_free, queue, counters,
      load) = nodes
     (pass_next, pass_request, pass_row_start, pass_row_count, request_next, request_first_pass, request_arrival, closed,
      think_s, row_trace) = scenario
+    dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc, dec_next = dec
     xfer, call1, flops, nbytes, peak, mem_bw, overhead, num_layers = cost
     windowed = window > 0
-    if has_wave:
-        _push_jobs(dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc, dec_next, start_t, done_t,
-                   outstanding, pass_begin, layer, wave_ids, xfer, call1, flops, nbytes, peak, mem_bw, overhead,
-                   num_layers, queue, counters)
-    ids = wave_ids
-    while True:
+    n_ids = wave_ids.shape[0]
+    for i in range(n_ids):  # (wave_ids is mostly the last call's view of ids: the same entries)
+        ids[i] = wave_ids[i]
+    # The jobs of the wave's decision; without one (has_wave False: no ids, no rows) a no-op. Not under `if
+    # has_wave`: an argument read only in a branch keeps numba's reference counts (see the comment at `_pick`)
+    _push_jobs(dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc, dec_next, start_t, done_t, outstanding,
+               pass_begin, layer, ids, n_ids, xfer, call1, flops, nbytes, peak, mem_bw, overhead, num_layers, queue,
+               counters)
+    more = True
+    go = True
+    while go:
         if has_wave:
-            touched = np.empty(ids.shape[0] + counters[C_PENDING], _I)  # decided passes + every job's pass
-            touched[:ids.shape[0]] = ids
-            n_touched = _serve(times[T0], times[HORIZON], windowed, queue, counters, node_free, node_busy, done_t,
-                               outstanding, touched, ids.shape[0])
+            touched = queue.touched  # decided passes + every served job's pass
+            for i in range(n_ids):
+                touched[i] = ids[i]
+            # (with no job pending it visits the wave's ~16 empty buckets: cheaper than a branch that keeps the
+            # reference counts, see the comment at `_pick`)
+            n_touched = _serve_due(times[T0], times[HORIZON], windowed, queue, counters, node_free, node_busy, done_t,
+                                   outstanding, touched, n_ids)
             stamp += 1
-            _advance(touched, n_touched, ids.shape[0], mark, stamp, outstanding, layer, done_t, pass_end, ended, pass_next,
+            _advance(touched, n_touched, n_ids, mark, stamp, outstanding, layer, done_t, pass_end, ended, pass_next,
                      pass_request, request_next, request_first_pass, request_arrival, closed, think_s, num_layers,
-                     ready_ids, ready_t, ready_stage, first_stage, counters)
-        ids, more = _pick(window, queue, counters, ready_ids, ready_t, ready_stage, start_t, node_free, load, times,
-                          layer, pass_begin, pass_home, pass_dense, backbone_free)
-        if not more:
-            e = np.empty(0, _I)
-            return ids, e, e, e, e, stamp, False
-        if ids.shape[0]:
-            rows, rpass, rlayer, rtok = _rows(ids, layer, pass_row_start, pass_row_count, row_trace)
-            return ids, rows, rpass, rlayer, rtok, stamp, True
+                     ready_ids, ready_t, ready_stage, first_stage, counters, fin, tmp)
+        # (the tests of pending work here, not inside the inlined `_pick` and `_serve_due`: numba's reference
+        # counting of an inlined call's arguments is pruned when the call sits in a branch, not when a branch of
+        # its body is all that reads an argument)
+        more = counters[C_READY] > 0 or counters[C_PENDING] > 0
+        first_job = np.inf
+        if counters[C_PENDING] > 0:  # every pending arrival is >= the last wave's t0
+            first_job = _earliest_job(times[T0], queue)
+        n_ids = 0
+        if more:
+            n_ids = _pick(window, first_job, counters, ready_ids, ready_t, ready_stage, start_t, node_free, load,
+                          times, layer, pass_begin, pass_home, pass_dense, backbone_free, ids, order, tmp)
+        go = more and n_ids == 0
         has_wave = True
-
-
+    return ids[:n_ids], stamp, more
 
 
 class WaveEngine:
@@ -508,7 +518,8 @@ class WaveEngine:
         self.counters[C_READY] = first.size
         self.ended = np.zeros(max(P, 1), _I)
         in_flight = ctx.num_users * max(ctx.top_k, 1)
-        self.queue = JobQueue(self.window, float(ctx.xfer_s.max(initial=0.0)), in_flight, self.counters)
+        self.queue = JobQueue(self.window, float(ctx.xfer_s.max(initial=0.0)), in_flight, self.counters, passes=P)
+        self.scratch = tuple(np.zeros(max(P, 1), _I) for _ in range(4))  # `Passes`' ids, fin, order, tmp
         self.ids = np.zeros(0, _I)
         self._no_rows = np.zeros(0, _I)
         self._no_slots = np.zeros((0, max(ctx.top_k, 1)), _I)
@@ -525,24 +536,26 @@ class WaveEngine:
                           dec.next_location.astype(_I, copy=False))
 
     def _job_room(self, new_jobs: int) -> None:
+        """Room in the job queue (and its scratch) for the pending jobs and new_jobs more."""
         self.queue.room(int(self.counters[C_PENDING]) + int(new_jobs))
 
     def _groups(self) -> tuple[Passes, Nodes, ScenarioArrays, Cost]:
         """(passes, nodes, scenario, cost): the engine's arrays in `_wave_step`'s groups."""
         run = self.run
         passes = Passes(self.layer, self.start_t, self.done_t, self.outstanding, run.pass_begin, run.pass_end,
-                        self.mark, self.pass_home, self.pass_dense, self.ended)
+                        self.mark, self.pass_home, self.pass_dense, self.ended, *self.scratch)
         nodes = Nodes(self.window, self.times, self.first_stage, self.node_free, run.node_busy, self.ready_ids,
                       self.ready_t, self.ready_stage, self.backbone_free, self.queue.arrays(), self.counters, self.load)
         return passes, nodes, self.scenario_args, self.cost_args
 
     def _step(self, has_wave, row_pass, row_layer, home, node, experts, loc, nxt):
-        ids, rows, rpass, rlayer, rtok, self.stamp, more = _wave_step(
+        ids, self.stamp, more = _wave_step(
             has_wave, self.stamp, self.ids, (row_pass, row_layer, home, node, experts, loc, nxt), *self._groups())
         if not more:
             return None
-        self.ids = ids
-        return rows, rpass, rlayer, rtok, self.load
+        self.ids = ids  # (a view of the scratch `Passes.ids`, which the next call reads first)
+        sa = self.scenario_args
+        return (*wave_rows(ids, self.layer, sa.pass_row_start, sa.pass_row_count, sa.row_trace), self.load)
 
     def first_wave(self):
         """The run's first wave (rows, pass, layer, token, load), no decisions before it; None: nothing to run."""

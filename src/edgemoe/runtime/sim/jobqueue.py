@@ -40,6 +40,51 @@ class QueueArrays(NamedTuple):
     tail: np.ndarray  # [B] last slot of each bucket
     width: float  # bucket width, seconds
     due: np.ndarray  # [C] scratch: the slots a wave serves
+    # scratch of the wave engine's `_wave_step`, which allocates nothing (see `edgemoe.runtime.sim.engine`)
+    new_f: np.ndarray  # [C, 3] a wave's new jobs (`_push_jobs`), then queued
+    new_i: np.ndarray  # [C, 3]
+    keys: np.ndarray  # [C] their (node, layer, expert) keys (`_price_calls`)
+    starts: np.ndarray  # [C + 1] each pass's first new job
+    order: np.ndarray  # [C] a sort's permutation
+    tmp: np.ndarray  # [C] a merge sort's buffer (`_stable_sort`)
+    touched: np.ndarray  # [C + passes] a wave's decided passes, then the passes of the jobs it serves
+
+
+@njit(cache=True, inline="always")
+def _sort_key(x, key, by_value):
+    """The key `_stable_sort` orders entry x by: key[x], or x itself with by_value."""
+    return float(x) if by_value else key[x]
+
+
+@njit(cache=True, inline="always")
+def _merge_pass(src, dst, lo, hi, width, key, by_value):
+    """One pass of a bottom-up merge sort: each pair of sorted runs of `width` in src[lo:hi] merged into dst
+    (a run's entries first on equal keys: stable; a lone run is copied)."""
+    for start in range(lo, hi, 2 * width):
+        mid = min(start + width, hi)
+        end = min(start + 2 * width, hi)
+        i, j = start, mid
+        for o in range(start, end):
+            if j >= end or (i < mid and _sort_key(src[i], key, by_value) <= _sort_key(src[j], key, by_value)):
+                dst[o] = src[i]
+                i += 1
+            else:
+                dst[o] = src[j]
+                j += 1
+
+
+@njit(cache=True, inline="always")
+def _stable_sort(idx, lo, hi, key, tmp, by_value):
+    """Sort idx[lo:hi] in place, stably, by key[idx[i]] (by idx[i] itself with by_value; key is then not read):
+    a bottom-up merge sort through tmp[lo:hi]. What np.argsort(kind="mergesort") orders (NaN keys aside),
+    without allocating: the wave engine's `_wave_step` allocates nothing. (No insertion sort for short ranges:
+    inlined, a branch between two sorts would keep the reference counts of the caller's arguments.)"""
+    width = 1
+    while width < hi - lo:  # two passes a turn, idx -> tmp -> idx (the second a copy once one run is left)
+        _merge_pass(idx, tmp, lo, hi, width, key, by_value)
+        width *= 2
+        _merge_pass(tmp, idx, lo, hi, width, key, by_value)
+        width *= 2
 
 
 @njit(cache=True, inline="always")
@@ -85,12 +130,20 @@ def _serve(t0, horizon, windowed, queue, counters, node_free, node_busy, done_t,
 
     Buckets are visited in time order and each one's due jobs sorted by arrival, stably: equal arrivals share
     a bucket, whose list is in seq order, so the due jobs come out in (arrival, seq) order. Buckets are narrow
-    (`JobQueue`), so a bucket holds few jobs and the sort is an insertion sort. Popped passes are appended to
+    (`JobQueue`), so a bucket holds few jobs to sort (`_stable_sort`). Popped passes are appended to
     `touched`; returns the new count.
     """
-    jobs_f, jobs_i, job_next, free_slots, head, tail, width, due = queue
-    if counters[C_PENDING] == 0:
-        return n_touched
+    if counters[C_PENDING] > 0:
+        n_touched = _serve_due(t0, horizon, windowed, queue, counters, node_free, node_busy, done_t, outstanding,
+                               touched, n_touched)
+    return n_touched
+
+
+@njit(cache=True, inline="always")
+def _serve_due(t0, horizon, windowed, queue, counters, node_free, node_busy, done_t, outstanding, touched, n_touched):
+    """`_serve` with jobs pending."""
+    jobs_f, jobs_i, job_next, free_slots, head, tail, width, due = (queue.jobs_f, queue.jobs_i, queue.next, queue.free,
+                                                                    queue.head, queue.tail, queue.width, queue.due)
     B = head.shape[0]
     b0 = _bucket(t0, width)
     b1 = _bucket(horizon, width) if windowed else b0
@@ -117,23 +170,8 @@ def _serve(t0, horizon, windowed, queue, counters, node_free, node_busy, done_t,
             else:
                 prev = slot
             slot = nxt
-        if m - lo > 32:  # a crowded bucket (many calls at one instant): merge sort, stable
-            arr = np.empty(m - lo)
-            for i in range(lo, m):
-                arr[i - lo] = jobs_f[due[i], JF_ARRIVAL]
-            order = np.argsort(arr, kind="mergesort")
-            seg = due[lo:m].copy()
-            for i in range(m - lo):
-                due[lo + i] = seg[order[i]]
-        else:  # insertion sort; strict > keeps equal arrivals in seq order
-            for i in range(lo + 1, m):
-                slot = due[i]
-                a = jobs_f[slot, JF_ARRIVAL]
-                j = i - 1
-                while j >= lo and jobs_f[due[j], JF_ARRIVAL] > a:
-                    due[j + 1] = due[j]
-                    j -= 1
-                due[j + 1] = slot
+        # by arrival, stably
+        _stable_sort(due, lo, m, jobs_f[:, JF_ARRIVAL], queue.tmp, False)
     nfree = counters[C_FREE]
     for i in range(m):
         slot = due[i]
@@ -164,16 +202,16 @@ def _earliest_job(t_low, queue):
     jobs_f, job_next, head, width = queue.jobs_f, queue.next, queue.head, queue.width
     B = head.shape[0]
     b0 = _bucket(t_low, width)
-    for step in range(B):
+    best = np.inf
+    step = 0
+    while step < B:
         slot = head[(b0 + step) % B]
-        if slot >= 0:
-            best = np.inf
-            while slot >= 0:
-                if jobs_f[slot, JF_ARRIVAL] < best:
-                    best = jobs_f[slot, JF_ARRIVAL]
-                slot = job_next[slot]
-            return best
-    return np.inf
+        step = B if slot >= 0 else step + 1  # (one return: see `_stable_sort`)
+        while slot >= 0:
+            if jobs_f[slot, JF_ARRIVAL] < best:
+                best = jobs_f[slot, JF_ARRIVAL]
+            slot = job_next[slot]
+    return best
 
 
 
@@ -187,13 +225,14 @@ class JobQueue:
     never fold two live buckets into one. Width w: about PER_BUCKET jobs a bucket if `in_flight` calls (users x
     K) spread over the span, at most 1/16 of the window (a wave then pops whole buckets but its last), and no
     narrower than span / MAX_BUCKETS (with window 0 a wave pops only its own instant). Narrow buckets keep
-    `_serve`'s per-bucket sort an insertion sort; the width changes the speed, never the result.
+    `_serve`'s per-bucket sorts short; the width changes the speed, never the result.
     """
 
     MAX_BUCKETS = 1 << 14
     PER_BUCKET = 4
 
-    def __init__(self, window: float, max_xfer: float, in_flight: int, counters: np.ndarray, capacity: int = 1024):
+    def __init__(self, window: float, max_xfer: float, in_flight: int, counters: np.ndarray, capacity: int = 1024,
+                 passes: int = 0):
         if not np.isfinite(max_xfer):
             raise ValueError("context xfer_s: every transfer time must be finite (a node pair with no link?)")
         span = window + max_xfer
@@ -203,6 +242,7 @@ class JobQueue:
         self.head = np.full(buckets, -1, _I)
         self.tail = np.full(buckets, -1, _I)
         self.counters = counters
+        self.passes = int(passes)  # the run's passes: `touched` holds up to passes + capacity
         self.jobs_f = np.zeros((0, 3))
         self.jobs_i = np.zeros((0, 3), _I)
         self.next = np.zeros(0, _I)
@@ -225,8 +265,13 @@ class JobQueue:
         free[height:height + more] = np.arange(have + more - 1, have - 1, -1)
         self.free = free
         self.counters[C_FREE] = height + more
-        self.due = np.empty(have + more, _I)
+        C = have + more
+        self.due = np.empty(C, _I)
+        self.new_f, self.new_i = np.empty((C, 3)), np.empty((C, 3), _I)
+        self.keys, self.starts, self.order, self.tmp = np.empty(C, _I), np.empty(C + 1, _I), np.empty(C, _I), np.empty(C, _I)
+        self.touched = np.empty(C + self.passes, _I)
 
     def arrays(self) -> QueueArrays:
         """The queue as the compiled functions take it."""
-        return QueueArrays(self.jobs_f, self.jobs_i, self.next, self.free, self.head, self.tail, self.width, self.due)
+        return QueueArrays(self.jobs_f, self.jobs_i, self.next, self.free, self.head, self.tail, self.width, self.due,
+                           self.new_f, self.new_i, self.keys, self.starts, self.order, self.tmp, self.touched)

@@ -49,7 +49,7 @@ from ..policies.ordermoe_kernel import (
     ordermoe_tables,
 )
 from ..policy import Decision
-from .engine import _wave_step
+from .engine import _rows, _wave_step
 from .jobqueue import C_ENDED, C_PENDING
 from .rules import RULE_EXACT, _decide_rows, decision_buffers, rule_tables
 
@@ -229,7 +229,9 @@ def _drive_ordermoe(tab, chunk_rows, every, stamp, b, wave):  # pragma: no cover
         dec = (out_pass[b:e], out.layer[b:e], out.home[b:e], out.node[b:e], out.experts[b:e], out.loc[b:e],
                out.next[b:e])
         # np.bool_(True): the type a Python bool has (a literal True would make numba compile `_wave_step` again)
-        ids, rows, rpass, rlayer, rtok, stamp, more = _wave_step(np.bool_(True), stamp, ids, dec, passes, nodes, scenario, cost)
+        ids, stamp, more = _wave_step(np.bool_(True), stamp, ids, dec, passes, nodes, scenario, cost)
+        rows, rpass, rlayer, rtok = _rows(ids, passes.layer, scenario.pass_row_start, scenario.pass_row_count,
+                                          scenario.row_trace)
         b = e
         calls[FB_CALLS] += 1
         if calls[FB_CALLS] % every == 0 and counters[C_ENDED] > calls[FB_ENDED_SEEN]:  # passes ended since the last observation

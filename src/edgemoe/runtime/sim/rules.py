@@ -15,7 +15,7 @@ import numpy as np
 from edgemoe.jit import njit
 
 from ..policy import Decision
-from .engine import _wave_step
+from .engine import _rows, _wave_step
 from .jobqueue import C_PENDING
 
 _I = np.int64
@@ -293,7 +293,9 @@ def _drive(chunk_rows, rule, stamp, wave, tables, out, passes, nodes, scenario, 
         dec = (out_pass[b:e], out_layer[b:e], out_home[b:e], out_node[b:e], out_experts[b:e], out_loc[b:e],
                out_next[b:e])
         # np.bool_(True): the type a Python bool has (a literal True would make numba compile `_wave_step` again)
-        ids, rows, rpass, rlayer, rtok, stamp, more = _wave_step(np.bool_(True), stamp, ids, dec, passes, nodes, scenario, cost)
+        ids, stamp, more = _wave_step(np.bool_(True), stamp, ids, dec, passes, nodes, scenario, cost)
+        rows, rpass, rlayer, rtok = _rows(ids, passes.layer, scenario.pass_row_start, scenario.pass_row_count,
+                                          scenario.row_trace)
         b = e
         if not more or b >= chunk_rows:
             break
