@@ -114,6 +114,7 @@ class ScenarioArrays(NamedTuple):
     closed: bool
     think_s: float
     row_trace: np.ndarray
+    wave_rows: tuple  # 4 x [R] scratch: a wave's rows, their pass, layer and token (`_wave_rows_into`)
 
 
 class Cost(NamedTuple):
@@ -378,16 +379,12 @@ def _pick(window, first_job, counters, ready_ids, ready_t, ready_stage, start_t,
     return m
 
 
-@njit(cache=True, inline="always")
-def _rows(ids, layer, pass_row_start, pass_row_count, row_trace):
-    """([Q] rows of the passes `ids` in order, [Q] their pass, [Q] the pass's layer, [Q] trace token)."""
-    total = 0
-    for i in range(ids.shape[0]):
-        total += pass_row_count[ids[i]]
-    rows = np.empty(total, _I)
-    rpass = np.empty(total, _I)
-    rlayer = np.empty(total, _I)
-    rtok = np.empty(total, _I)
+@njit(cache=True, error_model="numpy")
+def _rows_into(ids, layer, pass_row_start, pass_row_count, row_trace, rows, rpass, rlayer, rtok):
+    """The rows of the passes `ids`, in order, into rows[:Q] with their pass, the pass's layer and the trace
+    token (rpass, rlayer, rtok); returns Q. Each row is one pass's, so Q <= R, the buffers' length. A call of its
+    own that allocates nothing: numba then keeps no reference counts of its arguments (see the speed notes),
+    where an inlined copy in the wave loops would count them every wave."""
     q = 0
     for i in range(ids.shape[0]):
         p = ids[i]
@@ -398,13 +395,19 @@ def _rows(ids, layer, pass_row_start, pass_row_count, row_trace):
             rlayer[q] = layer[p]
             rtok[q] = row_trace[r]
             q += 1
-    return rows, rpass, rlayer, rtok
+    return q
 
 
 @njit(cache=True)
 def wave_rows(ids, layer, pass_row_start, pass_row_count, row_trace):
-    """`_rows` as a call of its own, for the Python side (`WaveEngine`)."""
-    return _rows(ids, layer, pass_row_start, pass_row_count, row_trace)
+    """The rows of the passes `ids` as fresh arrays (rows, pass, layer, token), for the Python side
+    (`WaveEngine`), whose policy call and tallies may keep them."""
+    Q = 0
+    for i in range(ids.shape[0]):
+        Q += pass_row_count[ids[i]]
+    rows, rpass, rlayer, rtok = np.empty(Q, _I), np.empty(Q, _I), np.empty(Q, _I), np.empty(Q, _I)
+    _rows_into(ids, layer, pass_row_start, pass_row_count, row_trace, rows, rpass, rlayer, rtok)
+    return rows, rpass, rlayer, rtok
 
 
 @njit(cache=True, error_model="numpy")
@@ -425,7 +428,7 @@ def _wave_step(has_wave, stamp, wave_ids, dec, passes, nodes, scenario, cost):
     (window, times, first_stage, node_free, node_busy, ready_ids, ready_t, ready_stage, backbone_free, queue, counters,
      load) = nodes
     (pass_next, pass_request, pass_row_start, pass_row_count, request_next, request_first_pass, request_arrival, closed,
-     think_s, row_trace) = scenario
+     think_s, row_trace, _wave_rows) = scenario
     dec_pass, dec_layer, dec_home, dec_node, dec_experts, dec_loc, dec_next = dec
     xfer, call1, flops, nbytes, peak, mem_bw, overhead, num_layers = cost
     windowed = window > 0
@@ -491,6 +494,7 @@ class WaveEngine:
             sc.pass_next.astype(_I), sc.pass_request.astype(_I), sc.pass_row_start.astype(_I),
             sc.pass_row_count.astype(_I), sc.request_next.astype(_I), sc.request_first_pass.astype(_I),
             run.request_arrival, bool(sc.closed), float(sc.think_s), sc.row_trace.astype(_I),
+            tuple(np.empty(max(sc.row_trace.size, 1), _I) for _ in range(4)),
         )
         roofline = (np.ascontiguousarray(ctx.expert_flops, float), np.ascontiguousarray(ctx.expert_bytes, float),
                     np.asarray(ctx.peak_flops, float), np.asarray(ctx.mem_bw_Bps, float), np.asarray(ctx.overhead_s, float))

@@ -49,7 +49,7 @@ from ..policies.ordermoe_kernel import (
     ordermoe_tables,
 )
 from ..policy import Decision
-from .engine import _rows, _wave_step
+from .engine import _rows_into, _wave_step
 from .jobqueue import C_ENDED, C_PENDING
 from .rules import RULE_EXACT, _decide_rows, decision_buffers, rule_tables
 
@@ -196,6 +196,8 @@ def _drive_ordermoe(tab, chunk_rows, every, stamp, b, wave):  # pragma: no cover
     xfer, num_layers = cost.xfer, cost.num_layers
     K = ex.topk.shape[2]
     om_flags, budget_total = om.flags, om.budget_total
+    layer, row_start, row_count, row_trace = passes.layer, scenario.pass_row_start, scenario.pass_row_count, scenario.row_trace
+    rows_buf, rpass_buf, rlayer_buf, rtok_buf = scenario.wave_rows
     _apply_factor(om.quality_weight, ob, calls)
     more = True
     observe = False
@@ -230,8 +232,9 @@ def _drive_ordermoe(tab, chunk_rows, every, stamp, b, wave):  # pragma: no cover
                out.next[b:e])
         # np.bool_(True): the type a Python bool has (a literal True would make numba compile `_wave_step` again)
         ids, stamp, more = _wave_step(np.bool_(True), stamp, ids, dec, passes, nodes, scenario, cost)
-        rows, rpass, rlayer, rtok = _rows(ids, passes.layer, scenario.pass_row_start, scenario.pass_row_count,
-                                          scenario.row_trace)
+        # the next wave's rows, into the scratch `wave_rows` (views valid until the next wave's)
+        q = _rows_into(ids, layer, row_start, row_count, row_trace, rows_buf, rpass_buf, rlayer_buf, rtok_buf)
+        rows, rpass, rlayer, rtok = rows_buf[:q], rpass_buf[:q], rlayer_buf[:q], rtok_buf[:q]
         b = e
         calls[FB_CALLS] += 1
         if calls[FB_CALLS] % every == 0 and counters[C_ENDED] > calls[FB_ENDED_SEEN]:  # passes ended since the last observation

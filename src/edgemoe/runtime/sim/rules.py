@@ -15,7 +15,7 @@ import numpy as np
 from edgemoe.jit import njit
 
 from ..policy import Decision
-from .engine import _rows, _wave_step
+from .engine import _rows_into, _wave_step
 from .jobqueue import C_PENDING
 
 _I = np.int64
@@ -281,6 +281,8 @@ def _drive(chunk_rows, rule, stamp, wave, tables, out, passes, nodes, scenario, 
     out_experts, out_node, out_loc, out_next, out_lat, out_topk, out_layer, out_home, out_pass = out
     load, jobs_f, counters = nodes.load, nodes.queue.jobs_f, nodes.counters
     xfer, num_layers = cost.xfer, cost.num_layers
+    layer, row_start, row_count, row_trace = passes.layer, scenario.pass_row_start, scenario.pass_row_count, scenario.row_trace
+    rows_buf, rpass_buf, rlayer_buf, rtok_buf = scenario.wave_rows
     K = tables.topk.shape[2]
     b = np.int64(0)  # not a literal 0: `_decide_rows` would compile again for it
     more = True
@@ -294,8 +296,9 @@ def _drive(chunk_rows, rule, stamp, wave, tables, out, passes, nodes, scenario, 
                out_next[b:e])
         # np.bool_(True): the type a Python bool has (a literal True would make numba compile `_wave_step` again)
         ids, stamp, more = _wave_step(np.bool_(True), stamp, ids, dec, passes, nodes, scenario, cost)
-        rows, rpass, rlayer, rtok = _rows(ids, passes.layer, scenario.pass_row_start, scenario.pass_row_count,
-                                          scenario.row_trace)
+        # the next wave's rows, into the scratch `wave_rows` (views valid until the next wave's)
+        q = _rows_into(ids, layer, row_start, row_count, row_trace, rows_buf, rpass_buf, rlayer_buf, rtok_buf)
+        rows, rpass, rlayer, rtok = rows_buf[:q], rpass_buf[:q], rlayer_buf[:q], rtok_buf[:q]
         b = e
         if not more or b >= chunk_rows:
             break
