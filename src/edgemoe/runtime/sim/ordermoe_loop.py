@@ -175,20 +175,21 @@ def _apply_factor(quality_weight, ob, calls):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _drive_ordermoe(tab, chunk_rows, every, stamp, b, wave):  # pragma: no cover - compiled
+def _drive_ordermoe(tab, chunk_rows, every, stamp, b, n_ids, n_rows):  # pragma: no cover - compiled
     """Decide (`_decide_ordermoe`), feed back (`Feedback.add`) and run (`_wave_step`) waves from the picked
     one until the run ends, the buffers hold >= chunk_rows rows, the policy is due to observe finished
     passes (`Feedback.flush`: every `every`-th wave, when passes ended since the last observation; the
     engine logs ended passes in `ended`; `_observe_ended` then observes them), or the next wave does not fit
-    in the buffers or the job queue. tab: a `LoopTables`. Returns (next wave's ids, rows, pass, layer, token,
-    stamp, more, rows buffered, observed now). It calls the engine's `_wave_step` and the kernel's
+    in the buffers or the job queue. tab: a `LoopTables`. The picked wave is the engine's scratch: its n_ids passes
+    in `passes.ids` and n_rows rows in `scenario.wave_rows`, counts in and out, no arrays, because this call
+    returns to Python at every observation and a returned array costs a box and its next call's unbox. Returns
+    (next wave's n_ids, n_rows, stamp, more, rows buffered, observed now). It calls the engine's `_wave_step` and the kernel's
     `_decide_ordermoe` once per wave (functions of their own: compiled once, shared with the other loops and
     the decode path); numba's disk cache of this function checks only this file, so after a change to either, clear the
     cache (see `rules._drive`)."""
     ex, scratch_out, om, work = tab.ex, tab.scratch_out, tab.om, tab.work
     fb, ob, out, extra = tab.fb, tab.ob, tab.out, tab.extra
     passes, nodes, scenario, cost = tab.passes, tab.nodes, tab.scenario, tab.cost
-    ids, rows, rpass, rlayer, rtok = wave
     estimate, spent, dense, calls = fb.estimate, fb.spent, fb.dense, fb.calls
     out_pass, out_lat = out.pass_, out.lat
     out_quality = extra[0]
@@ -198,6 +199,8 @@ def _drive_ordermoe(tab, chunk_rows, every, stamp, b, wave):  # pragma: no cover
     om_flags, budget_total = om.flags, om.budget_total
     layer, row_start, row_count, row_trace = passes.layer, scenario.pass_row_start, scenario.pass_row_count, scenario.row_trace
     rows_buf, rpass_buf, rlayer_buf, rtok_buf = scenario.wave_rows
+    ids = passes.ids[:n_ids]
+    rows, rpass, rlayer, rtok = rows_buf[:n_rows], rpass_buf[:n_rows], rlayer_buf[:n_rows], rtok_buf[:n_rows]
     _apply_factor(om.quality_weight, ob, calls)
     more = True
     observe = False
@@ -242,7 +245,7 @@ def _drive_ordermoe(tab, chunk_rows, every, stamp, b, wave):  # pragma: no cover
             observe = True
         if not more or b >= chunk_rows or observe:
             break
-    return ids, rows, rpass, rlayer, rtok, stamp, more, b, observe
+    return ids.shape[0], rows.shape[0], stamp, more, b, observe
 
 
 if HAVE_NUMBA:
@@ -287,7 +290,9 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
     if wave is None:
         return
     rows, rpass, rlayer, rtok, _ = wave
-    ids = engine.ids
+    for buf, a in zip(engine.scenario_args.wave_rows, (rows, rpass, rlayer, rtok), strict=True):
+        buf[:len(a)] = a  # the first wave into the scratch the compiled loop reads its waves from
+    n_ids, n_rows = len(engine.ids), len(rows)
     for name in ("location", "layer", "prev_top1", "budget_used"):  # compiled code writes them in place
         setattr(state, name, np.ascontiguousarray(getattr(state, name)).copy())
     ex = rule_tables(ctx, state, trace, "exact")
@@ -309,25 +314,25 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
                 a[:rows_kept] = old[:rows_kept]
         return new, new_extra
 
-    cap = max(2 * chunk_rows, 2 * len(rows))
+    cap = max(2 * chunk_rows, 2 * n_rows)
     out, extra = buffers(cap)
-    scratch_out = buffers(max(len(rows), 1024))[0]
+    scratch_out = buffers(max(n_rows, 1024))[0]
     tab, tab_jobs = None, None
     b = 0
     while True:
-        if b + len(rows) > cap:
-            cap = max(2 * cap, b + 2 * len(rows))
+        if b + n_rows > cap:
+            cap = max(2 * cap, b + 2 * n_rows)
             out, extra = buffers(cap, (out, extra), b)
             tab = None
-        if len(rows) > scratch_out.experts.shape[0]:
-            scratch_out = buffers(2 * len(rows))[0]
+        if n_rows > scratch_out.experts.shape[0]:
+            scratch_out = buffers(2 * n_rows)[0]
             tab = None
-        engine._job_room(len(rows) * K)
+        engine._job_room(n_rows * K)
         if tab is None or engine.queue.jobs_f is not tab_jobs:  # (re)built when a buffer or the job queue grew
             tab = _loop_tables(ex, scratch_out, om, work, fb, ob, out, extra, *engine._groups())
             tab_jobs = engine.queue.jobs_f
-        ids, rows, rpass, rlayer, rtok, engine.stamp, more, b, observe = _drive_ordermoe(
-            tab, chunk_rows, feedback.every, engine.stamp, b, (ids, rows, rpass, rlayer, rtok))
+        n_ids, n_rows, engine.stamp, more, b, observe = _drive_ordermoe(
+            tab, chunk_rows, feedback.every, engine.stamp, b, n_ids, n_rows)
         if observe and fb.calls[FB_UPDATED]:  # `observe`'s quality-weight step: numpy's exp, applied next call
             n = int(fb.calls[FB_UPDATED])
             np.exp(ob.step[:n], out=ob.factor[:n])
