@@ -114,7 +114,7 @@ class ScenarioArrays(NamedTuple):
     closed: bool
     think_s: float
     row_trace: np.ndarray
-    wave_rows: tuple  # 4 x [R] scratch: a wave's rows, their pass, layer and token (`_wave_rows_into`)
+    wave_rows: tuple  # 4 x [R] scratch: a wave's rows, their pass, layer and token (`_rows_into`)
 
 
 class Cost(NamedTuple):
@@ -414,7 +414,7 @@ def wave_rows(ids, layer, pass_row_start, pass_row_count, row_trace):
 def _wave_step(has_wave, stamp, wave_ids, dec, passes, nodes, scenario, cost):
     """Finish the current wave (jobs of its decision, FIFO service, advance) and pick the next wave with
     decisions; waves without decisions are run through here. Returns (ids, stamp, more): the picked passes (a
-    view of the scratch `passes.ids`, valid until the next call; their rows: `_rows`).
+    view of the scratch `passes.ids`, valid until the next call; their rows: `_rows_into`, or `wave_rows` from Python).
 
     The arrays come in groups (`WaveEngine` builds them): dec (the wave's decision: [T] pass, layer, home,
     [T, K] node, expert, [T] location, next location), passes, nodes, scenario and cost. Grouped, every call
@@ -447,8 +447,8 @@ def _wave_step(has_wave, stamp, wave_ids, dec, passes, nodes, scenario, cost):
             touched = queue.touched  # decided passes + every served job's pass
             for i in range(n_ids):
                 touched[i] = ids[i]
-            # (with no job pending it visits the wave's ~16 empty buckets: cheaper than a branch that keeps the
-            # reference counts, see the comment at `_pick`)
+            # (with no job pending it only walks the wave's empty buckets; the test `_serve` makes first would be a
+            # branch that keeps the reference counts, see the comment at `_pick`)
             n_touched = _serve_due(times[T0], times[HORIZON], windowed, queue, counters, node_free, node_busy, done_t,
                                    outstanding, touched, n_ids)
             stamp += 1

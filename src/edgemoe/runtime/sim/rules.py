@@ -34,7 +34,6 @@ class RuleTables(NamedTuple):
     loc: np.ndarray
     layer: np.ndarray
     top1: np.ndarray
-    zero_load: np.ndarray  # [N] zeros: the load slimcaching sees
     usable: np.ndarray  # [U, N]
     hosts: np.ndarray  # [N, L, E]
     rt: np.ndarray  # [N, N] round trip xfer + xfer.T
@@ -160,7 +159,7 @@ def _decide_rows(rule, rows, rpass, rlayer, rtok, tables, load, xfer, num_layers
     model), so that LLVM drops numba's reference counting of its ~35 array arguments, an atomic add and
     subtract each per call otherwise (tests/runtime/sim/test_kernel_refcounts.py holds it to that).
     """
-    (topk_tab, gates_tab, st_user, st_home, st_loc, st_layer, st_top1, zero_load, usable, hosts, rt, compute, hold_ptr,
+    (topk_tab, gates_tab, st_user, st_home, st_loc, st_layer, st_top1, usable, hosts, rt, compute, hold_ptr,
      hold_node, hold_compute, is_cloud, migrate, sorted_on, cand_ptr, cand_node, cand_compute, srt_built, srt_static,
      srt_node, ready) = tables
     out_experts, out_node, out_loc, out_next, out_lat, out_topk, out_layer, out_home, out_pass = out
@@ -170,7 +169,7 @@ def _decide_rows(rule, rows, rpass, rlayer, rtok, tables, load, xfer, num_layers
     for n in range(is_cloud.shape[0]):
         if is_cloud[n]:
             has_cloud = True
-    # the load the rule sees (slimcaching: none) as a flag, not as `seen = zero_load if ... else load`: numba would
+    # the load the rule sees (slimcaching: none) as a flag, not as a conditional array (`seen = zeros if ... else load`): numba would
     # keep that variable's reference count, and with it that of every array argument (see the docstring)
     blind = rule == RULE_SLIMCACHING
     for t in range(rows.shape[0]):
@@ -320,7 +319,7 @@ def rule_tables(ctx, state, trace, rule: str, loc=None, layer=None, top1=None) -
     shape = (N, cand_node.size) if sorted_on else (1, 1)
     return RuleTables(trace.topk, trace.gates, state.user, state.home,
                       state.location if loc is None else loc, state.layer if layer is None else layer,
-                      state.prev_top1 if top1 is None else top1, np.zeros(N), ctx.usable, ctx.hosts, rt, ctx.compute_s,
+                      state.prev_top1 if top1 is None else top1, ctx.usable, ctx.hosts, rt, ctx.compute_s,
                       hold_ptr, hold_node, hold_compute, ctx.is_cloud, ctx.mode == "migrate", sorted_on, cand_ptr,
                       cand_node, cand_compute, np.zeros(N, bool), np.zeros(shape), np.zeros(shape, _I),
                       np.empty(trace.topk.shape[2]))
