@@ -52,7 +52,7 @@ def kernel_signatures():
     assert path is not None
     ex, scratch_out, om, work, out, extra, rows, xfer, num_layers = path.tables
     load, b = np.zeros(ctx.num_nodes), np.int64(0)
-    ordermoe_args = (rows, rows, rows, rows, ex, scratch_out, om, work, load, xfer, num_layers, out, extra, b, 0.0)
+    ordermoe_args = (rows, rows, rows, rows, path.kt, load, xfer, num_layers, b, 0.0)
     rows_args = (np.int64(rules.RULE_EXACT), rows, rows, rows, rows, ex, load, xfer, num_layers, out, b,
                  np.bool_(True))
     # the engine's wave step as `WaveEngine` calls it (the simulator's loops pass the same types)

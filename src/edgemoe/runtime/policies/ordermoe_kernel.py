@@ -409,9 +409,36 @@ def _exact_only(rows, flags, budget_total):  # pragma: no cover - compiled
     return only
 
 
+if HAVE_NUMBA:
+    # The kernel's tables as one numba StructRef, passed by one pointer. numba passes an array argument as its
+    # 7 to 11 machine words and a tuple of arrays as all of theirs, so handing `_decide_ordermoe` its ~100
+    # arrays one by one made its caller copy ~780 words onto the stack every wave (perf: ~14% of the ordermoe
+    # simulator's CPU at edge8, where a wave is ~3 rows). The kernel reads the fields once, at its top, and
+    # LLVM prunes the reference counts of those reads as it does an argument's.
+    from numba.experimental import structref as _structref
+
+    from edgemoe.jit import UnliteralStructRef
+
+    @_structref.register
+    class KernelTablesType(UnliteralStructRef):
+        pass
+
+    class KernelTables(_structref.StructRefProxy):
+        """ex (`RuleTables`), scratch_out (`DecisionBuffers`), om (`OrderMoETables`), work (`_work_arrays`), out
+        (`DecisionBuffers`), extra (quality [B], zeroed [B, K]): what `_decide_ordermoe` reads and writes."""
+
+    _structref.define_proxy(KernelTables, KernelTablesType, ["ex", "scratch_out", "om", "work", "out", "extra"])
+
+
+@njit(cache=True)
+def kernel_tables(ex, scratch_out, om, work, out, extra):  # pragma: no cover - compiled
+    """A `KernelTables` made in compiled code: cached on disk, where the proxy's own constructor compiles anew in
+    every process."""
+    return KernelTables(ex, scratch_out, om, work, out, extra)
+
+
 @njit(cache=True, error_model="numpy")
-def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load, xfer, num_layers, out,
-                     extra, b, mean_load):
+def _decide_ordermoe(rows, rpass, rlayer, rtok, kt, load, xfer, num_layers, b, mean_load):
     """OrderMoE's decision for the T rows of one wave into the buffers' rows b .. b + T, and the token state
     updated as `Policy.decide` does (location, budget used, layer, top-1), then the queue pressure.
 
@@ -430,8 +457,10 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load,
     the same compiled code, and each compiles in about half the CPU time it took with this body inlined
     into it (LLVM's cost grows faster than the function's size).
 
-    ex: rules' `_decide_rows` tables (`RuleTables`) on the token state; om: `OrderMoETables`; work:
-    `_work_arrays`; out: a `DecisionBuffers`; extra: (quality [B], zeroed [B, K])."""
+    kt: a `KernelTables`: ex, rules' `_decide_rows` tables (`RuleTables`) on the token state; om: `OrderMoETables`;
+    work: `_work_arrays`; out: a `DecisionBuffers`; extra: (quality [B], zeroed [B, K]). Its fields are read here,
+    once, before anything else (a read in a branch would keep its reference count)."""
+    ex, scratch_out, om, work, out, extra = kt.ex, kt.scratch_out, kt.om, kt.work, kt.out, kt.extra
     (topk_tab, gates_tab, st_user, st_home, st_loc, st_layer, st_top1, usable, hosts, rt, compute, hold_ptr,
      hold_node, hold_compute, is_cloud, migrate, sorted_on, cand_ptr, cand_node, cand_compute, srt_built, srt_static,
      srt_node, _ready) = ex
@@ -992,19 +1021,16 @@ if HAVE_NUMBA:
         pass
 
     class DecodeTables(_structref.StructRefProxy):
-        """ex (`RuleTables`), scratch_out, out (`DecisionBuffers`), om (`OrderMoETables`), work
-        (`_work_arrays`), extra (quality, zeroed), rows (0..cap-1), xfer [N, N], num_layers."""
+        """kt (`KernelTables`), rows (0..cap-1), xfer [N, N], num_layers."""
 
-    _structref.define_proxy(DecodeTables, DecodeTablesType,
-                            ["ex", "scratch_out", "om", "work", "out", "extra", "rows", "xfer",
-                             "num_layers"])
+    _structref.define_proxy(DecodeTables, DecodeTablesType, ["kt", "rows", "xfer", "num_layers"])
 
 
 @njit(cache=True)
-def _decode_tables(ex, scratch_out, om, work, out, extra, rows, xfer, num_layers):  # pragma: no cover
+def _decode_tables(kt, rows, xfer, num_layers):  # pragma: no cover
     """A `DecodeTables` made in compiled code: cached on disk, where the proxy's own constructor compiles
     anew in every process (seconds)."""
-    return DecodeTables(ex, scratch_out, om, work, out, extra, rows, xfer, num_layers)
+    return DecodeTables(kt, rows, xfer, num_layers)
 
 
 @njit(cache=True)
@@ -1018,7 +1044,8 @@ def _decode_call(tab, layer, topk, gates, load, user, home, location, state_laye
     Returns (ok: every row at `layer`, experts [T, K], node [T, K], location [T] (a copy), next [T], quality
     [T], latency [T], zeroed [T, K], any zeroed, budget used [T], next layer [T], top-1 [T])."""
     T, K = topk.shape
-    ex, om, out, extra = tab.ex, tab.om, tab.out, tab.extra
+    kt = tab.kt
+    ex, om, out, extra = kt.ex, kt.om, kt.out, kt.extra
     ok = True
     for t in range(T):
         if state_layer[t] != layer:
@@ -1035,7 +1062,7 @@ def _decode_call(tab, layer, topk, gates, load, user, home, location, state_laye
     rows = tab.rows[:T]
     rlayer = np.full(T, layer, np.int64)
     b0 = 0 * T  # an int64, not the literal 0: the simulator loop's compiled `_decide_ordermoe`, not a second one
-    scratch_out, xfer, num_layers = tab.scratch_out, tab.xfer, tab.num_layers
+    scratch_out, xfer, num_layers = kt.scratch_out, tab.xfer, tab.num_layers
     # exact's rule first, as `_decide_ordermoe` asks (the same lines as `_drive_ordermoe`'s)
     if _exact_only(rows, om.flags, om.budget_total):
         _decide_rows(np.int64(RULE_EXACT), rows, rows, rlayer, rows, ex, load, xfer, num_layers, out, b0,
@@ -1043,8 +1070,7 @@ def _decode_call(tab, layer, topk, gates, load, user, home, location, state_laye
     else:
         _decide_rows(np.int64(RULE_EXACT), rows, rows, rlayer, rows, ex, load, xfer, num_layers, scratch_out,
                      np.int64(0), np.bool_(True))
-    _decide_ordermoe(rows, rows, rlayer, rows, ex, scratch_out, om, tab.work, load, xfer, num_layers, out, extra,
-                     b0, _mean(load))
+    _decide_ordermoe(rows, rows, rlayer, rows, kt, load, xfer, num_layers, b0, _mean(load))
     zeroed = extra[1][:T].copy()
     any_zeroed = False
     for t in range(T):
@@ -1096,11 +1122,12 @@ class DecodePath:
         self.cap, self.om = cap, om
         work = _work_arrays(K, N, J, G, action_count(K, int(om.ints[I_ENUM])))
         # (ex, scratch_out, om, work, out, extra, rows, xfer, num_layers): kept as a tuple too, for the tests that
-        # compile the kernel afresh with these argument types (tests/runtime/sim/test_kernel_refcounts.py)
+        # compile the kernels afresh with these argument types (tests/runtime/sim/test_kernel_refcounts.py)
         self.tables = (ex, decision_buffers(cap, K), om, work, decision_buffers(cap, K),
                        (np.empty(cap), np.empty((cap, K), np.bool_)), np.arange(cap, dtype=_I),
                        np.array(ctx.xfer_s, float), int(L))
-        self.tab = _decode_tables(*self.tables)
+        self.kt = kernel_tables(*self.tables[:6])
+        self.tab = _decode_tables(self.kt, *self.tables[6:])
 
     def __call__(self, pol, layer, topk, gates, state, load_s):
         from ..policy import Decision

@@ -22,7 +22,12 @@ kept, they were 28% of the ordermoe simulator's CPU time at the 0.1 ms wave. CPy
 arguments as *args, which numba cannot inline: keep calls between compiled functions under that. `_wave_step`
 itself is a call of its own, once per wave (not inlined): what runs it (`WaveEngine` from Python, `rules._drive`,
 `ordermoe_loop._drive_ordermoe`) then shares one compiled copy, where each wave loop inlining its own took a
-third of a cold start's compile time, and one call per wave costs nothing measurable.
+third of a cold start's compile time. A call is not free, though: numba passes an array argument as its 7 to 11
+machine words and a NamedTuple of arrays as all of theirs, which the caller copies onto the stack every call;
+for `_wave_step` (~470 words) that was 4% of the ordermoe simulator's CPU at edge8 (perf), where a wave holds ~3
+rows. `ordermoe_kernel._decide_ordermoe` (~780 words, 7%) therefore takes its tables as one StructRef pointer
+(`ordermoe_kernel.KernelTables`), read once at its top, where LLVM prunes the reads' reference counts as an
+argument's.
 
 Numbers: the event order is that of the earlier numpy formulation (same waves, same ready-list order, same
 job seq), and the FIFO recursion is the reference engine's sequential `finish = max(free, arrival) +

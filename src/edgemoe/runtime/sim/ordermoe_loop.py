@@ -46,6 +46,7 @@ from ..policies.ordermoe_kernel import (
     _mean,
     _work_arrays,
     action_count,
+    kernel_tables,
     ordermoe_tables,
 )
 from ..policy import Decision
@@ -187,8 +188,8 @@ def _drive_ordermoe(tab, chunk_rows, every, stamp, b, n_ids, n_rows):  # pragma:
     `_decide_ordermoe` once per wave (functions of their own: compiled once, shared with the other loops and
     the decode path); numba's disk cache of this function checks only this file, so after a change to either, clear the
     cache (see `rules._drive`)."""
-    ex, scratch_out, om, work = tab.ex, tab.scratch_out, tab.om, tab.work
-    fb, ob, out, extra = tab.fb, tab.ob, tab.out, tab.extra
+    kt, fb, ob = tab.kt, tab.fb, tab.ob
+    ex, scratch_out, om, out, extra = kt.ex, kt.scratch_out, kt.om, kt.out, kt.extra
     passes, nodes, scenario, cost = tab.passes, tab.nodes, tab.scenario, tab.cost
     estimate, spent, dense, calls = fb.estimate, fb.spent, fb.dense, fb.calls
     out_pass, out_lat = out.pass_, out.lat
@@ -216,8 +217,7 @@ def _drive_ordermoe(tab, chunk_rows, every, stamp, b, n_ids, n_rows):  # pragma:
         else:
             _decide_rows(np.int64(RULE_EXACT), rows, rpass, rlayer, rtok, ex, load, xfer, num_layers, scratch_out,
                          np.int64(0), np.bool_(True))
-        _decide_ordermoe(rows, rpass, rlayer, rtok, ex, scratch_out, om, work, load, xfer, num_layers, out,
-                         extra, b, _mean(load))
+        _decide_ordermoe(rows, rpass, rlayer, rtok, kt, load, xfer, num_layers, b, _mean(load))
         t = 0
         while t < T:  # rows come grouped by pass
             p = rpass[t]
@@ -260,21 +260,18 @@ if HAVE_NUMBA:
         pass
 
     class LoopTables(_structref.StructRefProxy):
-        """ex (`RuleTables`), scratch_out, out (`DecisionBuffers`), om (`OrderMoETables`), work
-        (`_work_arrays`), fb (`FeedbackArrays`), ob (`ObserveArrays`), extra (quality, zeroed), and the
-        engine's groups passes, nodes, scenario, cost (`WaveEngine._groups`)."""
+        """kt (the kernel's `KernelTables`: ex, scratch_out, om, work, out, extra), fb (`FeedbackArrays`), ob
+        (`ObserveArrays`), and the engine's groups passes, nodes, scenario, cost (`WaveEngine._groups`)."""
 
     _structref.define_proxy(LoopTables, LoopTablesType,
-                            ["ex", "scratch_out", "om", "work", "fb", "ob", "out", "extra", "passes",
-                             "nodes", "scenario", "cost"])
+                            ["kt", "fb", "ob", "passes", "nodes", "scenario", "cost"])
 
 
 @njit(cache=True)
-def _loop_tables(ex, scratch_out, om, work, fb, ob, out, extra, passes, nodes, scenario,
-                 cost):  # pragma: no cover - compiled
+def _loop_tables(kt, fb, ob, passes, nodes, scenario, cost):  # pragma: no cover - compiled
     """A `LoopTables` made in compiled code: cached on disk, where the proxy's own constructor compiles anew in
     every process."""
-    return LoopTables(ex, scratch_out, om, work, fb, ob, out, extra, passes, nodes, scenario, cost)
+    return LoopTables(kt, fb, ob, passes, nodes, scenario, cost)
 
 
 def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int = 1 << 16) -> None:
@@ -329,7 +326,7 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
             tab = None
         engine._job_room(n_rows * K)
         if tab is None or engine.queue.jobs_f is not tab_jobs:  # (re)built when a buffer or the job queue grew
-            tab = _loop_tables(ex, scratch_out, om, work, fb, ob, out, extra, *engine._groups())
+            tab = _loop_tables(kernel_tables(ex, scratch_out, om, work, out, extra), fb, ob, *engine._groups())
             tab_jobs = engine.queue.jobs_f
         n_ids, n_rows, engine.stamp, more, b, observe = _drive_ordermoe(
             tab, chunk_rows, feedback.every, engine.stamp, b, n_ids, n_rows)
