@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from edgemoe.cluster import load_cluster
 from edgemoe.errors import EdgeMoEError
@@ -13,6 +17,7 @@ from edgemoe.profile import synthetic_profile
 from edgemoe.runtime import make_context, make_policy
 from edgemoe.runtime.local import replay_decisions
 from edgemoe.runtime.policies.ordermoe import layer_options
+from edgemoe.runtime.policies.ordermoe_kernel import weight_steps
 from edgemoe.runtime.sim.simulate import simulate
 from edgemoe.runtime.sim.workload import Trace, Workload
 
@@ -100,6 +105,19 @@ def test_oracle_needs_routing_and_tokens(edge8):
     pol = make_policy("oracle", ctx, routing=(profile.topk, profile.gates))
     with pytest.raises(EdgeMoEError, match="tokens"):
         pol.start(np.array([0, 1]))
+
+
+@given(weight=st.floats(1e-3, 1e3), step=st.floats(-1e4, 1e4))
+def test_quality_weight_step_is_libms_exp_clipped(weight, step):
+    """The step `observe` and the simulator's compiled loop both take: the C library's exp (the same bits on
+    every CPU), clipped to [1e-3, 1e3]; past exp's overflow the clip's bound."""
+    expected = min(max(weight * math.exp(step), 1e-3), 1e3) if step < 709.0 else 1e3
+    assert weight_steps(np.array([weight]), np.array([step]))[0] == expected
+
+
+def test_quality_weight_step_keeps_nan_and_bounds():
+    got = weight_steps(np.array([np.nan, 1.0, 1.0, 2.0]), np.array([0.1, np.inf, -np.inf, np.nan]))
+    assert np.isnan(got[0]) and got[1] == 1e3 and got[2] == 1e-3 and np.isnan(got[3])
 
 
 def test_observe_moves_each_users_quality_weight_its_own_way(edge8):

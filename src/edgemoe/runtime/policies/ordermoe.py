@@ -43,7 +43,7 @@ from ..context import RuntimeContext
 from ..policy import Decision, Policy, TokenState, branch_ready_s, choose_replicas, replica_shortlist, top1
 from .baselines import exact_decision
 from .exposure import Exposure, ExposureLayer
-from .ordermoe_kernel import DecodePath, steered_inputs, steered_pick
+from .ordermoe_kernel import DecodePath, steered_inputs, steered_pick, weight_steps
 
 EPS_S_PER_Q = 1e-9  # tie-break: between equally fast actions, spend no budget
 STEER_REPLICAS = 4  # replicas per branch (besides exact's own choice) that a steered decision considers
@@ -888,7 +888,7 @@ class OrderMoEPolicy(Policy):
             a_u = 1.0 - (1.0 - self.ewma) ** n[upd]
             self.spend_rate[upd] += a_u * (rate[upd] - self.spend_rate[upd])
             step = self.adapt_gain * a_u * (rate[upd] - self.spend_target) / self.spend_target
-            self.quality_weight[upd] = np.clip(self.quality_weight[upd] * np.exp(step), 1e-3, 1e3)
+            self.quality_weight[upd] = weight_steps(self.quality_weight[upd], step)  # (libm's exp: see there)
 
     def mean_waits(self, load: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The `mean` queue term's EWMA over one call of `rows` rows that all see the waits `load` [N]: each row

@@ -18,6 +18,7 @@ and the fallback without numba (`edgemoe.jit.HAVE_NUMBA`). One of four copies of
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -366,6 +367,30 @@ def _mean(a):  # pragma: no cover - compiled
     if a.shape[0] == 0:
         return 0.0
     return _pairwise_sum(a) / a.shape[0]
+
+
+@njit(cache=True, inline="always")
+def weight_step(weight, step):  # pragma: no cover - compiled
+    """The quality weight's multiplicative step of `OrderMoEPolicy.observe`: clip(weight x exp(step), 1e-3,
+    1e3), NaN staying NaN. exp is the C library's (`math.exp`, what compiled code calls), not numpy's: numpy's
+    float64 exp has its own AVX-512 code whose last bit differs from libm's on ~5% of arguments, so numpy's
+    result would depend on the CPU, and the simulator's compiled loop could not take the step without leaving
+    to Python. From 709 up the product is inf (libm's exp overflows at ~709.8; the clip gives 1e3 either way)."""
+    v = weight * (math.inf if step > 709.0 else math.exp(step))  # (a NaN step gives NaN, as numpy's)
+    if v < 1e-3:
+        v = 1e-3
+    if v > 1e3:
+        v = 1e3
+    return v
+
+
+@njit(cache=True)
+def weight_steps(weights, steps):  # pragma: no cover - compiled
+    """`weight_step` of each (weight, step) pair [n], as a new array."""
+    out = np.empty(weights.shape[0])
+    for i in range(weights.shape[0]):
+        out[i] = weight_step(weights[i], steps[i])
+    return out
 
 
 def action_count(K: int, max_enum_k: int) -> int:

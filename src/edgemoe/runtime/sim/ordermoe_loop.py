@@ -9,16 +9,14 @@ the budget state, the look-ahead lookup (`LookAhead.stacked`, paced), the steere
 (alpha from the queue pressure and the per-user latency excess, beta from the per-user quality weight), the
 queue-pressure EWMA (`OrderMoEPolicy.pressures`) and the feedback's per-pass estimate and spend (`Feedback.add`).
 
-What stays in Python: the exp of `OrderMoEPolicy.observe`'s quality-weight step (numpy's exp, whose last bit
-the compiled code could not promise to match). The loop leaves the compiled call at exactly the policy
-calls where `Feedback.flush` would observe finished passes (every `every`-th wave, when some pass has
-finished since); the compiled `_observe_ended` has then done the rest of `Feedback.observe` +
+The feedback too: at exactly the policy calls where `Feedback.flush` would observe finished passes (every
+`every`-th wave, when some pass has finished since), the compiled `_observe_ended` does `Feedback.observe` +
 `OrderMoEPolicy.observe` (the per-user latency excess and spend rate, the EWMA weights from a table of
-numpy's own powers), Python applies the exp step to the quality weights, and the loop goes on with the
-updated weights. Every table the loop reads travels in one `LoopTables` StructRef (one argument: numba's
-dispatcher type-checks each array argument of a call, ~150 of them here, and the loop is re-entered at
-every observation). The decision arrays are counted in the same chunks as `_TallyBuffer` (the tally's
-quality sum is per chunk).
+numpy's own powers, the quality weights' step `ordermoe_kernel.weight_step`, whose exp is the C library's
+on both paths), and the loop goes on with the updated weights. It returns to Python only when its decision
+buffers are full or the run ends. Every table the loop reads travels in one `LoopTables` StructRef (one
+argument: numba's dispatcher type-checks each array argument of a call, ~150 of them here). The decision
+arrays are counted in the same chunks as `_TallyBuffer` (the tally's quality sum is per chunk).
 
 Same floating-point operations in the same order as the numpy path (sums over the K slots in numpy's
 pairwise order, np.einsum's order in the drop price, exact maxima and minima, first index on ties; all
@@ -48,6 +46,7 @@ from ..policies.ordermoe_kernel import (
     action_count,
     kernel_tables,
     ordermoe_tables,
+    weight_step,
 )
 from ..policy import Decision
 from .engine import _rows_into, _wave_step
@@ -56,10 +55,8 @@ from .rules import RULE_EXACT, _decide_rows, decision_buffers, rule_tables
 
 _I = np.int64
 
-# entries of `FeedbackArrays.calls`: policy calls so far, passes ended when the policy last observed, users
-# whose quality weight the last observation moves (their ids and exp arguments in `ObserveArrays.upd / step`),
-# whether `ObserveArrays.factor` holds their exp, to be applied
-FB_CALLS, FB_ENDED_SEEN, FB_UPDATED, FB_PENDING = 0, 1, 2, 3
+# entries of `FeedbackArrays.calls`: policy calls so far, passes ended when the policy last observed
+FB_CALLS, FB_ENDED_SEEN = 0, 1
 # entries of `ObserveArrays.consts`: `OrderMoEPolicy.adapt_gain`, `.spend_target`
 OB_ADAPT_GAIN, OB_SPEND_TARGET = 0, 1
 
@@ -71,18 +68,20 @@ class FeedbackArrays(NamedTuple):
     spent: np.ndarray
     dense: np.ndarray
     observed: np.ndarray
-    calls: np.ndarray  # [3] FB_*
+    calls: np.ndarray  # [2] FB_*
     pass_end: np.ndarray
 
 
 class ObserveArrays(NamedTuple):
     """What `_observe_ended` reads and writes: the feedback's per-pass user and grant, the policy's per-user
-    EWMAs (its own arrays, updated in place), the powers of its EWMA keep-factor and per-user scratch."""
+    EWMAs and quality weights (its own arrays, updated in place), the powers of its EWMA keep-factor and
+    per-user scratch."""
 
     pass_user: np.ndarray  # [P] `Feedback.pass_user`
     granted: np.ndarray  # [P] `Feedback.granted`
     latency_excess: np.ndarray  # [U] `OrderMoEPolicy.latency_excess`
     spend_rate: np.ndarray  # [U] `OrderMoEPolicy.spend_rate`
+    quality_weight: np.ndarray  # [U] `OrderMoEPolicy.quality_weight`
     keep_pow: np.ndarray  # [n_max + 1] (1 - ewma) ** n by numpy (`observe`'s EWMA weight of n observations)
     consts: np.ndarray  # OB_*
     count: np.ndarray  # [U] scratch: passes of the user in this observation
@@ -90,9 +89,6 @@ class ObserveArrays(NamedTuple):
     granted_sum: np.ndarray
     spent_sum: np.ndarray
     users: np.ndarray  # [U] scratch: the users of this observation
-    upd: np.ndarray  # [U] users whose quality weight moves (calls[FB_UPDATED] of them)
-    step: np.ndarray  # [U] and the argument of its exp
-    factor: np.ndarray  # [U] exp(step) by numpy, applied at the next call (calls[FB_PENDING] set)
 
 
 def observe_arrays(policy, feedback) -> ObserveArrays:
@@ -103,24 +99,21 @@ def observe_arrays(policy, feedback) -> ObserveArrays:
     keep_pow = (1.0 - policy.ewma) ** np.arange(n_max + 1, dtype=float)
     z = lambda dtype=float: np.zeros(U, dtype)  # noqa: E731
     return ObserveArrays(np.ascontiguousarray(feedback.pass_user, _I), np.ascontiguousarray(feedback.granted, float),
-                         policy.latency_excess, policy.spend_rate, keep_pow,
-                         np.array([policy.adapt_gain, policy.spend_target], float), z(_I), z(), z(), z(), z(_I), z(_I),
-                         z(), z())
+                         policy.latency_excess, policy.spend_rate, policy.quality_weight, keep_pow,
+                         np.array([policy.adapt_gain, policy.spend_target], float), z(_I), z(), z(), z(), z(_I))
 
 
 @njit(cache=True, inline="always")
 def _observe_ended(fb, ob, pass_begin, ended, n_ended):  # pragma: no cover - compiled
     """`Feedback.observe` + `OrderMoEPolicy.observe` of the passes ended since the last observation (ascending
-    ids, as `Feedback.flush`'s flatnonzero gives them), but for the quality weights' exp: each seen user's
-    latency excess, each user with a grant its spend rate, and into ob.upd / ob.step (calls[FB_UPDATED] of
-    them) the users whose quality weight moves and their exp argument. The same operations as numpy's
-    (bincount's sums in pass order from 0.0, np.maximum's NaN, the EWMA weight from numpy's powers)."""
+    ids, as `Feedback.flush`'s flatnonzero gives them): each seen user's latency excess, and each user with a
+    grant its spend rate and quality weight. The same operations as numpy's (bincount's sums in pass order from
+    0.0, np.maximum's NaN, the EWMA weight from numpy's powers, `weight_step`)."""
     estimate, spent, observed, calls, pass_end = fb.estimate, fb.spent, fb.observed, fb.calls, fb.pass_end
-    (pass_user, granted, latency_excess, spend_rate, keep_pow, consts, count, excess_sum, granted_sum, spent_sum, users,
-     upd, step, _) = ob
+    (pass_user, granted, latency_excess, spend_rate, quality_weight, keep_pow, consts, count, excess_sum, granted_sum,
+     spent_sum, users) = ob
     done = np.sort(ended[calls[FB_ENDED_SEEN]:n_ended])
     calls[FB_ENDED_SEEN] = n_ended
-    calls[FB_UPDATED] = 0
     for i in range(done.shape[0]):
         u = pass_user[done[i]]
         count[u] = 0
@@ -143,7 +136,6 @@ def _observe_ended(fb, ob, pass_begin, ended, n_ended):  # pragma: no cover - co
         granted_sum[u] += granted[p]
         spent_sum[u] += spent[p]
     gain, target = consts[OB_ADAPT_GAIN], consts[OB_SPEND_TARGET]
-    n_upd = 0
     for i in range(n_users):
         u = users[i]
         n = float(count[u])
@@ -153,38 +145,18 @@ def _observe_ended(fb, ob, pass_begin, ended, n_ended):  # pragma: no cover - co
         if has > 0:
             rate = spent_sum[u] / has
             spend_rate[u] = spend_rate[u] + a * (rate - spend_rate[u])
-            upd[n_upd] = u
-            step[n_upd] = gain * a * (rate - target) / target
-            n_upd += 1
-    calls[FB_UPDATED] = n_upd
-
-
-@njit(cache=True, inline="always")
-def _apply_factor(quality_weight, ob, calls):  # pragma: no cover - compiled
-    """The quality weights' step of `OrderMoEPolicy.observe` with its exp given (ob.factor, numpy's):
-    np.clip(weight x factor, 1e-3, 1e3) (NaN stays NaN)."""
-    if calls[FB_PENDING]:
-        for i in range(calls[FB_UPDATED]):
-            u = ob.upd[i]
-            v = quality_weight[u] * ob.factor[i]
-            if v < 1e-3:
-                v = 1e-3
-            if v > 1e3:
-                v = 1e3
-            quality_weight[u] = v
-        calls[FB_PENDING] = 0
+            quality_weight[u] = weight_step(quality_weight[u], gain * a * (rate - target) / target)
 
 
 @njit(cache=True)
 def _drive_ordermoe(tab, chunk_rows, every, stamp, b, n_ids, n_rows):  # pragma: no cover - compiled
-    """Decide (`_decide_ordermoe`), feed back (`Feedback.add`) and run (`_wave_step`) waves from the picked
-    one until the run ends, the buffers hold >= chunk_rows rows, the policy is due to observe finished
-    passes (`Feedback.flush`: every `every`-th wave, when passes ended since the last observation; the
-    engine logs ended passes in `ended`; `_observe_ended` then observes them), or the next wave does not fit
-    in the buffers or the job queue. tab: a `LoopTables`. The picked wave is the engine's scratch: its n_ids passes
-    in `passes.ids` and n_rows rows in `scenario.wave_rows`, counts in and out, no arrays, because this call
-    returns to Python at every observation and a returned array costs a box and its next call's unbox. Returns
-    (next wave's n_ids, n_rows, stamp, more, rows buffered, observed now). It calls the engine's `_wave_step` and the kernel's
+    """Decide (`_decide_ordermoe`), feed back (`Feedback.add`, and `Feedback.flush`'s observations: every
+    `every`-th wave, when passes ended since the last observation, `_observe_ended` observes them; the engine
+    logs ended passes in `ended`) and run (`_wave_step`) waves from the picked one until the run ends, the
+    buffers hold >= chunk_rows rows, or the next wave does not fit in the buffers or the job queue. tab: a
+    `LoopTables`. The picked wave is the engine's scratch: its n_ids passes in `passes.ids` and n_rows rows in
+    `scenario.wave_rows`, counts in and out, no arrays (a returned array costs a box and its next call's
+    unbox). Returns (next wave's n_ids, n_rows, stamp, more, rows buffered). It calls the engine's `_wave_step` and the kernel's
     `_decide_ordermoe` once per wave (functions of their own: compiled once, shared with the other loops and
     the decode path); numba's disk cache of this function checks only this file, so after a change to either, clear the
     cache (see `rules._drive`)."""
@@ -202,9 +174,7 @@ def _drive_ordermoe(tab, chunk_rows, every, stamp, b, n_ids, n_rows):  # pragma:
     rows_buf, rpass_buf, rlayer_buf, rtok_buf = scenario.wave_rows
     ids = passes.ids[:n_ids]
     rows, rpass, rlayer, rtok = rows_buf[:n_rows], rpass_buf[:n_rows], rlayer_buf[:n_rows], rtok_buf[:n_rows]
-    _apply_factor(om.quality_weight, ob, calls)
     more = True
-    observe = False
     while True:
         T = rows.shape[0]
         if b + T > out_pass.shape[0] or counters[C_PENDING] + T * K > jobs_f.shape[0] or T > scratch_out.pass_.shape[0]:
@@ -242,10 +212,9 @@ def _drive_ordermoe(tab, chunk_rows, every, stamp, b, n_ids, n_rows):  # pragma:
         calls[FB_CALLS] += 1
         if calls[FB_CALLS] % every == 0 and counters[C_ENDED] > calls[FB_ENDED_SEEN]:  # passes ended since the last observation
             _observe_ended(fb, ob, passes.pass_begin, passes.ended, counters[C_ENDED])
-            observe = True
-        if not more or b >= chunk_rows or observe:
+        if not more or b >= chunk_rows:
             break
-    return ids.shape[0], rows.shape[0], stamp, more, b, observe
+    return ids.shape[0], rows.shape[0], stamp, more, b
 
 
 if HAVE_NUMBA:
@@ -278,7 +247,7 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
     """Run the whole simulation of `engine` (a WaveEngine) with `policy` (OrderMoE, `compiled_loop_supported`)
     decided in the compiled loop. state: the policy's TokenState of every row (updated in place); feedback: the run's
     `Feedback` (its estimate, spent and observed arrays are filled here, its observations made by
-    `_observe_ended`, the quality weights' exp here); count(dec, topk, layer, home, row_pass) receives the
+    `_observe_ended`); count(dec, topk, layer, home, row_pass) receives the
     decisions in `_TallyBuffer`'s chunks (the same rows: waves until >= chunk_rows, then the rest), as views
     of buffers reused afterwards."""
     ctx = policy.ctx
@@ -300,7 +269,7 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
     work = _work_arrays(K, N, J, (1 + N if om.flags[F_ALL_NODES] else 1 + K * J) if om.flags[F_STEER] else 1,
                         action_count(K, int(om.ints[I_ENUM])))
     fb = FeedbackArrays(feedback.estimate, feedback.spent, feedback.dense, feedback.observed,
-                        np.array([feedback.calls, 0, 0, 0], _I), engine.run.pass_end)
+                        np.array([feedback.calls, 0], _I), engine.run.pass_end)
     ob = observe_arrays(policy, feedback)
 
     def buffers(cap, keep=None, rows_kept=0):
@@ -328,12 +297,8 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
         if tab is None or engine.queue.jobs_f is not tab_jobs:  # (re)built when a buffer or the job queue grew
             tab = _loop_tables(kernel_tables(ex, scratch_out, om, work, out, extra), fb, ob, *engine._groups())
             tab_jobs = engine.queue.jobs_f
-        n_ids, n_rows, engine.stamp, more, b, observe = _drive_ordermoe(
+        n_ids, n_rows, engine.stamp, more, b = _drive_ordermoe(
             tab, chunk_rows, feedback.every, engine.stamp, b, n_ids, n_rows)
-        if observe and fb.calls[FB_UPDATED]:  # `observe`'s quality-weight step: numpy's exp, applied next call
-            n = int(fb.calls[FB_UPDATED])
-            np.exp(ob.step[:n], out=ob.factor[:n])
-            fb.calls[FB_PENDING] = 1
         if b and (b >= chunk_rows or not more):
             experts, node, loc, nxt, lat, topk, lv, home, row_pass = (a[:b] for a in out)
             quality, zeroed = (a[:b] for a in extra)
@@ -342,9 +307,5 @@ def run_ordermoe(engine, policy, state, trace, feedback, count, chunk_rows: int 
             b = 0
         if not more:
             break
-    if fb.calls[FB_PENDING]:  # the last wave's observation: its weights before the feedback's final flush
-        n = int(fb.calls[FB_UPDATED])
-        upd = ob.upd[:n]
-        policy.quality_weight[upd] = np.clip(policy.quality_weight[upd] * ob.factor[:n], 1e-3, 1e3)
     feedback.calls = int(fb.calls[FB_CALLS])
     policy.queue_pressure = float(om.qpress[0])
