@@ -1066,15 +1066,27 @@ def _decode_call(tab, layer, topk, gates, load, user, home, location, state_laye
     the decision and the new state come back as fresh arrays.
 
     topk, gates [T, K]; load [N]; user, home, location, state_layer [T] int; budget_total, budget_used [T].
-    Returns (ok: every row at `layer`, experts [T, K], node [T, K], location [T] (a copy), next [T], quality
-    [T], latency [T], zeroed [T, K], any zeroed, budget used [T], next layer [T], top-1 [T])."""
+    Returns (ok: every row at `layer` and every input in range, experts [T, K], node [T, K], location [T] (a
+    copy), next [T], quality [T], latency [T], zeroed [T, K], any zeroed, budget used [T], next layer [T],
+    top-1 [T]). Not ok: nothing decided (`Policy.decide`'s checks then name what is wrong); the ranges are
+    checked here because compiled code reads its tables unchecked: an expert id, user or node out of range
+    would read outside them."""
     T, K = topk.shape
     kt = tab.kt
     ex, om, out, extra = kt.ex, kt.om, kt.out, kt.extra
-    ok = True
-    for t in range(T):
-        if state_layer[t] != layer:
-            ok = False
+    N, U, E = tab.xfer.shape[0], ex.usable.shape[0], ex.compute.shape[2]
+    ok = load.shape[0] == N and user.shape[0] == T and home.shape[0] == T and location.shape[0] == T
+    ok = ok and state_layer.shape[0] == T and budget_total.shape[0] == T and budget_used.shape[0] == T
+    if ok:
+        for n in range(N):
+            if not (load[n] >= 0.0 and load[n] < np.inf):
+                ok = False
+        for t in range(T):
+            if state_layer[t] != layer or not (0 <= user[t] < U and 0 <= home[t] < N and 0 <= location[t] < N):
+                ok = False
+            for k in range(K):
+                if not 0 <= topk[t, k] < E:
+                    ok = False
     if not ok:
         e2, e1, f1 = np.empty((0, K), np.int64), np.empty(0, np.int64), np.empty(0)
         return (False, e2, e2, e1, e1, f1, f1, np.empty((0, K), np.bool_), False, f1, e1, e1)
@@ -1107,6 +1119,10 @@ def _decode_call(tab, layer, topk, gates, load, user, home, location, state_laye
     return (True, out.experts[:T].copy(), out.node[:T].copy(), loc, out.next[:T].copy(),
             extra[0][:T].copy(), out.lat[:T].copy(), zeroed, any_zeroed, om.budget_used[:T].copy(),
             ex.layer[:T].copy(), ex.top1[:T].copy())
+
+
+_STATE_DTYPES = (("user", np.int64), ("home", np.int64), ("location", np.int64), ("layer", np.int64),
+                 ("budget_total", np.float64), ("budget_used", np.float64))  # `DecodePath`: the fields it reads
 
 
 class DecodePath:
@@ -1158,6 +1174,12 @@ class DecodePath:
         from ..policy import Decision
 
         om = self.om
+        # the state's arrays as `Policy.start` makes them (another dtype would compile `_decode_call` anew, and a
+        # field that is not an array has no dtype): anything else goes to `decide`'s own path and its checks
+        for f, d in _STATE_DTYPES:
+            a = getattr(state, f, None)
+            if not isinstance(a, np.ndarray) or a.dtype != d or a.ndim != 1:
+                return None
         T = state.user.shape[0]
         if not isinstance(layer, int | np.integer) or T == 0 or not 0 <= layer < self.L:
             return None
@@ -1170,13 +1192,18 @@ class DecodePath:
         if T > self.cap or pol.latency_excess is not om.latency_excess or pol.quality_weight is not om.quality_weight:
             self._build(pol, max(T, self.cap))  # more rows than the tables hold, or the weights replaced
             om = self.om
-        load = self.zero_load if load_s is None else np.asarray(load_s, dtype=float)
+        try:
+            load = self.zero_load if load_s is None else np.asarray(load_s, dtype=float)
+        except (TypeError, ValueError):
+            return None
+        if load.ndim != 1:
+            return None
         om.qpress[0] = pol.queue_pressure
         (ok, experts, node, location, nxt, quality, lat, zeroed, any_zeroed, used, next_layer,
          top1) = _decode_call(self.tab, int(layer), topk, gates, load, state.user, state.home, state.location,
                               state.layer, state.budget_total, state.budget_used)
         if not ok:
-            return None  # rows out of order: `decide` says so
+            return None  # rows out of order or an input out of range: `decide`'s checks say which
         pol.queue_pressure = float(om.qpress[0])
         state.location, state.budget_used, state.layer, state.prev_top1 = nxt.copy(), used, next_layer, top1
         return Decision(experts=experts, node=node, location=location, next_location=nxt, quality_cost=quality,

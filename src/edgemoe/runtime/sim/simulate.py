@@ -41,11 +41,23 @@ from .workload import Scenario, Trace, Workload, build_scenario
 DEFAULT_WINDOW_S = 1e-4  # fast engine's wave width: about the compute time of one expert call (`bench.studies.window_error`)
 
 
+def _check_trace(ctx: RuntimeContext, trace: Trace) -> None:
+    """Raise EdgeMoEError unless `trace` fits `ctx`: (L, K) its shape, expert ids in [0, E), finite gates (the
+    compiled engines index their tables by the ids unchecked: an id out of range would read outside them)."""
+    if trace.topk.shape[1:] != (ctx.num_layers, ctx.top_k):
+        raise EdgeMoEError(f"trace has (L, K) = {trace.topk.shape[1:]}, context has {(ctx.num_layers, ctx.top_k)}")
+    E = ctx.num_experts
+    if trace.topk.size and not (trace.topk.min() >= 0 and trace.topk.max() < E):
+        raise EdgeMoEError(f"trace.topk must hold expert ids in [0, {E}), got ids in "
+                           f"[{trace.topk.min()}, {trace.topk.max()}]")
+    if not np.isfinite(trace.gates).all():
+        raise EdgeMoEError("trace.gates holds NaN or infinite values")
+
+
 def simulate(ctx: RuntimeContext, policy: Policy, trace: Trace, workload: Workload, engine: str = "fast",
              window_s: float = DEFAULT_WINDOW_S) -> RunMetrics:
     """Simulate `workload` with `policy` on `ctx`, replaying routing from `trace`; deterministic for the seed."""
-    if trace.topk.shape[1:] != (ctx.num_layers, ctx.top_k):
-        raise EdgeMoEError(f"trace has (L, K) = {trace.topk.shape[1:]}, context has {(ctx.num_layers, ctx.top_k)}")
+    _check_trace(ctx, trace)
     scenario = build_scenario(ctx.user_weight, ctx.user_domain, trace, workload)
     return simulate_scenario(ctx, policy, trace, scenario, engine, window_s)
 
@@ -53,6 +65,7 @@ def simulate(ctx: RuntimeContext, policy: Policy, trace: Trace, workload: Worklo
 def simulate_scenario(ctx: RuntimeContext, policy: Policy, trace: Trace, scenario: Scenario, engine: str = "fast",
                       window_s: float = DEFAULT_WINDOW_S) -> RunMetrics:
     """Simulate an explicit Scenario (requests, passes and rows already drawn; see `build_scenario`)."""
+    _check_trace(ctx, trace)
     if engine == "reference":
         from .des import run_reference
 

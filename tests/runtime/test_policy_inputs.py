@@ -1,0 +1,117 @@
+"""Bad inputs to `Policy.decide` and `simulate`: one EdgeMoEError that names the field, and nothing changed.
+
+The compiled paths (OrderMoE's decode path, the simulator's wave loops) read their tables by expert id, user
+and node without bounds checks, so an id out of range there read outside the tables (a segmentation fault
+in the decode path, a silent wrong answer in the loops) before these checks; a negative id was taken from
+the end of a table on every path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import edgemoe.runtime.policies.ordermoe as om
+from edgemoe.cluster import load_cluster
+from edgemoe.errors import EdgeMoEError
+from edgemoe.plan import plan_problem
+from edgemoe.plan.base import plan
+from edgemoe.profile import synthetic_profile
+from edgemoe.runtime import make_context, make_policy
+from edgemoe.runtime.sim.simulate import simulate
+from edgemoe.runtime.sim.workload import Trace, Workload
+
+PROFILE = synthetic_profile(num_layers=4, num_experts=8, top_k=2, num_tokens=300, seed=0)
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    cluster = load_cluster("edge8")
+    placement = plan(plan_problem(PROFILE, cluster, domain_fallback=True), "ordermoe")
+    return make_context(PROFILE, cluster, placement, mode="migrate", domain_fallback=True)
+
+
+# (policy, its parameters, compiled decode path on)
+POLICIES = [("exact", {}, False), ("ordermoe", {"horizon": 2}, True), ("ordermoe", {"horizon": 2}, False)]
+
+
+def _bad_topk(value):
+    return lambda topk, load, st: (np.where(np.arange(topk.size).reshape(topk.shape) == 1, value, topk), load)
+
+
+def _bad_load(load_fn):
+    return lambda topk, load, st: (topk, load_fn(load))
+
+
+def _bad_state(name, fn):
+    def edit(topk, load, st):
+        setattr(st, name, fn(getattr(st, name)))
+        return topk, load
+    return edit
+
+
+CASES = {  # case: (edit (topk, load, state) -> (topk, load), words the error must hold)
+    "expert id past E": (_bad_topk(10**6), "topk must hold expert ids in [0, 8)"),
+    "expert id E": (_bad_topk(8), "topk must hold expert ids in [0, 8)"),
+    "negative expert id": (_bad_topk(-5), "topk must hold expert ids in [0, 8)"),
+    "load too short": (_bad_load(lambda a: a[:2]), "load_s must be [N=8] seconds"),
+    "NaN load": (_bad_load(lambda a: np.where(np.arange(a.size) == 3, np.nan, a)), "load_s must hold finite seconds >= 0"),
+    "negative load": (_bad_load(lambda a: a - 1.0), "load_s must hold finite seconds >= 0"),
+    "infinite load": (_bad_load(lambda a: a + np.inf), "load_s must hold finite seconds >= 0"),
+    "load not numbers": (_bad_load(lambda a: ["x"] * a.size), "load_s must be [N=8] seconds"),
+    "user past U": (_bad_state("user", lambda a: a + 10**6), "state.user must hold indices in [0, 16)"),
+    "location past N": (_bad_state("location", lambda a: a + 8), "state.location must hold indices in [0, 8)"),
+    "negative home": (_bad_state("home", lambda a: a - 100), "state.home must hold indices in [0, 8)"),
+    "float users": (_bad_state("user", lambda a: a.astype(float)), "state.user must be a [T=3] integer array"),
+    "budget too short": (_bad_state("budget_used", lambda a: a[:1]), "state.budget_used must be a [T=3] float array"),
+    "layer a list": (_bad_state("layer", lambda a: a.tolist()), "state.layer must be a [T=3] integer array"),
+    "users a list": (_bad_state("user", lambda a: a.tolist()), "state.user must be a [T] integer array"),
+}
+
+
+@pytest.mark.parametrize("policy, params, compiled", POLICIES, ids=["exact", "ordermoe-compiled", "ordermoe-numpy"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_decide_input_is_a_clear_error_and_changes_nothing(ctx, monkeypatch, policy, params, compiled, case):
+    monkeypatch.setattr(om, "COMPILED_DECODE", compiled)
+    pol = make_policy(policy, ctx, **params)
+    st = pol.start(np.array([0, 5, 15]))
+    topk, gates, load = PROFILE.topk[:3, 0].astype(np.int64), PROFILE.gates[:3, 0], np.full(ctx.num_nodes, 0.001)
+    pol.decide(0, topk, gates, pol.start(np.array([0, 5, 15])), load)  # a good call first: the decode path built
+    edit, words = CASES[case]
+    topk, load = edit(topk, load, st)
+    before = {k: np.array(v, copy=True) for k, v in vars(st).items()}
+    with pytest.raises(EdgeMoEError) as err:
+        pol.decide(0, topk, gates, st, load)
+    assert words in str(err.value)
+    for k, v in vars(st).items():
+        assert np.array_equal(np.asarray(v), before[k]), k
+
+
+@pytest.mark.parametrize("policy, params, compiled", POLICIES, ids=["exact", "ordermoe-compiled", "ordermoe-numpy"])
+def test_inputs_at_the_edges_of_their_ranges_are_decided(ctx, monkeypatch, policy, params, compiled):
+    """The last user, node and expert, and loads of 0, are in range: decided as on the numpy path."""
+    monkeypatch.setattr(om, "COMPILED_DECODE", compiled)
+    pol = make_policy(policy, ctx, **params)
+    users = np.array([0, ctx.num_users - 1])
+    st = pol.start(users)
+    st.location[:] = ctx.num_nodes - 1
+    topk = np.array([[0, 7], [7, 6]])
+    dec = pol.decide(0, topk, np.full((2, 2), 0.5), st, np.zeros(ctx.num_nodes))
+    assert dec.experts.shape == (2, 2) and np.isfinite(dec.latency_s).all()
+    assert (st.layer == 1).all()
+
+
+@pytest.mark.parametrize("policy, params", [("exact", {}), ("ordermoe", {"horizon": 2})])
+@pytest.mark.parametrize("value, words", [(10**6, "trace.topk must hold expert ids in [0, 8)"),
+                                          (-3, "trace.topk must hold expert ids in [0, 8)"),
+                                          (np.nan, "trace.gates holds NaN or infinite values")])
+def test_a_trace_out_of_range_is_refused_before_the_compiled_loop(ctx, policy, params, value, words):
+    trace = Trace.from_profile(PROFILE)
+    topk, gates = trace.topk.copy(), trace.gates.copy()
+    if np.isnan(value):
+        gates[7, 2, 1] = value
+    else:
+        topk[7, 2, 1] = value
+    bad = Trace(topk=topk, gates=gates, domain=trace.domain)
+    with pytest.raises(EdgeMoEError, match=words.replace("[", r"\[").replace(")", r"\)")):
+        simulate(ctx, make_policy(policy, ctx, **params), bad, Workload(4, 4, 4, "closed"))
