@@ -115,3 +115,38 @@ def test_a_trace_out_of_range_is_refused_before_the_compiled_loop(ctx, policy, p
     bad = Trace(topk=topk, gates=gates, domain=trace.domain)
     with pytest.raises(EdgeMoEError, match=words.replace("[", r"\[").replace(")", r"\)")):
         simulate(ctx, make_policy(policy, ctx, **params), bad, Workload(4, 4, 4, "closed"))
+
+
+OBSERVE_CASES = {  # case: (observe's arguments, words the error must hold)
+    "user past U": (dict(users=[10**6], latency_s=[0.1]), "users must be in [0, 16)"),
+    "negative user": (dict(users=[-1], latency_s=[0.1]), "users must be in [0, 16)"),
+    "float users": (dict(users=[0.5], latency_s=[0.1]), "users must be a [n] array of user indices"),
+    "NaN latency": (dict(users=[0], latency_s=[np.nan], estimate_s=[0.1]), "latency_s must hold finite numbers >= 0"),
+    "infinite latency": (dict(users=[0], latency_s=[np.inf], estimate_s=[0.1]), "latency_s must hold finite numbers"),
+    "negative estimate": (dict(users=[0], latency_s=[0.1], estimate_s=[-1.0]), "estimate_s must hold numbers >= 0"),
+    "one latency for two users": (dict(users=[0, 1], latency_s=[0.1]), "latency_s must be [n=2]"),
+    "NaN spent": (dict(users=[0], latency_s=[0.1], estimate_s=[0.1], spent=[np.nan], granted=[1.0]),
+                  "spent must hold finite numbers >= 0"),
+    "granted not numbers": (dict(users=[0], latency_s=[0.1], estimate_s=[0.1], spent=[0.1], granted=["x"]),
+                            "must be arrays of numbers"),
+}
+
+
+@pytest.mark.parametrize("case", list(OBSERVE_CASES))
+def test_bad_feedback_is_a_clear_error_and_leaves_the_weights(ctx, case):
+    """One NaN observed would stay in the user's adaptive weights for good (before the check it did)."""
+    pol = make_policy("ordermoe", ctx, horizon=2)
+    pol.observe(np.array([0, 3]), np.array([0.2, 0.1]), np.array([0.1, 0.1]), np.array([0.5, 0.0]), np.array([1.0, 1.0]))
+    before = {k: getattr(pol, k).copy() for k in ("latency_excess", "quality_weight", "spend_rate")}
+    kwargs, words = OBSERVE_CASES[case]
+    with pytest.raises(EdgeMoEError) as err:
+        pol.observe(**kwargs)
+    assert words in str(err.value)
+    for k, v in before.items():
+        assert np.array_equal(getattr(pol, k), v), k
+
+
+def test_an_infinite_estimate_is_feedback_that_adds_no_excess(ctx):
+    pol = make_policy("ordermoe", ctx, horizon=2)
+    pol.observe(np.array([2]), np.array([0.3]), np.array([np.inf]))
+    assert pol.latency_excess[2] == 0.0

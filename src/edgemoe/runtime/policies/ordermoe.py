@@ -413,6 +413,31 @@ def set_stats(topk: np.ndarray, gates: np.ndarray, layer: int, num_experts: int,
     return SetStats(experts=uniq[kept_cols], gates=mean_gates[kept_cols], prob=prob)
 
 
+def _feedback(U: int, users, latency_s, estimate_s, spent, granted) -> tuple:
+    """`OrderMoEPolicy.observe`'s arguments as arrays, checked (see there); EdgeMoEError names the first bad one."""
+    try:
+        users = np.asarray(users)
+        arrays = {name: None if a is None else np.asarray(a, dtype=float) for name, a in
+                  (("latency_s", latency_s), ("estimate_s", estimate_s), ("spent", spent), ("granted", granted))}
+    except (TypeError, ValueError) as exc:
+        raise EdgeMoEError(f"observe: the feedback must be arrays of numbers ({exc})") from None
+    n = users.shape[0] if users.ndim == 1 else -1
+    if users.ndim != 1 or (users.size and users.dtype.kind not in "iu"):
+        raise EdgeMoEError(f"observe: users must be a [n] array of user indices, got {users.dtype} {users.shape}")
+    users = users.astype(np.int64)
+    if n and not (users.min() >= 0 and users.max() < U):
+        raise EdgeMoEError(f"observe: users must be in [0, {U}), got [{users.min()}, {users.max()}]")
+    for name, a in arrays.items():
+        if a is None:
+            continue
+        if a.shape != (n,):
+            raise EdgeMoEError(f"observe: {name} must be [n={n}], one per user given, got shape {a.shape}")
+        if n and not (a.min() >= 0 and (name == "estimate_s" or a.max() < np.inf)):  # (a NaN fails the first)
+            raise EdgeMoEError(f"observe: {name} must hold {'' if name == 'estimate_s' else 'finite '}numbers >= 0, "
+                               f"got values in [{a.min()}, {a.max()}]")
+    return (users, *arrays.values())
+
+
 class LookAhead:
     """Cost-to-go tables phi[l] [N, C, m]: expected seconds of layers l .. l+H-1 for a token at node c whose
     previous-layer routing has key k (`RoutingKeys`: its Top-K set if frequent, else its top-1 expert), with
@@ -868,8 +893,13 @@ class OrderMoEPolicy(Policy):
           exp(adapt_gain * a * (r_u - spend_target) / spend_target) (a: the EWMA weight of the passes seen;
           spend_rate keeps the EWMA of r_u for reports): a user who spends more of its budget
           than the target pays more for quality (saves it for where it buys most), one who spends less pays
-          less (so it substitutes whenever that helps)."""
-        users = np.asarray(users, dtype=np.int64)
+          less (so it substitutes whenever that helps).
+
+        Raises EdgeMoEError, with no weight changed, unless users [n] are in [0, U) and every array given is
+        [n] of numbers >= 0, finite except estimate_s (an infinite estimate adds no excess): one NaN would
+        stay in the user's weights for good."""
+        users, latency_s, estimate_s, spent, granted = _feedback(self.ctx.num_users, users, latency_s, estimate_s,
+                                                                 spent, granted)
         if users.size == 0:
             return
         U = self.ctx.num_users
