@@ -150,3 +150,38 @@ def test_an_infinite_estimate_is_feedback_that_adds_no_excess(ctx):
     pol = make_policy("ordermoe", ctx, horizon=2)
     pol.observe(np.array([2]), np.array([0.3]), np.array([np.inf]))
     assert pol.latency_excess[2] == 0.0
+
+
+@pytest.mark.parametrize("params, words", [
+    ({"ewma": 2.0}, "ewma must be a finite number in [0, 1]"),
+    ({"ewma": np.nan}, "ewma must be a finite number in [0, 1]"),
+    ({"pressure_gain": np.nan}, "pressure_gain must be a finite number >= 0"),
+    ({"pressure_gain": -5.0}, "pressure_gain must be a finite number >= 0"),
+    ({"adapt_gain": np.inf}, "adapt_gain must be a finite number >= 0"),
+    ({"quality_price": -1.0}, "quality_price must be a finite number >= 0"),
+    ({"quality_power": np.nan}, "quality_power must be a finite number >= 0"),
+    ({"steer_replicas": -1}, "steer_replicas must be a whole number >= 0"),
+    ({"max_enum_k": -1}, "max_enum_k must be a whole number >= 0"),
+    ({"sets_per_prev": 0}, "sets_per_prev must be a whole number >= 1"),
+    ({"horizon": 2.5}, "horizon must be a whole number >= 0"),
+    ({"horizon": -1}, "horizon must be a whole number >= 0"),
+])
+def test_ordermoe_parameters_out_of_range_are_refused(ctx, params, words):
+    with pytest.raises(EdgeMoEError) as err:
+        make_policy("ordermoe", ctx, **params)
+    assert words in str(err.value)
+
+
+def test_a_horizon_past_the_last_layer_looks_no_further(ctx):
+    """Depth L - 1 is the recursion's fixed point: a horizon of a million builds the tables of H = L bit for bit
+    (it ran for hours before, a million recursions) and simulates the same run. (Not H = L - 1's: the queue
+    term's exposure is taken at the budget level H layers of allowance reach, the grid's top from H = L on.)"""
+    L = ctx.num_layers
+    deep, full = (make_policy("ordermoe", ctx, horizon=h) for h in (10**6, L))
+    assert np.array_equal(deep.lookahead.stacked, make_policy("ordermoe", ctx, horizon=L - 1).lookahead.stacked)
+    assert np.array_equal(deep.lookahead.stacked, full.lookahead.stacked)
+    assert np.array_equal(deep.lookahead.home, full.lookahead.home)
+    assert np.array_equal(deep.lookahead.exposure, full.lookahead.exposure)
+    trace, wl = Trace.from_profile(PROFILE), Workload(8, 4, 4, "closed")
+    a, b = (simulate(ctx, p, trace, wl) for p in (deep, full))
+    assert a.latency_ms == b.latency_ms and a.traffic_bytes_per_1k_tokens == b.traffic_bytes_per_1k_tokens

@@ -413,6 +413,16 @@ def set_stats(topk: np.ndarray, gates: np.ndarray, layer: int, num_experts: int,
     return SetStats(experts=uniq[kept_cols], gates=mean_gates[kept_cols], prob=prob)
 
 
+def _check_numbers(**values) -> None:
+    """Raise EdgeMoEError unless every value (name=(value, low, high)) is a real number in [low, high] and
+    finite (`OrderMoEPolicy`'s numeric parameters: a NaN or an infinite gain reaches every decision)."""
+    for name, (value, low, high) in values.items():
+        ok = isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
+        if not (ok and np.isfinite(value) and low <= value <= high):
+            bound = f">= {low:g}" if high == np.inf else f"in [{low:g}, {high:g}]"
+            raise EdgeMoEError(f"ordermoe: {name} must be a finite number {bound}, got {value!r}")
+
+
 def _feedback(U: int, users, latency_s, estimate_s, spent, granted) -> tuple:
     """`OrderMoEPolicy.observe`'s arguments as arrays, checked (see there); EdgeMoEError names the first bad one."""
     try:
@@ -499,7 +509,9 @@ class LookAhead:
         prev_depth: dict[int, np.ndarray] = {}
         prev_expo: dict[int, ExposureLayer] = {}
         zero_expo = ExposureLayer.empty(N, C)
-        for _depth in range(1, self.horizon + 1):
+        # depth L - 1 is a fixed point: from it on every layer's window reaches the last layer, so a deeper
+        # recursion recomputes the same tables (and a horizon of millions would run for hours)
+        for _depth in range(1, min(self.horizon, L - 1) + 1):
             cur, cur_expo = {}, {}
             for layer in range(1, L):
                 nxt = prev_depth.get(layer + 1, self.zero)
@@ -738,6 +750,13 @@ class OrderMoEPolicy(Policy):
             raise EdgeMoEError(f"ordermoe: router_weight must be in [0, 1], got {router_weight}")
         if backlog not in BACKLOGS:
             raise EdgeMoEError(f"ordermoe: backlog must be one of {list(BACKLOGS)}, got {backlog!r}")
+        _check_numbers(ewma=(ewma, 0.0, 1.0), pressure_gain=(pressure_gain, 0.0, np.inf),
+                       adapt_gain=(adapt_gain, 0.0, np.inf), quality_power=(quality_power, 0.0, np.inf),
+                       **({} if quality_price is None else {"quality_price": (quality_price, 0.0, np.inf)}))
+        for name, value, low in (("steer_replicas", steer_replicas, 0), ("max_enum_k", max_enum_k, 0),
+                                 ("sets_per_prev", sets_per_prev, 1), ("min_set_count", min_set_count, 0)):
+            if not (isinstance(value, int | np.integer) and value >= low):
+                raise EdgeMoEError(f"ordermoe: {name} must be a whole number >= {low}, got {value!r}")
         super().__init__(ctx, budget=budget, horizon=horizon, **({"backlog": backlog} if backlog != BACKLOG else {}),
                          steer=steer, substitutes=",".join(kinds), levels=levels,
                          quality_price=quality_price, pressure_gain=pressure_gain, sets_per_prev=sets_per_prev,
@@ -759,8 +778,10 @@ class OrderMoEPolicy(Policy):
             self.logit_layers = 0  # decide calls handed real router logits (the rest score with the co-selection)
         self.trace_logits: np.ndarray | None = None  # [T', L, E] `replay_logits`: the replayed tokens' router logits
         self.row_tokens: np.ndarray | None = None  # [T] each started row's token in them (`start`)
-        if horizon < 0 or levels < 2:
-            raise EdgeMoEError(f"ordermoe: horizon must be >= 0 and levels >= 2, got {horizon}, {levels}")
+        if not (isinstance(horizon, int | float | np.integer | np.floating) and horizon >= 0
+                and float(horizon).is_integer()) or levels < 2:
+            raise EdgeMoEError(f"ordermoe: horizon must be a whole number >= 0 and levels >= 2, got {horizon!r}, "
+                               f"{levels}")
         if not 0 < spend_target <= 1 or adapt_gain < 0:
             raise EdgeMoEError(f"ordermoe: spend_target must be in (0, 1] and adapt_gain >= 0, got {spend_target}, "
                                f"{adapt_gain}")

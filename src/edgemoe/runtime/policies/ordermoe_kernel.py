@@ -1007,7 +1007,10 @@ def ordermoe_tables(policy, budget_total, budget_used, eps_s_per_q: float, steer
     if la.home_trip:
         for layer, tab in la.tables.items():  # (`LookAhead.__init__`: a home-free table is copied into every home)
             home_layer[layer] = tab.ndim == 4
-    ints = np.array([n_short, C, levels, policy.horizon, policy.pace, homes, policy.max_enum_k], _I)  # I_* order
+    # (the horizon as at most L: the kernel reads it only as H > 0 and in the pace share min(1, H / rest), rest
+    # <= L - 1, which is 1 from H = L - 1 on; an int64 holds any such value)
+    ints = np.array([n_short, C, levels, min(policy.horizon, ctx.num_layers), policy.pace, homes, policy.max_enum_k],
+                    _I)  # I_* order
     params = np.array([policy.quality_price, policy.pressure_gain, policy.ewma, policy.rt_med, policy.grid.step,
                        eps_s_per_q], float)  # P_* order
     return OrderMoETables(np.ascontiguousarray(ctx.best_sub, _I), np.ascontiguousarray(ctx.best_sub_err, float),
