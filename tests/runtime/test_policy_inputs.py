@@ -185,3 +185,21 @@ def test_a_horizon_past_the_last_layer_looks_no_further(ctx):
     trace, wl = Trace.from_profile(PROFILE), Workload(8, 4, 4, "closed")
     a, b = (simulate(ctx, p, trace, wl) for p in (deep, full))
     assert a.latency_ms == b.latency_ms and a.traffic_bytes_per_1k_tokens == b.traffic_bytes_per_1k_tokens
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda: Workload(64, 4, 4, "closed", think_s=np.nan), "workload.think_s must be finite and >= 0"),
+    (lambda: Workload(64, 4, 4, "closed", think_s=np.inf), "workload.think_s must be finite and >= 0"),
+    (lambda: Workload(64, 4, 4, "poisson", rate_per_s=np.inf), "workload.rate_per_s must be finite and > 0"),
+])
+def test_workload_times_must_be_finite(make, words):
+    """A NaN think time ran the fast engine for ever (64 closed-loop requests on edge8: still running after 10 min)."""
+    with pytest.raises(EdgeMoEError) as err:
+        make()
+    assert words in str(err.value)
+
+
+@pytest.mark.parametrize("window", [np.nan, np.inf, -1.0])
+def test_the_wave_window_must_be_finite(ctx, window):
+    with pytest.raises(EdgeMoEError, match="window_s must be finite and >= 0"):
+        simulate(ctx, make_policy("exact", ctx), Trace.from_profile(PROFILE), Workload(4, 4, 4, "closed"), window_s=window)

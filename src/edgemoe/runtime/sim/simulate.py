@@ -71,8 +71,8 @@ def simulate_scenario(ctx: RuntimeContext, policy: Policy, trace: Trace, scenari
 
         run = run_reference(ctx, policy, trace, scenario)
     elif engine == "fast":
-        if window_s < 0:
-            raise EdgeMoEError(f"window_s must be >= 0, got {window_s}")
+        if not 0 <= window_s < np.inf:
+            raise EdgeMoEError(f"window_s must be finite and >= 0, got {window_s}")
         run = run_fast(ctx, policy, trace, scenario, window_s)
     else:
         raise EdgeMoEError(f"engine={engine!r}; expected 'fast' or 'reference'")

@@ -9,6 +9,7 @@ trace. Arrivals: "poisson" (a total rate over all users, each request's user dra
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,10 +55,10 @@ class Workload:
         if self.num_requests < 1 or self.prompt_tokens < 1 or self.gen_tokens < 1:
             raise EdgeMoEError("workload: num_requests, prompt_tokens and gen_tokens must be >= 1, got "
                                f"{self.num_requests}, {self.prompt_tokens}, {self.gen_tokens}")
-        if self.arrival == "poisson" and not self.rate_per_s > 0:
-            raise EdgeMoEError(f"workload.rate_per_s must be > 0 for poisson arrivals, got {self.rate_per_s}")
-        if self.think_s < 0:
-            raise EdgeMoEError(f"workload.think_s must be >= 0, got {self.think_s}")
+        if self.arrival == "poisson" and not 0 < self.rate_per_s < math.inf:
+            raise EdgeMoEError(f"workload.rate_per_s must be finite and > 0 for poisson arrivals, got {self.rate_per_s}")
+        if not 0 <= self.think_s < math.inf:  # (a NaN pause ran the fast engine's loop for ever)
+            raise EdgeMoEError(f"workload.think_s must be finite and >= 0, got {self.think_s}")
 
 
 @dataclass(frozen=True)
