@@ -203,3 +203,15 @@ def test_workload_times_must_be_finite(make, words):
 def test_the_wave_window_must_be_finite(ctx, window):
     with pytest.raises(EdgeMoEError, match="window_s must be finite and >= 0"):
         simulate(ctx, make_policy("exact", ctx), Trace.from_profile(PROFILE), Workload(4, 4, 4, "closed"), window_s=window)
+
+
+def test_a_placement_for_another_expert_count_names_its_own_shape():
+    """hosts [N, L, E - 1] with expert_bytes [L, E]: the message gives the hosts' (L, E), not expert_bytes' (the
+    profile's, which read as if they matched)."""
+    import dataclasses
+
+    cluster = load_cluster("edge8")
+    placement = plan(plan_problem(PROFILE, cluster, domain_fallback=True), "uniform")
+    bad = dataclasses.replace(placement, hosts=placement.hosts[:, :, :7])
+    with pytest.raises(EdgeMoEError, match=r"planned for a model with \(L, E\) = \(4, 7\), but the profile"):
+        make_context(PROFILE, cluster, bad, mode="migrate", domain_fallback=True)

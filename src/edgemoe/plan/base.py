@@ -253,7 +253,8 @@ def check_placement_matches(placement: Placement, node_names, shape: tuple[int, 
     cluster and profile, the planners' side through `check_placement_fits`, so the rule is written once."""
     L, E = shape
     if placement.expert_bytes.shape != (L, E) or placement.hosts.shape[1:] != (L, E):
-        raise EdgeMoEError(f"{source}: planned for a model with (L, E) = {placement.expert_bytes.shape}, but the "
+        got = placement.expert_bytes.shape if placement.expert_bytes.shape != (L, E) else placement.hosts.shape[1:]
+        raise EdgeMoEError(f"{source}: planned for a model with (L, E) = {got}, but the "
                            f"profile{f' {model!r}' if model else ''} has ({L}, {E}); plan again for this model")
     if tuple(placement.node_names) != tuple(node_names):
         raise EdgeMoEError(f"{source}: nodes {list(placement.node_names)} do not match the cluster's "
