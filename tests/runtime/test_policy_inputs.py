@@ -215,3 +215,18 @@ def test_a_placement_for_another_expert_count_names_its_own_shape():
     bad = dataclasses.replace(placement, hosts=placement.hosts[:, :, :7])
     with pytest.raises(EdgeMoEError, match=r"planned for a model with \(L, E\) = \(4, 7\), but the profile"):
         make_context(PROFILE, cluster, bad, mode="migrate", domain_fallback=True)
+
+
+def test_the_oracle_refuses_routing_and_rows_out_of_range(ctx):
+    topk, gates = PROFILE.topk.astype(np.int64), PROFILE.gates
+    bad = topk.copy()
+    bad[3, 1, 0] = -2
+    with pytest.raises(EdgeMoEError, match=r"routing's topk must hold expert ids in \[0, 8\)"):
+        make_policy("oracle", ctx, routing=(bad, gates))
+    with pytest.raises(EdgeMoEError, match="routing's gates hold NaN"):
+        make_policy("oracle", ctx, routing=(topk, np.where(topk == 3, np.nan, gates)))
+    pol = make_policy("oracle", ctx, routing=(topk, gates))
+    st = pol.start(np.array([0, 1]), np.array([4, 9]))
+    st.row[1] = 5  # the last `start` made 2 rows
+    with pytest.raises(EdgeMoEError, match="state.row must index the 2 rows"):
+        pol.decide(0, topk[[4, 9], 0], gates[[4, 9], 0], st)

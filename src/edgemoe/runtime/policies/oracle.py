@@ -55,6 +55,11 @@ class OraclePolicy(Policy):
         if topk.ndim != 3 or topk.shape[1:] != (ctx.num_layers, ctx.top_k) or gates.shape != topk.shape:
             raise EdgeMoEError(f"oracle: routing must be two [T, L={ctx.num_layers}, K={ctx.top_k}] arrays, got "
                                f"{topk.shape} and {gates.shape}")
+        if topk.size and not (topk.min() >= 0 and topk.max() < ctx.num_experts):
+            raise EdgeMoEError(f"oracle: routing's topk must hold expert ids in [0, {ctx.num_experts}), got ids in "
+                               f"[{topk.min()}, {topk.max()}]")
+        if not np.isfinite(gates).all():
+            raise EdgeMoEError("oracle: routing's gates hold NaN or infinite values")
         if levels < 2:
             raise EdgeMoEError(f"oracle: levels must be >= 2, got {levels}")
         self.topk, self.gates = topk, gates
@@ -109,6 +114,9 @@ class OraclePolicy(Policy):
 
     def choose(self, layer, topk, gates, state, load):
         ctx = self.ctx
+        if len(state) and not (state.row.min() >= 0 and state.row.max() < self.value.shape[0]):
+            raise EdgeMoEError(f"oracle: state.row must index the {self.value.shape[0]} rows of the last `start`, got "
+                               f"[{state.row.min()}, {state.row.max()}]")
         loc = state.location
         opt = layer_options(ctx, layer, loc, state.home, ctx.usable[state.user], topk, gates, load, self.max_enum_k,
                             self.kinds, self.steer, self.steer_replicas, self.power)
