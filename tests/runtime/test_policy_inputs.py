@@ -230,3 +230,47 @@ def test_the_oracle_refuses_routing_and_rows_out_of_range(ctx):
     st.row[1] = 5  # the last `start` made 2 rows
     with pytest.raises(EdgeMoEError, match="state.row must index the 2 rows"):
         pol.decide(0, topk[[4, 9], 0], gates[[4, 9], 0], st)
+
+
+def _scenario_with(ctx, **changes):
+    import dataclasses
+
+    from edgemoe.runtime.sim.workload import build_scenario
+
+    sc = build_scenario(ctx.user_weight, ctx.user_domain, Trace.from_profile(PROFILE), Workload(6, 3, 3, "closed"))
+    return dataclasses.replace(sc, **{k: fn(getattr(sc, k).copy()) for k, fn in changes.items()})
+
+
+def _set(i, v):
+    def edit(a):
+        a[i] = v
+        return a
+    return edit
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"pass_next": _set(3, 0)}, "scenario.pass_next must name a later entry or -1"),  # a link back: a cycle
+    ({"request_next": _set(0, 0)}, "scenario.request_next must name a later entry or -1"),
+    ({"pass_request": _set(2, 99)}, "scenario.pass_request must hold values in [0, 6)"),
+    ({"pass_row_count": _set(0, 10**6)}, "scenario.pass_row_count must hold values in [1, "),
+    ({"row_pass": lambda a: a[:-1]}, "scenario.row_pass must be a ["),
+    ({"request_arrival": _set(0, np.inf)}, "scenario: request_arrival must be seconds >= 0"),
+])
+def test_a_scenario_whose_indices_do_not_fit_is_refused(ctx, changes, words):
+    """The compiled engine follows these links unchecked: a pass_next that pointed back ended the run with NaN
+    latencies and no error."""
+    with pytest.raises(EdgeMoEError) as err:
+        _scenario_with(ctx, **changes)
+    assert words in str(err.value)
+
+
+@pytest.mark.parametrize("field, value, words", [("row_trace", 10**6, "scenario.row_trace must hold indices in [0, 300)"),
+                                                 ("row_user", -1, "scenario.row_user must hold indices in [0, 16)"),
+                                                 ("request_user", 16, "scenario.request_user must hold indices in [0, 16)")])
+def test_a_scenario_for_other_users_or_another_trace_is_refused(ctx, field, value, words):
+    from edgemoe.runtime.sim.simulate import simulate_scenario
+
+    sc = _scenario_with(ctx, **{field: _set(0, value)})
+    with pytest.raises(EdgeMoEError) as err:
+        simulate_scenario(ctx, make_policy("exact", ctx), Trace.from_profile(PROFILE), sc)
+    assert words in str(err.value)

@@ -66,6 +66,10 @@ def simulate_scenario(ctx: RuntimeContext, policy: Policy, trace: Trace, scenari
                       window_s: float = DEFAULT_WINDOW_S) -> RunMetrics:
     """Simulate an explicit Scenario (requests, passes and rows already drawn; see `build_scenario`)."""
     _check_trace(ctx, trace)
+    for name, hi in (("request_user", ctx.num_users), ("row_user", ctx.num_users), ("row_trace", len(trace.topk))):
+        a = getattr(scenario, name)
+        if a.size and not (a.min() >= 0 and a.max() < hi):
+            raise EdgeMoEError(f"scenario.{name} must hold indices in [0, {hi}), got [{a.min()}, {a.max()}]")
     if engine == "reference":
         from .des import run_reference
 

@@ -80,6 +80,39 @@ class Scenario:
     closed: bool
     think_s: float
 
+    def __post_init__(self):
+        """Raise EdgeMoEError unless the arrays fit together: the compiled engine follows these indices unchecked
+        (a pass_next that pointed back ended the run with NaN latencies and no error). What needs the context or
+        the trace (users, trace tokens) `simulate_scenario` checks."""
+        R, P, Q = len(self.request_user), len(self.pass_request), len(self.row_trace)
+        for names, n in ((("request_user", "request_arrival", "request_first_pass", "request_next"), R),
+                         (("pass_request", "pass_prefill", "pass_row_start", "pass_row_count", "pass_next"), P),
+                         (("row_trace", "row_user", "row_pass"), Q)):
+            for name in names:
+                a = getattr(self, name)
+                if not isinstance(a, np.ndarray) or a.shape != (n,):
+                    raise EdgeMoEError(f"scenario.{name} must be a [{n}] array, got "
+                                       f"{a.shape if isinstance(a, np.ndarray) else type(a).__name__}")
+        def within(name, lo, hi):  # noqa: E306 - every entry of a field in [lo, hi)
+            a = getattr(self, name)
+            if a.size and not (a.min() >= lo and a.max() < hi):
+                raise EdgeMoEError(f"scenario.{name} must hold values in [{lo}, {hi}), got [{a.min()}, {a.max()}]")
+        within("request_first_pass", 0, P)
+        within("pass_request", 0, R)
+        within("row_pass", 0, P)
+        within("pass_row_count", 1, Q + 1)
+        within("pass_row_start", 0, Q)
+        if P and (self.pass_row_start + self.pass_row_count).max() > Q:
+            raise EdgeMoEError(f"scenario: a pass's rows run past the {Q} rows (pass_row_start + pass_row_count)")
+        for name, n in (("request_next", R), ("pass_next", P)):  # -1, or a later entry: no cycle
+            a = getattr(self, name)
+            if ((a != -1) & ((a <= np.arange(n)) | (a >= n))).any():
+                raise EdgeMoEError(f"scenario.{name} must name a later entry or -1 (a link may not point back)")
+        arrival = self.request_arrival
+        if (np.isinf(arrival) | (arrival < 0)).any() or not 0 <= self.think_s < math.inf:
+            raise EdgeMoEError("scenario: request_arrival must be seconds >= 0 (NaN: a closed-loop follow-up) and "
+                               f"think_s finite and >= 0, got think_s {self.think_s}")
+
     @property
     def num_passes(self) -> int:
         return int(self.pass_request.shape[0])
