@@ -126,6 +126,8 @@ def _checked_load(state: TokenState, topk: np.ndarray, load_s, ctx: RuntimeConte
         a = getattr(state, name)
         raise EdgeMoEError(f"state.{name} must hold indices in [0, {hi}), got [{a.min()}, {a.max()}]")
     return load
+
+
 _UNBUILT = object()  # `Policy.decide`: the policy's decode path not asked for yet
 # policy -> its decode path (`Policy.decode_path`), beside the policy rather than in it: a policy stays
 # picklable (the Ray backend ships policies) and a copy builds its own path on its own arrays
