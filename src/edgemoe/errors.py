@@ -25,6 +25,13 @@ class EdgeMoEError(ValueError):
     """Bad input: the message names the field or file and what was expected."""
 
 
+def require_in_range(a, lo, hi, what: str) -> None:
+    """Raise EdgeMoEError "{what} in [lo, hi), got [min, max]" unless every entry of the array `a` is in [lo, hi)
+    (a NaN is not). what names the field and the kind of value, e.g. "trace.topk must hold expert ids"."""
+    if a.size and not (a.min() >= lo and a.max() < hi):
+        raise EdgeMoEError(f"{what} in [{lo}, {hi}), got [{a.min()}, {a.max()}]")
+
+
 def one_line(text: str) -> str:
     """Collapse a message onto one line (newlines and runs of spaces become single separators)."""
     parts = [p.strip() for p in str(text).splitlines() if p.strip()]

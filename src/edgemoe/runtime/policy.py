@@ -28,7 +28,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from edgemoe.errors import EdgeMoEError
+from edgemoe.errors import EdgeMoEError, require_in_range
 from edgemoe.io import jsonable
 from edgemoe.jit import njit
 
@@ -102,30 +102,32 @@ def _state_rows(state: TokenState) -> int:
     return T
 
 
-def _checked_load(state: TokenState, topk: np.ndarray, load_s, ctx: RuntimeContext) -> np.ndarray:
-    """load_s as [N] seconds (zeros for None), once `Policy.decide`'s values are checked to be in range (its
-    shapes checked before): expert ids in topk [T, K] int64, the state's users, homes and locations, and the
-    loads finite and >= 0. A policy's tables are indexed by these values, in compiled code unchecked. Raises
-    EdgeMoEError naming the field."""
-    N = ctx.num_nodes
+def _load_array(load_s, N: int) -> np.ndarray:
+    """load_s as a float [N] array (zeros for None), or EdgeMoEError; its values are `_check_ranges`'."""
     try:
         load = np.zeros(N) if load_s is None else np.asarray(load_s, dtype=float)
     except (TypeError, ValueError):
         raise EdgeMoEError(f"load_s must be [N={N}] seconds, got {type(load_s).__name__}") from None
     if load.shape != (N,):
         raise EdgeMoEError(f"load_s must be [N={N}] seconds (one queue wait per node), got shape {load.shape}")
-    idx = lambda a: a if a.dtype == np.int64 else a.astype(np.int64)  # noqa: E731 - one compiled signature
-    bad = _out_of_range(topk, ctx.num_experts, load, idx(state.user), ctx.num_users, idx(state.home),
-                        idx(state.location), N)
-    if bad == 0:
-        raise EdgeMoEError(f"topk must hold expert ids in [0, {ctx.num_experts}), got ids in [{topk.min()}, {topk.max()}]")
-    if bad == 1:
-        raise EdgeMoEError(f"load_s must hold finite seconds >= 0, got values in [{load.min()}, {load.max()}]")
-    if bad >= 2:
-        name, hi = (("user", ctx.num_users), ("home", N), ("location", N))[bad - 2]
-        a = getattr(state, name)
-        raise EdgeMoEError(f"state.{name} must hold indices in [0, {hi}), got [{a.min()}, {a.max()}]")
     return load
+
+
+def _check_ranges(state: TokenState, topk: np.ndarray, load: np.ndarray, ctx: RuntimeContext) -> None:
+    """Raise EdgeMoEError naming the field unless `Policy.decide`'s values are in range (their shapes checked
+    before): expert ids in topk [T, K] int64, the state's users, homes and locations, and the loads [N] finite
+    and >= 0. A policy's tables are indexed by these values, in compiled code unchecked. The compiled pass
+    (`_out_of_range`) finds whether any is out; only then are the messages made."""
+    N = ctx.num_nodes
+    idx = lambda a: a if a.dtype == np.int64 else a.astype(np.int64)  # noqa: E731 - one compiled signature
+    if _out_of_range(topk, ctx.num_experts, load, idx(state.user), ctx.num_users, idx(state.home),
+                     idx(state.location), N) < 0:
+        return
+    if not (load.min() >= 0 and load.max() < np.inf):  # (a NaN fails both)
+        raise EdgeMoEError(f"load_s must hold finite seconds >= 0, got values in [{load.min()}, {load.max()}]")
+    require_in_range(topk, 0, ctx.num_experts, "topk must hold expert ids")
+    for name, hi in (("user", ctx.num_users), ("home", N), ("location", N)):
+        require_in_range(getattr(state, name), 0, hi, f"state.{name} must hold indices")
 
 
 _UNBUILT = object()  # `Policy.decide`: the policy's decode path not asked for yet
@@ -222,7 +224,8 @@ class Policy:
         T = _state_rows(state)
         if topk.ndim != 2 or topk.shape[0] != T or gates.shape != topk.shape:
             raise EdgeMoEError(f"topk and gates must both be [T={T}, K], got {topk.shape} and {gates.shape}")
-        load = _checked_load(state, topk, load_s, self.ctx)
+        load = _load_array(load_s, self.ctx.num_nodes)
+        _check_ranges(state, topk, load, self.ctx)
         layer = np.broadcast_to(np.asarray(layer, dtype=np.int64), (T,))
         if T and ((layer < 0) | (layer >= self.ctx.num_layers)).any():
             raise EdgeMoEError(f"layer {np.unique(layer).tolist()} outside [0, {self.ctx.num_layers})")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgemoe.errors import EdgeMoEError
+from edgemoe.errors import EdgeMoEError, require_in_range
 
 from ..context import RuntimeContext
 from ..policy import Policy, TokenState
@@ -55,9 +55,7 @@ class OraclePolicy(Policy):
         if topk.ndim != 3 or topk.shape[1:] != (ctx.num_layers, ctx.top_k) or gates.shape != topk.shape:
             raise EdgeMoEError(f"oracle: routing must be two [T, L={ctx.num_layers}, K={ctx.top_k}] arrays, got "
                                f"{topk.shape} and {gates.shape}")
-        if topk.size and not (topk.min() >= 0 and topk.max() < ctx.num_experts):
-            raise EdgeMoEError(f"oracle: routing's topk must hold expert ids in [0, {ctx.num_experts}), got ids in "
-                               f"[{topk.min()}, {topk.max()}]")
+        require_in_range(topk, 0, ctx.num_experts, "oracle: routing's topk must hold expert ids")
         if not np.isfinite(gates).all():
             raise EdgeMoEError("oracle: routing's gates hold NaN or infinite values")
         if levels < 2:

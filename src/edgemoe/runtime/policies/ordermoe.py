@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgemoe.errors import EdgeMoEError
+from edgemoe.errors import EdgeMoEError, require_in_range
 from edgemoe.jit import HAVE_NUMBA
 from edgemoe.plan.ordermoe.standins import (  # shared with the planner's runtime model (edgemoe.plan.ordermoe.runtime_model)
     KINDS,
@@ -435,8 +435,7 @@ def _feedback(U: int, users, latency_s, estimate_s, spent, granted) -> tuple:
     if users.ndim != 1 or (users.size and users.dtype.kind not in "iu"):
         raise EdgeMoEError(f"observe: users must be a [n] array of user indices, got {users.dtype} {users.shape}")
     users = users.astype(np.int64)
-    if n and not (users.min() >= 0 and users.max() < U):
-        raise EdgeMoEError(f"observe: users must be in [0, {U}), got [{users.min()}, {users.max()}]")
+    require_in_range(users, 0, U, "observe: users must be")
     for name, a in arrays.items():
         if a is None:
             continue

@@ -25,7 +25,7 @@ import numpy as np
 
 from edgemoe.jit import HAVE_NUMBA, njit, prefetch
 
-from ..policy import replica_shortlist
+from ..policy import _out_of_range, replica_shortlist
 from ..sim.rules import RULE_EXACT, _decide_rows
 
 _I = np.int64
@@ -1077,19 +1077,16 @@ def _decode_call(tab, layer, topk, gates, load, user, home, location, state_laye
     T, K = topk.shape
     kt = tab.kt
     ex, om, out, extra = kt.ex, kt.om, kt.out, kt.extra
-    N, U, E = tab.xfer.shape[0], ex.usable.shape[0], ex.compute.shape[2]
-    ok = load.shape[0] == N and user.shape[0] == T and home.shape[0] == T and location.shape[0] == T
+    # (lower-case names: tests/test_numba_calls.py takes an upper-case argument for a module constant)
+    n_nodes, n_users, n_experts = tab.xfer.shape[0], ex.usable.shape[0], ex.compute.shape[2]
+    ok = load.shape[0] == n_nodes and user.shape[0] == T and home.shape[0] == T and location.shape[0] == T
     ok = ok and state_layer.shape[0] == T and budget_total.shape[0] == T and budget_used.shape[0] == T
+    # `Policy.decide`'s range checks
+    ok = ok and _out_of_range(topk, n_experts, load, user, n_users, home, location, n_nodes) < 0
     if ok:
-        for n in range(N):
-            if not (load[n] >= 0.0 and load[n] < np.inf):
-                ok = False
         for t in range(T):
-            if state_layer[t] != layer or not (0 <= user[t] < U and 0 <= home[t] < N and 0 <= location[t] < N):
+            if state_layer[t] != layer:
                 ok = False
-            for k in range(K):
-                if not 0 <= topk[t, k] < E:
-                    ok = False
     if not ok:
         e2, e1, f1 = np.empty((0, K), np.int64), np.empty(0, np.int64), np.empty(0)
         return (False, e2, e2, e1, e1, f1, f1, np.empty((0, K), np.bool_), False, f1, e1, e1)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgemoe.errors import EdgeMoEError
+from edgemoe.errors import EdgeMoEError, require_in_range
 from edgemoe.jit import HAVE_NUMBA
 from edgemoe.runtime.metrics import RunMetrics
 
@@ -46,10 +46,7 @@ def _check_trace(ctx: RuntimeContext, trace: Trace) -> None:
     compiled engines index their tables by the ids unchecked: an id out of range would read outside them)."""
     if trace.topk.shape[1:] != (ctx.num_layers, ctx.top_k):
         raise EdgeMoEError(f"trace has (L, K) = {trace.topk.shape[1:]}, context has {(ctx.num_layers, ctx.top_k)}")
-    E = ctx.num_experts
-    if trace.topk.size and not (trace.topk.min() >= 0 and trace.topk.max() < E):
-        raise EdgeMoEError(f"trace.topk must hold expert ids in [0, {E}), got ids in "
-                           f"[{trace.topk.min()}, {trace.topk.max()}]")
+    require_in_range(trace.topk, 0, ctx.num_experts, "trace.topk must hold expert ids")
     if not np.isfinite(trace.gates).all():
         raise EdgeMoEError("trace.gates holds NaN or infinite values")
 
@@ -57,19 +54,17 @@ def _check_trace(ctx: RuntimeContext, trace: Trace) -> None:
 def simulate(ctx: RuntimeContext, policy: Policy, trace: Trace, workload: Workload, engine: str = "fast",
              window_s: float = DEFAULT_WINDOW_S) -> RunMetrics:
     """Simulate `workload` with `policy` on `ctx`, replaying routing from `trace`; deterministic for the seed."""
-    _check_trace(ctx, trace)
     scenario = build_scenario(ctx.user_weight, ctx.user_domain, trace, workload)
     return simulate_scenario(ctx, policy, trace, scenario, engine, window_s)
 
 
 def simulate_scenario(ctx: RuntimeContext, policy: Policy, trace: Trace, scenario: Scenario, engine: str = "fast",
                       window_s: float = DEFAULT_WINDOW_S) -> RunMetrics:
-    """Simulate an explicit Scenario (requests, passes and rows already drawn; see `build_scenario`)."""
+    """Simulate an explicit Scenario (requests, passes and rows already drawn; see `build_scenario`). The trace
+    and the scenario's users and trace rows are checked against `ctx` here (`simulate` comes through here too)."""
     _check_trace(ctx, trace)
     for name, hi in (("request_user", ctx.num_users), ("row_user", ctx.num_users), ("row_trace", len(trace.topk))):
-        a = getattr(scenario, name)
-        if a.size and not (a.min() >= 0 and a.max() < hi):
-            raise EdgeMoEError(f"scenario.{name} must hold indices in [0, {hi}), got [{a.min()}, {a.max()}]")
+        require_in_range(getattr(scenario, name), 0, hi, f"scenario.{name} must hold indices")
     if engine == "reference":
         from .des import run_reference
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgemoe.errors import EdgeMoEError
+from edgemoe.errors import EdgeMoEError, require_in_range
 
 
 @dataclass(frozen=True)
@@ -93,15 +93,9 @@ class Scenario:
                 if not isinstance(a, np.ndarray) or a.shape != (n,):
                     raise EdgeMoEError(f"scenario.{name} must be a [{n}] array, got "
                                        f"{a.shape if isinstance(a, np.ndarray) else type(a).__name__}")
-        def within(name, lo, hi):  # noqa: E306 - every entry of a field in [lo, hi)
-            a = getattr(self, name)
-            if a.size and not (a.min() >= lo and a.max() < hi):
-                raise EdgeMoEError(f"scenario.{name} must hold values in [{lo}, {hi}), got [{a.min()}, {a.max()}]")
-        within("request_first_pass", 0, P)
-        within("pass_request", 0, R)
-        within("row_pass", 0, P)
-        within("pass_row_count", 1, Q + 1)
-        within("pass_row_start", 0, Q)
+        for name, lo, hi in (("request_first_pass", 0, P), ("pass_request", 0, R), ("row_pass", 0, P),
+                             ("pass_row_count", 1, Q + 1), ("pass_row_start", 0, Q)):
+            require_in_range(getattr(self, name), lo, hi, f"scenario.{name} must hold values")
         if P and (self.pass_row_start + self.pass_row_count).max() > Q:
             raise EdgeMoEError(f"scenario: a pass's rows run past the {Q} rows (pass_row_start + pass_row_count)")
         for name, n in (("request_next", R), ("pass_next", P)):  # -1, or a later entry: no cycle
