@@ -61,15 +61,19 @@ def test_home_tables_known_answers():
                        {"a": [(0, 1), (1, 0), (2, 0)], "b": [(0, 0)], "c": [(0, 0), (1, 1), (2, 1)]}, mode="migrate")
     free = make_policy("ordermoe", ctx, budget=0.0, horizon=1, home_trip=False).lookahead
     home = make_policy("ordermoe", ctx, budget=0.0, horizon=1, home_trip=True).lookahead
-    assert home.homes.tolist() == [0, 1] and home.home.shape[:3] == (4, 2, 3)
+    assert home.homes.tolist() == [0, 1]
+    # only the last layer's window (H = 1) depends on the home: one per-home layer is kept, not L + 1
+    assert home.home.shape[:3] == (1, 2, 3) and home.home_slot.tolist() == [-1, -1, 0, -1]
     np.testing.assert_allclose(free.stacked[2], np.array([2 * XFER + CALL, 2 * XFER + CALL, CALL])[:, None, None]
                                * np.ones(free.stacked.shape[2:]), rtol=1e-12)
     for i, h in enumerate(home.homes):
         expect = np.array([2 * XFER + CALL, 2 * XFER + CALL, XFER + CALL])  # from a, b, c to home a or b
-        np.testing.assert_allclose(home.home[2, i], expect[:, None, None] * np.ones(home.home.shape[3:]), rtol=1e-12)
-        np.testing.assert_array_equal(home.home[2, i, h], free.stacked[2, h])
-        np.testing.assert_array_equal(home.home[1, i], free.stacked[1])  # window of layer 1 only
-    assert not home.home[0].any() and not home.home[3].any()
+        np.testing.assert_allclose(home.home_table(2)[i], expect[:, None, None] * np.ones(home.home.shape[3:]),
+                                   rtol=1e-12)
+        np.testing.assert_array_equal(home.home_table(2)[i, h], free.stacked[2, h])
+        np.testing.assert_array_equal(home.home_table(1)[i], free.stacked[1])  # window of layer 1 only
+    assert not home.home_table(0).any() and not home.home_table(3).any()
+    np.testing.assert_array_equal(home.stacked[:2], free.stacked[:2])
 
 
 def test_default_policy_charges_the_trip_home_in_migrate_mode_on_its_compiled_paths():
@@ -86,3 +90,48 @@ def test_default_policy_charges_the_trip_home_in_migrate_mode_on_its_compiled_pa
     assert token.lookahead.home_trip  # on by default with per-token stand-ins
     assert not make_policy("ordermoe", ctx, horizon=2, stand_in_choice="token", home_trip=False).lookahead.home_trip
     assert not make_policy("ordermoe", ctx, horizon=0, stand_in_choice="token").lookahead.home_trip  # no tables
+
+
+@pytest.mark.parametrize("horizon", [1, 2, 3, 50])
+def test_only_the_home_dependent_layers_are_kept_per_home(horizon):
+    """The per-home part of the tables holds the last min(H, L - 1) layers, the others are read from `stacked`;
+    `home_table` gives each layer's per-home view, every table is a view of `flat` (no second copy), and
+    `flat_index` finds the same cells through either part."""
+    profile, ctx = random_setting(7, homes=("a", "b"))
+    la = make_policy("ordermoe", ctx, budget=0.05, horizon=horizon).lookahead
+    L, N = ctx.num_layers, ctx.num_nodes
+    D = min(horizon, L - 1)
+    _, _, C, m = la.stacked.shape
+    assert la.home_trip and la.home.shape == (D, len(la.homes), N, C, m)
+    assert la.home_slot.tolist() == [-1] * (L - D) + list(range(D)) + [-1]
+    assert la.flat.size == ((L + 1) + D * len(la.homes)) * N * C * m
+    for layer, table in la.tables.items():
+        assert np.shares_memory(table, la.flat)
+        per_home = la.home_table(layer)
+        assert per_home.shape == (len(la.homes), N, C, m)
+        np.testing.assert_array_equal(per_home, table if table.ndim == 4 else np.broadcast_to(table, per_home.shape))
+        np.testing.assert_array_equal(la.stacked[layer], per_home[0])  # `stacked`: the first home's
+    key = np.zeros(len(la.homes), np.int64)
+    for layer in range(L):
+        flat, base, stride = la.flat_index(np.full(len(la.homes), layer), la.homes, key)
+        for i in range(len(la.homes)):
+            cells = flat[base[i] + np.arange(N)[:, None] * stride + np.arange(m)[None, :]]  # [N, m] of key 0
+            np.testing.assert_array_equal(cells, la.home_table(layer + 1)[i, :, 0] if layer + 1 < L
+                                          else np.zeros((N, m)))
+
+
+def test_tables_above_their_limit_are_refused_before_they_are_built(monkeypatch):
+    """Above TABLE_MAX_BYTES the policy names the tables' shape and the ways out; a `levels` of a hundred
+    million is refused, where numpy's MemoryError (or the OOM killer) used to end the process."""
+    import edgemoe.runtime.policies.ordermoe as om
+    from edgemoe.errors import EdgeMoEError
+
+    _, ctx = random_setting(7, homes=("a", "b"))
+    with pytest.raises(EdgeMoEError, match=r"look-ahead tables would take .*levels=100000000.*fewer budget levels"):
+        make_policy("ordermoe", ctx, budget=0.05, horizon=2, levels=10**8)
+    la = make_policy("ordermoe", ctx, budget=0.05, horizon=2).lookahead
+    monkeypatch.setattr(om, "TABLE_MAX_BYTES", la.flat.nbytes - 1)
+    om._LOOKAHEADS.clear()
+    with pytest.raises(EdgeMoEError, match=r"per home for 2 homes \(home_trip\).*home_trip=False"):
+        make_policy("ordermoe", ctx, budget=0.05, horizon=2)
+    assert make_policy("ordermoe", ctx, budget=0.05, horizon=2, home_trip=False).lookahead.flat.nbytes < la.flat.nbytes

@@ -49,6 +49,7 @@ EPS_S_PER_Q = 1e-9  # tie-break: between equally fast actions, spend no budget
 STEER_REPLICAS = 4  # replicas per branch (besides exact's own choice) that a steered decision considers
 TABLE_CHUNK_CELLS = 1 << 22  # rows x actions x levels per block when the look-ahead tables are built
 EXPOSURE_MAX_BYTES = 1 << 30  # the queue term's exposure rows above this: a clear error, not an allocation that fails
+TABLE_MAX_BYTES = 8 << 30  # the look-ahead's tables (`LookAhead.flat`) above this: a clear error before they are built
 STEER_ALL_NODES = 16  # up to this many nodes, a steered decision may meet at any node; beyond, at a replica
 COMPILED_STEER = HAVE_NUMBA  # steered decisions by `ordermoe_kernel` (same picks and bits; False: the numpy path)
 COMPILED_DECODE = HAVE_NUMBA  # `decide` in one compiled call (`ordermoe_kernel.DecodePath`; same bits; False: numpy)
@@ -459,7 +460,12 @@ class LookAhead:
     users' homes (`homes`, sorted): a window that reaches the last layer then charges the trip from the last
     meeting node to the token's real home, as the decision at the last layer does. Without it the tables take
     the token's home to be its node at the last layer, so ending that window away from home looks free. Only
-    the tables of windows that reach the last layer depend on the home; the others are copied into every home.
+    the tables of windows that reach the last layer depend on the home (the last min(H, L - 1) layers), and only
+    those are kept per home: `home` [D, Nh, N, C, m], slot `home_slot[l]` (-1: layer l's table is the home-free
+    `stacked[l]`). Keeping every layer per home took (L+1)/D times the memory (906 MB at 256 servers, L = 8,
+    H = 2, against 201 MB; 14.5 GB at 1024) for copies of the home-free tables. `flat` holds `stacked` and then
+    `home` in one array, which both decision paths index (`flat_index`); tables above `TABLE_MAX_BYTES` are
+    refused before they are allocated.
 
     backlog: also build exposure[l] [Hx, N, C, N], the expected number of layers l .. l+H-1 whose slowest output
     (the one that sets the layer's time) is computed on node n, for the same token, along the actions the
@@ -489,18 +495,35 @@ class LookAhead:
         N, L, E = ctx.num_nodes, ctx.num_layers, ctx.num_experts
         self.keys = RoutingKeys(ctx.profile_topk, ctx.profile_gates, E, min_set_count if horizon > 0 else 0)
         C = self.keys.size
-        self.zero = np.zeros((N, C, grid.levels))
         self.tables: dict[int, np.ndarray] = {}
-        self.stacked = np.zeros((L + 1, N, C, grid.levels))  # [L+1, N, C, m]: phi(l) for every l
-        # home_trip: [L+1, Nh, N, C, m] phi(l) per home (`home_index` maps a node to its home row; a [1, ...] zero
-        # placeholder without it)
         self.homes = np.unique(ctx.user_home) if self.home_trip else np.zeros(0, np.int64)
+        # depth L - 1 is a fixed point: from it on every layer's window reaches the last layer, so a deeper
+        # recursion recomputes the same tables (and a horizon of millions would run for hours)
+        depth = min(self.horizon, L - 1) if L >= 2 else 0
+        # home_trip: the tables of layers L - depth .. L - 1 (their windows reach the last layer) per home
+        self.home_slot = np.full(L + 1, -1, np.int64)
+        if self.home_trip and depth > 0:
+            self.home_slot[L - depth:L] = np.arange(depth)
+        per_home = len(self.homes) * N * C * grid.levels  # cells of one layer's per-home table
+        cells = (L + 1) * N * C * grid.levels + (depth * per_home if self.home_trip else 0)
+        if cells * 8 > TABLE_MAX_BYTES:
+            raise EdgeMoEError(
+                f"ordermoe: the look-ahead tables would take {cells * 8 / 2**30:.2f} GiB (L+1={L + 1} layers of N={N} "
+                f"nodes x keys={C} x levels={grid.levels}" + (f", and {depth} of them per home for {len(self.homes)} "
+                f"homes (home_trip)" if self.home_trip else "") + f"), above {TABLE_MAX_BYTES / 2**30:g} GiB: use "
+                "fewer budget levels" + (", home_trip=False" if self.home_trip else "") + " or horizon=0")
+        # [L+1, N, C, m] phi(l) for every l (home-free, or the first home's), then [D, Nh, N, C, m] the per-home
+        # layers (`home_index` maps a node to its home row), in one flat array
+        self.flat = np.zeros(cells)
+        self.stacked = self.flat[:(L + 1) * N * C * grid.levels].reshape(L + 1, N, C, grid.levels)
+        self.home = self.flat[self.stacked.size:].reshape(depth if self.home_trip else 0, len(self.homes), N, C,
+                                                          grid.levels)
+        self.zero = self.stacked[L]  # phi(L): zeros, read only
         # exposure(l) for every l in compressed rows, per home where the tables are (`backlog`; None without it)
         self.expo = Exposure({}, L, N, C) if self.backlog else None
         self.home_index = np.full(N, -1, np.int64)
         self.home_index[self.homes] = np.arange(len(self.homes))
-        self.home = np.zeros((L + 1, len(self.homes), N, C, grid.levels) if self.home_trip else (1, 1, 1, 1, 1))
-        if self.horizon <= 0 or L < 2:
+        if depth <= 0:
             return
         stats = {layer: set_stats(ctx.profile_topk, ctx.profile_gates, layer, E, sets_per_prev, self.keys)
                  for layer in range(1, L)}
@@ -508,21 +531,22 @@ class LookAhead:
         prev_depth: dict[int, np.ndarray] = {}
         prev_expo: dict[int, ExposureLayer] = {}
         zero_expo = ExposureLayer.empty(N, C)
-        # depth L - 1 is a fixed point: from it on every layer's window reaches the last layer, so a deeper
-        # recursion recomputes the same tables (and a horizon of millions would run for hours)
-        for _depth in range(1, min(self.horizon, L - 1) + 1):
+        for _depth in range(1, depth + 1):
             cur, cur_expo = {}, {}
             for layer in range(1, L):
                 nxt = prev_depth.get(layer + 1, self.zero)
                 cur[layer], cur_expo[layer] = self._layer_table(layer, stats[layer], nxt, max_enum_k,
                                                                 prev_expo.get(layer + 1, zero_expo))
             prev_depth, prev_expo = cur, cur_expo
-        self.tables = prev_depth
-        for layer, table in self.tables.items():
-            if self.home_trip:
-                self.home[layer] = table  # (a home-free table [N, C, m] broadcasts into every home)
-                table = table if table.ndim == 3 else self.home[layer, 0]  # `stacked`: the first home's
-            self.stacked[layer] = table
+        for layer, table in prev_depth.items():
+            if table.ndim == 4:  # per home (home_trip): into its slot, `stacked` holding the first home's
+                self.home[self.home_slot[layer]] = table
+                table = self.home[self.home_slot[layer]]
+                self.stacked[layer] = table[0]
+            else:
+                self.stacked[layer] = table
+                table = self.stacked[layer]
+            self.tables[layer] = table  # (a view of `flat`: no second copy)
         if self.backlog:
             self.expo = Exposure(prev_expo, L, N, C)
             if self.expo.nbytes > EXPOSURE_MAX_BYTES:
@@ -538,16 +562,26 @@ class LookAhead:
         first home's)."""
         return self.tables.get(layer, self.zero)
 
+    def home_table(self, layer: int) -> np.ndarray:
+        """[Nh, N, C, m] the cost-to-go of `layer` for each home (home_trip): its per-home table, or the
+        home-free one broadcast (a read-only view)."""
+        slot = self.home_slot[layer]
+        if slot >= 0:
+            return self.home[slot]
+        return np.broadcast_to(self.stacked[layer], (len(self.homes), *self.stacked.shape[1:]))
+
     def flat_index(self, layer: np.ndarray, home: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-        """(table, base [T], node stride): the flat table a decision at `layer` [T] reads and each row's index in
-        it for the tables of layer + 1, its home [T] (home_trip) and key [T], less the next node x stride and
-        the budget level, which the caller adds."""
+        """(table, base [T], node stride): the flat table a decision at `layer` [T] reads (`flat`) and each row's
+        index in it for the tables of layer + 1, its home [T] (home_trip) and key [T], less the next node x
+        stride and the budget level, which the caller adds."""
         _, N, C, m = self.stacked.shape
-        if not self.home_trip:
-            return self.stacked.reshape(-1), ((layer + 1) * (N * C * m) + key * m), C * m
-        Nh = len(self.homes)
-        base = ((layer + 1) * Nh + self.home_index[home]) * (N * C * m) + key * m
-        return self.home.reshape(-1), base, C * m
+        base = (layer + 1) * (N * C * m) + key * m
+        if self.home_trip:
+            slot = self.home_slot[layer + 1]
+            per = slot >= 0  # layer + 1's table depends on the home: its slot's row of that home
+            at = self.stacked.size + (slot * len(self.homes) + self.home_index[home]) * (N * C * m) + key * m
+            base = np.where(per, at, base)
+        return self.flat, base, C * m
 
     def _actions(self, ctx: RuntimeContext) -> int:
         """Actions per row (an upper bound): subsets x meeting choices."""

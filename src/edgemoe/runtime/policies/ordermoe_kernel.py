@@ -44,7 +44,9 @@ class OrderMoETables(NamedTuple):
     subst_err: np.ndarray  # [L, E, E]
     flags: np.ndarray  # F_* (bool)
     short_node: np.ndarray  # [N * L * E, S] int32 the steered search's replica shortlist (-1: padding)
-    table: np.ndarray  # the look-ahead's home-free table, flat: `LookAhead.stacked` [L+1, N, C, m]
+    # the look-ahead's tables, flat (`LookAhead.flat`): `stacked` [L+1, N, C, m], then the per-home layers
+    # `home` [D, Nh, N, C, m] (home_trip)
+    table: np.ndarray
     ints: np.ndarray  # I_*
     params: np.ndarray  # P_* (float)
     budget_total: np.ndarray  # [R] token state (`TokenState`); budget_used written in place
@@ -60,13 +62,10 @@ class OrderMoETables(NamedTuple):
     expo_base: np.ndarray  # [L+2]
     expo_homes: np.ndarray  # [L+1]
     node_wait: np.ndarray  # [N] the policy's EWMA of each node's wait (F_BACKLOG_MEAN; updated in place)
-    home_index: np.ndarray  # [N] each home node's row in home_table's home axis (I_HOMES rows; zeros without home_trip)
-    # `LookAhead.home` [L+1, Nh, N, C, m] flat (home_trip; else a [1] zero), read only at the layers home_layer marks
-    home_table: np.ndarray
-    # [L+1] bool: layer l's table depends on the home (home_trip: the windows that reach the last layer); at the
-    # others every home's table is a copy of stacked[l], which is read instead: a [N, C, m] table per layer
-    # stays in cache where the [Nh, N, C, m] copies (~1 GB at 256 nodes) do not
-    home_layer: np.ndarray
+    home_index: np.ndarray  # [N] each home node's row in the per-home tables (I_HOMES rows; zeros without home_trip)
+    # [L+1] layer l's slot among the per-home layers (`LookAhead.home_slot`: the windows that reach the last layer
+    # with home_trip), -1 where its table is the home-free stacked[l]
+    home_slot: np.ndarray
 
 
 @njit(cache=True)
@@ -491,7 +490,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, kt, load, xfer, num_layers, b, m
      srt_node, _ready) = ex
     (best_sub, best_sub_err, subst_err, flags, short_node, table, ints, params, budget_total, budget_used,
      qpress, latency_excess, quality_weight, expo_val, expo_node, expo_span, expo_base, expo_homes, node_wait, home_index,
-     home_table, home_layer) = om
+     home_slot) = om
     (g, sub, q_sub, q_zero, err, kind, p, q_alt, quality, valid, feasible, qterm, part, sub_ready, ready_x, ready_sub, w,
      cand, base, meet, arrive, kept_max, to_meet, home_leg, seen, nodes_m, wait, nv, mbits, rank, vals) = work
     has_sub, has_drop, has_zero = flags[F_SUB], flags[F_DROP], flags[F_ZERO]
@@ -696,15 +695,15 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, kt, load, xfer, num_layers, b, m
             if gates_tab[tok, lv, k] > gates_tab[tok, lv, bk]:
                 bk = k
         key = topk_tab[tok, lv, bk]
-        # (`LookAhead.flat_index`) into home_table where layer lv + 1's table depends on the home, else into the
-        # home-free table (the same values: every home's copy of it)
-        hd = home_layer[lv + 1]
+        # (`LookAhead.flat_index`) into the home's row of the per-home tables where layer lv + 1's table depends on
+        # the home, else into the home-free stacked[lv + 1]
+        slot = home_slot[lv + 1]
         hx = home_index[home]  # the home's row of the per-home tables (0 without home_trip: one row)
         expo_row0 = 0  # the exposure row (`Exposure.rows`) of this row meeting at node g is expo_row0 + g * C
         if backlog:
             expo_row0 = expo_base[lv + 1] + (hx if expo_homes[lv + 1] > 1 else 0) * N * C + key
-        if hd:
-            part0 = ((lv + 1) * homes + hx) * (N * Cm) + key * levels
+        if slot >= 0:
+            part0 = ((L + 1) + slot * homes + hx) * (N * Cm) + key * levels
         else:
             part0 = (lv + 1) * (N * Cm) + key * levels
         for m in range(M):
@@ -778,7 +777,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, kt, load, xfer, num_layers, b, m
                     continue
                 if horizon > 0:
                     ix = part[m] + nxt * Cm
-                    seconds = lat + (home_table[ix] if hd else table[ix])
+                    seconds = lat + table[ix]
                 else:
                     seconds = lat
                 if backlog:
@@ -850,17 +849,14 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, kt, load, xfer, num_layers, b, m
                     wait[Gd] = np.nan  # (read below only where an action there can still win: then computed once)
                 Gd += 1
             # The look-ahead cells the action walk below may read, asked for before the arrivals are computed: the
-            # table is large (the per-home one is 906 MB at 256 servers) and each cell a cache miss, which the walk,
+            # table is large (its per-home layers take 201 MB at 256 servers) and each cell a cache miss, which the walk,
             # reading a cell only when the action can still win, would otherwise take one after another
             if horizon > 0:
                 for m in range(M):
                     if feasible[m]:
                         for gi in range(Gd):
                             ix = part[m] + meet[gi] * Cm
-                            if hd:
-                                prefetch(home_table, ix)
-                            else:
-                                prefetch(table, ix)
+                            prefetch(table, ix)
             if backlog:  # the same for the exposure rows: their offsets now, their entries once these are in
                 for gi in range(Gd):
                     prefetch(expo_span, 2 * (expo_row0 + meet[gi] * C))
@@ -914,7 +910,7 @@ def _decide_ordermoe(rows, rpass, rlayer, rtok, kt, load, xfer, num_layers, b, m
                     cost = alpha * lat + qterm[m]
                     if horizon > 0 and (alpha < 0 or cost < best_cost):
                         ix = part[m] + meet[gi] * Cm
-                        ahead = lat + (home_table[ix] if hd else table[ix])
+                        ahead = lat + table[ix]
                         # the wait (>= 0) only where the action can still win with the table's seconds added
                         if backlog and (alpha < 0 or alpha * ahead + qterm[m] < best_cost):
                             if wait[gi] != wait[gi]:
@@ -1003,10 +999,6 @@ def ordermoe_tables(policy, budget_total, budget_used, eps_s_per_q: float, steer
                       bool(np.asarray(ctx.usable).all())])  # in F_* order
     la = policy.lookahead
     homes = len(la.homes) if la.home_trip else 1
-    home_layer = np.zeros(la.stacked.shape[0], np.bool_)
-    if la.home_trip:
-        for layer, tab in la.tables.items():  # (`LookAhead.__init__`: a home-free table is copied into every home)
-            home_layer[layer] = tab.ndim == 4
     # (the horizon as at most L: the kernel reads it only as H > 0 and in the pace share min(1, H / rest), rest
     # <= L - 1, which is 1 from H = L - 1 on; an int64 holds any such value)
     ints = np.array([n_short, C, levels, min(policy.horizon, ctx.num_layers), policy.pace, homes, policy.max_enum_k],
@@ -1015,12 +1007,12 @@ def ordermoe_tables(policy, budget_total, budget_used, eps_s_per_q: float, steer
                        eps_s_per_q], float)  # P_* order
     return OrderMoETables(np.ascontiguousarray(ctx.best_sub, _I), np.ascontiguousarray(ctx.best_sub_err, float),
                           np.ascontiguousarray(ctx.subst_err, float), flags, short_node,
-                          np.ascontiguousarray(la.stacked.reshape(-1)), ints, params,
+                          la.flat, ints, params,
                           budget_total,
                           budget_used, np.array([policy.queue_pressure]), policy.latency_excess, policy.quality_weight,
                           *_exposure_arrays(la), policy.node_wait,
                           np.ascontiguousarray(np.maximum(la.home_index, 0) if la.home_trip else np.zeros(N, _I), _I),
-                          np.ascontiguousarray(la.home.reshape(-1) if la.home_trip else np.zeros(1)), home_layer)
+                          np.ascontiguousarray(la.home_slot, _I))
 
 
 def _exposure_arrays(la) -> tuple[np.ndarray, ...]:

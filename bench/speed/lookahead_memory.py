@@ -1,0 +1,92 @@
+"""What OrderMoE's look-ahead tables take as servers are added: their bytes, the build's peak memory and CPU.
+
+    python -m bench.speed.lookahead_memory [--servers 64,256,512]
+
+The simulator benchmark's contexts (`bench.speed.simulator`: the synthetic L=8, E=8, K=2 profile, `generate(N,
+4N, copies=32)` from 256 servers on, an ordermoe placement, migrate mode) with the default ordermoe policy
+(H=2, the trip home and the queue term on). Each size is built in a fresh process, so that its peak resident
+memory (`ru_maxrss`, the context included) is its own. Per row: the tables' bytes as kept (`LookAhead.flat`:
+the home-free tables and the per-home layers) and as every layer kept per home would take them (the layout
+before 2026-12-07: [L+1, N, C, m] plus [L+1, Nh, N, C, m]), the queue term's exposure rows, CPU seconds of the
+context and of the policy. With `--before-src DIR` (the `src` of another checkout, e.g. a `git worktree` of an older
+commit) each size is measured with that tree's edgemoe too, its rows marked with that tree's commit. Writes
+bench/results/lookahead_memory.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.common import RESULTS, environment
+from edgemoe.io import atomic_write_json
+
+
+def one(servers: int) -> dict:
+    """The row of one size, measured in this process."""
+    from edgemoe.cluster import generate
+    from edgemoe.plan import plan_problem
+    from edgemoe.plan.base import plan
+    from edgemoe.profile import synthetic_profile
+    from edgemoe.runtime import make_context, make_policy
+
+    profile = synthetic_profile(num_layers=8, num_experts=8, top_k=2, num_tokens=3000, seed=0)
+    t = time.process_time()
+    cluster = generate(servers, 4 * servers, seed=0, **({"copies": 32} if servers >= 256 else {}))
+    ctx = make_context(profile, cluster, plan(plan_problem(profile, cluster, domain_fallback=True), "ordermoe"),
+                       mode="migrate", domain_fallback=True)
+    ctx_cpu, t = time.process_time() - t, time.process_time()
+    la = make_policy("ordermoe", ctx).lookahead
+    policy_cpu = time.process_time() - t
+    L1, N, C, m = la.stacked.shape
+    homes = len(la.homes) if la.home_trip else 0
+    return {"servers": servers, "users": cluster.num_users, "layers": L1 - 1, "keys": C, "levels": m,
+            "homes": homes, "per_home_layers": int(la.home.shape[0]) if la.home_trip else 0,
+            "table_mb": round((la.stacked.nbytes + la.home.nbytes) / 1e6, 1),
+            "table_mb_every_layer_per_home": round(L1 * (1 + homes) * N * C * m * 8 / 1e6, 1),
+            "exposure_mb": round(la.expo.nbytes / 1e6, 1) if la.expo is not None else 0.0,
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3, 1),
+            "context_cpu_s": round(ctx_cpu, 2), "policy_cpu_s": round(policy_cpu, 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--servers", default="64,256,512", help="comma-separated cluster sizes")
+    ap.add_argument("--before-src", help="another checkout's src directory, measured beside this one")
+    ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child process: print one row as JSON
+    args = ap.parse_args()
+    if args.one is not None:
+        print(json.dumps(one(args.one)))
+        return
+    root = Path(__file__).resolve().parents[2]
+    trees = [("this", str(root / "src"))] + ([("before", str(Path(args.before_src).resolve()))] if args.before_src else [])
+    rows = []
+    for servers in (int(s) for s in args.servers.split(",")):
+        for label, src in trees:
+            load = os.getloadavg()[0]
+            env = os.environ | {"PYTHONPATH": os.pathsep.join([src, str(root)])}
+            done = subprocess.run([sys.executable, "-m", "bench.speed.lookahead_memory", "--one", str(servers)],
+                                  capture_output=True, text=True, check=True, env=env, cwd=root)
+            commit = subprocess.run(["git", "-C", src, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                    text=True).stdout.strip()
+            rows.append({"tree": label, "commit": commit} | json.loads(done.stdout.strip().splitlines()[-1])
+                        | {"load_average_1min": round(load, 2)})
+            print(rows[-1], flush=True)
+    keys = ("tree", "commit", "servers", "homes", "per_home_layers", "table_mb", "table_mb_every_layer_per_home",
+            "exposure_mb", "peak_rss_mb", "context_cpu_s", "policy_cpu_s")
+    print(" | ".join(keys))
+    for r in rows:
+        print(" | ".join(str(r[k]) for k in keys))
+    out = RESULTS / "lookahead_memory.json"
+    atomic_write_json(out, {"what": __doc__.splitlines()[0], "rows": rows, "environment": environment()})
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
