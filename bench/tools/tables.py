@@ -320,6 +320,19 @@ def runtime_tables() -> list[str]:
                        f"{r['users']:,} users x {r['servers']} servers x {r['layers']} layers ({r['token_layers']:,} token-layer "
                        f"events) with `{r['policy']}` in {r['cpu_s']:.2f} s CPU ({r['events_per_cpu_s']:,} events per CPU s, "
                        f"load {r['load_average_1min']:.1f})" for r in scale["rows"]) + ".\n")
+    mem = _load(RESULTS / "lookahead_memory.json")
+    if mem:
+        now = [r for r in mem["rows"] if r["tree"] == "this"]
+        before = {r["servers"]: r for r in mem["rows"] if r["tree"] == "before"}
+        out.append("**Look-ahead tables as servers are added** (`bench/results/lookahead_memory.json`, `python -m "
+                   "bench.speed.lookahead_memory --before-src <an older checkout>/src`; the default ordermoe policy, H=2 with the trip home, on the "
+                   "simulator benchmark's contexts; each size in a fresh process): " + "; ".join(
+                       f"{r['servers']} servers: tables {r['table_mb']:,.1f} MB ({r['per_home_layers']} of "
+                       f"{r['layers'] + 1} layers per home), peak RSS {r['peak_rss_mb'] / 1e3:.2f} GB, build "
+                       f"{r['policy_cpu_s']:.1f} s CPU"
+                       + (f" (every layer per home, {before[r['servers']]['commit']}: {before[r['servers']]['table_mb']:,.1f}"
+                          f" MB, peak {before[r['servers']]['peak_rss_mb'] / 1e3:.2f} GB)" if r["servers"] in before else "")
+                       for r in now) + ".\n")
     rt = _load(RESULTS / "runtime.json")
     if rt:
         co, one = rt["call_overhead"], rt["one_request"]
