@@ -93,5 +93,7 @@ results: $(STAMP)
 	$(BIN)/python -m bench.studies.backlog_diagnosis default-upcycled 4:strict,4:paper,8:paper,8:strict,16:paper,16:strict,32:paper,32:strict,demo:paper,demo:strict
 	# bench/results/lookahead_diagnosis.json: where H=2 loses to H=0 on the 32-layer Mixtral routing (edge8, 0.05)
 	$(BIN)/python -m bench.studies.lookahead_diagnosis edge8 0.05
+	# bench/results/lookahead_memory.json: the look-ahead tables' bytes and peak memory, beside the layout before 2026-12-07
+	$(BIN)/python -m bench.speed.lookahead_memory --before 527404e
 	$(BIN)/python -m bench.tools.test_time
 	$(BIN)/python -m bench.tools.tables --write

@@ -5,11 +5,12 @@
 The simulator benchmark's contexts (`bench.speed.simulator`: the synthetic L=8, E=8, K=2 profile, `generate(N,
 4N, copies=32)` from 256 servers on, an ordermoe placement, migrate mode) with the default ordermoe policy
 (H=2, the trip home and the queue term on). Each size is built in a fresh process, so that its peak resident
-memory (`ru_maxrss`, the context included) is its own. Per row: the tables' bytes as kept (`LookAhead.flat`:
+memory (`ru_maxrss`, the context included) is its own; a first process per tree writes numba's on-disk caches, and each
+measured process builds a policy on edge8 before it starts timing, so that no compile is counted. Per row: the tables' bytes as kept (`LookAhead.flat`:
 the home-free tables and the per-home layers) and as every layer kept per home would take them (the layout
 before 2026-12-07: [L+1, N, C, m] plus [L+1, Nh, N, C, m]), the queue term's exposure rows, CPU seconds of the
-context and of the policy. With `--before-src DIR` (the `src` of another checkout, e.g. a `git worktree` of an older
-commit) each size is measured with that tree's edgemoe too, its rows marked with that tree's commit. Writes
+context and of the policy. With `--before REV` each size is measured with that commit's edgemoe too (checked out
+for the run in a temporary `git worktree`, removed after), its rows marked with the commit. Writes
 bench/results/lookahead_memory.json and prints a table.
 """
 
@@ -21,6 +22,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,13 +32,18 @@ from edgemoe.io import atomic_write_json
 
 def one(servers: int) -> dict:
     """The row of one size, measured in this process."""
-    from edgemoe.cluster import generate
+    from edgemoe.cluster import generate, load_cluster
     from edgemoe.plan import plan_problem
     from edgemoe.plan.base import plan
     from edgemoe.profile import synthetic_profile
     from edgemoe.runtime import make_context, make_policy
 
     profile = synthetic_profile(num_layers=8, num_experts=8, top_k=2, num_tokens=3000, seed=0)
+    small = load_cluster("edge8")  # numba's compiles (or cache loads) first, untimed
+    make_policy("ordermoe", make_context(profile, small, plan(plan_problem(profile, small, domain_fallback=True), "ordermoe"),
+                                         mode="migrate", domain_fallback=True))
+    if servers <= 0:  # a warm-up process: numba's on-disk caches written, nothing measured
+        return {}
     t = time.process_time()
     cluster = generate(servers, 4 * servers, seed=0, **({"copies": 32} if servers >= 256 else {}))
     ctx = make_context(profile, cluster, plan(plan_problem(profile, cluster, domain_fallback=True), "ordermoe"),
@@ -58,16 +65,35 @@ def one(servers: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--servers", default="64,256,512", help="comma-separated cluster sizes")
-    ap.add_argument("--before-src", help="another checkout's src directory, measured beside this one")
+    ap.add_argument("--before", help="a git revision whose edgemoe is measured beside this tree's")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child process: print one row as JSON
     args = ap.parse_args()
     if args.one is not None:
         print(json.dumps(one(args.one)))
         return
     root = Path(__file__).resolve().parents[2]
-    trees = [("this", str(root / "src"))] + ([("before", str(Path(args.before_src).resolve()))] if args.before_src else [])
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = [("this", str(root / "src"))]
+        if args.before:
+            old = Path(tmp) / "before"
+            subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", "-q", str(old), args.before], check=True)
+            trees.append(("before", str(old / "src")))
+        try:
+            rows = measure(root, trees, [int(s) for s in args.servers.split(",")])
+        finally:
+            if args.before:
+                subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(old)], check=True)
+    print_and_write(rows)
+
+
+def measure(root: Path, trees: list[tuple[str, str]], sizes: list[int]) -> list[dict]:
+    """One row per (size, tree): `one` in a fresh process with the tree's src first on the path."""
     rows = []
-    for servers in (int(s) for s in args.servers.split(",")):
+    for _, src in trees:  # numba compiles once per tree, in a process of its own: its memory is not a row's peak
+        env = os.environ | {"PYTHONPATH": os.pathsep.join([src, str(root)])}
+        subprocess.run([sys.executable, "-m", "bench.speed.lookahead_memory", "--one", "0"], capture_output=True,
+                       check=True, env=env, cwd=root)
+    for servers in sizes:
         for label, src in trees:
             load = os.getloadavg()[0]
             env = os.environ | {"PYTHONPATH": os.pathsep.join([src, str(root)])}
@@ -78,6 +104,11 @@ def main() -> None:
             rows.append({"tree": label, "commit": commit} | json.loads(done.stdout.strip().splitlines()[-1])
                         | {"load_average_1min": round(load, 2)})
             print(rows[-1], flush=True)
+    return rows
+
+
+def print_and_write(rows: list[dict]) -> None:
+    """The table on stdout and the results file."""
     keys = ("tree", "commit", "servers", "homes", "per_home_layers", "table_mb", "table_mb_every_layer_per_home",
             "exposure_mb", "peak_rss_mb", "context_cpu_s", "policy_cpu_s")
     print(" | ".join(keys))
