@@ -2,7 +2,7 @@
 
     python -m bench.speed.lookahead_memory [--servers 64,256,512]
 
-The simulator benchmark's contexts (`bench.speed.simulator`: the synthetic L=8, E=8, K=2 profile, `generate(N,
+The simulator benchmark's kind of context (`bench.speed.simulator`: the synthetic L=8, E=8, K=2 profile, `generate(N,
 4N, copies=32)` from 256 servers on, an ordermoe placement, migrate mode) with the default ordermoe policy
 (H=2, the trip home and the queue term on). Each size is built in a fresh process, so that its peak resident
 memory (`ru_maxrss`, the context included) is its own; a first process per tree writes numba's on-disk caches, and each

@@ -326,7 +326,7 @@ def runtime_tables() -> list[str]:
         before = {r["servers"]: r for r in mem["rows"] if r["tree"] == "before"}
         out.append("**Look-ahead tables as servers are added** (`bench/results/lookahead_memory.json`, `python -m "
                    "bench.speed.lookahead_memory --before 527404e`; the default ordermoe policy, H=2 with the trip home, on the "
-                   "simulator benchmark's contexts; each size in a fresh process): " + "; ".join(
+                   "simulator benchmark's profile and cluster generator, 4 users a server; each size in a fresh process): " + "; ".join(
                        f"{r['servers']} servers: tables {r['table_mb']:,.1f} MB ({r['per_home_layers']} of "
                        f"{r['layers'] + 1} layers per home), peak RSS {r['peak_rss_mb'] / 1e3:.2f} GB, build "
                        f"{r['policy_cpu_s']:.1f} s CPU"
