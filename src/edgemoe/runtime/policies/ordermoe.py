@@ -518,7 +518,7 @@ class LookAhead:
         self.stacked = self.flat[:(L + 1) * N * C * grid.levels].reshape(L + 1, N, C, grid.levels)
         self.home = self.flat[self.stacked.size:].reshape(depth if self.home_trip else 0, len(self.homes), N, C,
                                                           grid.levels)
-        self.zero = self.stacked[L]  # phi(L): zeros, read only
+        self.zero = self.stacked[L]  # phi(L): zeros (a view of `flat` that nothing writes)
         # exposure(l) for every l in compressed rows, per home where the tables are (`backlog`; None without it)
         self.expo = Exposure({}, L, N, C) if self.backlog else None
         self.home_index = np.full(N, -1, np.int64)
