@@ -94,9 +94,11 @@ class _Results(BaseModel):
 
 
 def environment() -> dict:
-    """Facts about where a run happened: versions, platform, git commit (and whether the tree had uncommitted
-    changes), time (UTC), the host's load average (1, 5, 15 min) and the CPU seconds this process and its
-    waited-for children had used when the record was made (Ray actors are not children: not counted)."""
+    """Facts about where a run happened: versions, platform, the processor and the cores this process may use,
+    git commit (and whether the tree had uncommitted changes), time (UTC), the host's load average (1, 5, 15 min)
+    and the CPU seconds this process and its waited-for children had used when the record was made (Ray actors
+    are not children: not counted). The processor, because timings from two hosts are not comparable (the same
+    benchmark ran 2-3x slower on one of this project's hosts than on another)."""
     import os
     import resource
     import time
@@ -104,9 +106,11 @@ def environment() -> dict:
     import numpy as np
 
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     env = {"python": platform.python_version(), "numpy": np.__version__, "platform": platform.platform(),
-           "machine": platform.machine(), "time_utc": datetime.now(UTC).isoformat(timespec="seconds"),
-           "argv": list(sys.argv), "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
+           "machine": platform.machine(), "cpu_model": cpu_model(), "cpus": cpus,
+           "time_utc": datetime.now(UTC).isoformat(timespec="seconds"), "argv": list(sys.argv),
+           "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
            "cpu_s": round(time.process_time() + kids.ru_utime + kids.ru_stime, 1)}
     env["git_commit"] = _git(["rev-parse", "HEAD"]) or None
     # results files a run writes are its outputs, not code: a tree whose only changes lie under bench/results
@@ -114,6 +118,20 @@ def environment() -> dict:
     status = _git(["status", "--porcelain", "--untracked-files=no", "--", ":(top)", ":(top,exclude)bench/results"])
     env["git_dirty"] = None if status is None and env["git_commit"] is None else bool(status)
     return env
+
+
+def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> str | None:
+    """The processor's name as the kernel reports it (the first `model name` of `cpuinfo`), else
+    `platform.processor()`; None when neither names one."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or None
 
 
 def _git(args: list[str]) -> str | None:

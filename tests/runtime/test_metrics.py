@@ -55,6 +55,28 @@ def test_results_round_trip(tmp_path):
     assert not list(tmp_path.glob("r/.*tmp"))
 
 
+def test_environment_names_the_processor_and_its_cores(tmp_path, monkeypatch):
+    """A timing is only comparable with one taken on the same processor: every record names it."""
+    import os
+
+    from edgemoe import results
+
+    env = results.environment()
+    assert 1 <= env["cpus"] <= (os.cpu_count() or env["cpus"])
+    assert env["cpu_model"] == results.cpu_model()
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: X\nmodel name\t: Example CPU 9000\n\n"
+                    "processor\t: 1\nmodel name\t: Example CPU 9000\n")
+    assert results.cpu_model(info) == "Example CPU 9000"
+    # no model name (some ARM kernels), or no file: the platform's name for it, or None, never an error
+    info.write_text("processor\t: 0\nmodel name\t:\n")
+    monkeypatch.setattr(results.platform, "processor", lambda: "")
+    assert results.cpu_model(info) is None
+    assert results.cpu_model(tmp_path / "missing") is None
+    monkeypatch.setattr(results.platform, "processor", lambda: "aarch64")
+    assert results.cpu_model(tmp_path / "missing") == "aarch64"
+
+
 @pytest.mark.parametrize("mutate,field", [
     (lambda d: d.update(schema="edgemoe.results/0"), "schema"),
     (lambda d: d["methods"]["exact@hand"].pop("remote_ratio"), "remote_ratio"),
