@@ -12,9 +12,10 @@ from edgemoe.errors import EdgeMoEError
 PROMPT = np.array([5, 6, 7, 8, 9, 10, 11])
 
 
-def _engine(ctx, path, policy="exact", links=False, params=(), servers=None, clock="real", home=0):
+def _engine(ctx, path, policy="exact", links=False, params=(), servers=None, clock="real", home=0,
+            decision_cost=None):
     cfg = ServerConfig(ctx, str(path), policy=policy, policy_params=params, wire="fp32", links_enabled=links,
-                       call_timeout_s=2.0, clock=clock)
+                       call_timeout_s=2.0, clock=clock, decision_cost=decision_cost)
     servers = servers or {n: ServerCore(n, cfg.model_path, ctx, cfg.links(32), cfg.make_clock())
                           for n in range(ctx.num_nodes)}
     return HomeEngine(cfg, home, LocalTransport(servers)), servers
@@ -91,18 +92,19 @@ def test_links_on_measure_no_earlier_than_the_emulated_deadlines(tiny_path, lab3
     assert res.decode_s[0] == res.pass_end_s[1] - res.pass_begin_s[1]
 
 
-def _virtual_run(ctx, path, policy, params, requests):
+def _virtual_run(ctx, path, policy, params, requests, decision_cost=None):
     """Run `requests` (user, prompt, gen, submit) one after another on homes sharing three in-process servers
     with the virtual clock; returns LoadRecords (nominal times) for the simulator's replay."""
     from edgemoe.distributed.serve import LoadRecord
 
-    engine0, servers = _engine(ctx, path, policy, links=True, params=params, clock="virtual")
+    engine0, servers = _engine(ctx, path, policy, links=True, params=params, clock="virtual",
+                               decision_cost=decision_cost)
     engines = {0: engine0}
     records = []
     for i, (user, prompt, gen, submit) in enumerate(requests):
         home = int(ctx.user_home[user])
         if home not in engines:
-            engines[home] = _engine(ctx, path, policy, True, params, servers, "virtual", home)[0]
+            engines[home] = _engine(ctx, path, policy, True, params, servers, "virtual", home, decision_cost)[0]
         res = engines[home].generate(GenerateRequest(f"v{i}", user, prompt, gen, submit_s=submit))
         records.append(LoadRecord(user, submit, float(res.pass_end_s[-1]), res))
     return records
@@ -133,6 +135,40 @@ def test_virtual_clock_times_equal_the_simulators_event_times(tiny_path, lab3, m
     assert ctx.dense_on and dense.shape == sim_dense.shape == (len(sim_begin) * ctx.num_layers, 6)
     assert np.array_equal(sorted_jobs(dense), sorted_jobs(sim_dense))
     assert (dense[:, 5] > dense[:, 4]).all()
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_a_charged_decision_takes_the_same_nominal_time_in_both_backends(tiny_path, lab3, dense):
+    """Issue 21, item 2: with the policy's decision charged (`ServerConfig.decision_cost`, the simulator's
+    `charge_decisions`), every layer's backbone stage lasts its dense work plus fixed + per-row seconds of its
+    rows, on the virtual clock exactly as in the reference simulator (==), with the dense part on or off; and
+    every pass ends later than the same requests uncharged."""
+    from dataclasses import replace
+
+    from edgemoe.distributed.measure import emulated_events, reference_events, sorted_jobs
+    from edgemoe.runtime.decision_cost import DecisionCost
+
+    ctx = lab3("migrate") if dense else replace(lab3("migrate"), dense_source="off")
+    cost = DecisionCost(fixed_s=0.004, per_row_s=0.0005)
+    params = (("budget", 0.3),)
+    requests = [(0, PROMPT, 3, 0.0), (1, PROMPT[:4], 2, 5.0), (2, PROMPT[2:], 2, 10.0)]
+    records = _virtual_run(ctx, tiny_path, "ordermoe", params, requests, cost)
+    begin, end, jobs, stage = emulated_events(records)
+    sim_begin, sim_end, sim_jobs, sim_stage = reference_events(ctx, "ordermoe", dict(params), records, wire_bytes=128,
+                                                               decision_cost=cost)
+    assert np.array_equal(begin, sim_begin) and np.array_equal(end, sim_end)
+    assert np.array_equal(sorted_jobs(jobs), sorted_jobs(sim_jobs))
+    assert np.array_equal(sorted_jobs(stage), sorted_jobs(sim_stage))
+    # each stage: the dense work of its pass's rows (prefill: the prompt's), then the decision's 4 ms + 0.5 ms a row
+    pass_rows = np.array([len(PROMPT), 1, 1, 4, 1, len(PROMPT) - 2, 1])
+    rows = pass_rows[stage[:, 0].astype(int)]
+    dense_s = ctx.dense_s(stage[:, 2].astype(int), rows)
+    assert (dense_s > 0).all() == dense and len(stage) == len(pass_rows) * ctx.num_layers
+    assert np.allclose(stage[:, 5] - stage[:, 4], dense_s + 0.004 + 0.0005 * rows, rtol=0, atol=1e-9)
+    uncharged = _virtual_run(ctx, tiny_path, "ordermoe", params, requests)
+    assert all(a.finished_s > b.finished_s for a, b in zip(records, uncharged, strict=True))
+    with pytest.raises(EdgeMoEError, match=r"ServerConfig.decision_cost must be a DecisionCost or None, got 0.004"):
+        ServerConfig(ctx, str(tiny_path), decision_cost=0.004)
 
 
 def test_a_server_lost_mid_run_is_excluded_and_its_slots_rerouted(tiny_path, lab3):

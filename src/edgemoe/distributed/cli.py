@@ -203,7 +203,8 @@ def run_load(dep, users: int, seconds: float, gen_tokens: int, model: str = "def
     sim_latency_s = None
     if dilation == "auto":  # the simulated latency the calibration sizes k for: a short replay at k = 1
         probe = measure_load(dep, who, prompts, gen_tokens, requests_per_user=1, dilation=1.0, wire_bytes=wire_bytes)
-        sim_latency_s = predicted_metrics(ctx, dep.cfg.policy, dep.cfg.params, probe["records"], wire_bytes)["latency_ms"]["mean"] / 1e3
+        sim_latency_s = predicted_metrics(ctx, dep.cfg.policy, dep.cfg.params, probe["records"], wire_bytes,
+                                          dep.cfg.decision_cost)["latency_ms"]["mean"] / 1e3
     out = measure_load(dep, who, prompts, gen_tokens, requests_per_user, seconds, dilation, sim_latency_s,
                        wire_bytes=wire_bytes)
     records = out.pop("records")

@@ -29,11 +29,17 @@ class LayerStep:
     ctx: the RuntimeContext; adapter: the backbone's MoEAdapter (the router's canonical form, interventions);
     links: the home's LinkTable; clock: its Clock; policies: its HomePolicies; dispatch: its SlotDispatch;
     emulate_dense: queue each layer's dense work on the home's nominal hardware (links on and the context
-    charges a dense part)."""
+    charges a dense part); decision_cost: a DecisionCost charging the policy's decision after the dense work, in
+    the same backbone stage (`ServerConfig.decision_cost`; None: not charged), where the links are emulated."""
 
-    def __init__(self, ctx, node: int, adapter, links, clock, policies, dispatch, emulate_dense: bool):
+    def __init__(self, ctx, node: int, adapter, links, clock, policies, dispatch, emulate_dense: bool,
+                 decision_cost=None):
         self.ctx, self.node, self.adapter, self.links, self.clock = ctx, int(node), adapter, links, clock
-        self.policies, self.dispatch, self.emulate_dense = policies, dispatch, bool(emulate_dense)
+        self.policies, self.dispatch = policies, dispatch
+        # nominal time emulated (links on): the decision's charge, if any, runs the backbone stage as the
+        # simulator's `pass_stage_s` does, with or without a dense part
+        self.decision_cost = decision_cost if links.enabled else None
+        self.emulate_dense = bool(emulate_dense) or self.decision_cost is not None
         # The dense part's nominal hardware (docs/runtime.md, "Dense part"): this home's backbone runs one layer
         # of one pass at a time (FIFO), each for ctx.dense_s(home, rows) seconds, before the layer's expert calls.
         self.backbone = VirtualAccelerator()
@@ -126,6 +132,8 @@ class LayerStep:
         if not self.emulate_dense:
             return p.t
         service = float(self.ctx.dense_s(self.node, rows))
+        if self.decision_cost is not None:  # the decision follows the dense work in the same stage (`pass_stage_s`)
+            service = service + float(self.decision_cost.seconds(rows))
         start, end, _ = self.backbone.serve(np.array([p.t]), np.array([service]))
         p.dense_events.append((p.index, layer, self.node, p.t, float(start[0]), float(end[0])))
         p.estimate_s += service  # the policy prices experts only; the feedback's estimate includes the dense part

@@ -176,7 +176,8 @@ def measure_load(dep, users, prompts, gen_tokens: int, requests_per_user: int | 
         records, makespan, errors = closed_loop(client, users, prompts, gen_tokens, duration_s,
                                                 max_requests_per_user=requests_per_user)
     measured = measured_metrics(records, makespan, ctx) if records else {"requests": 0}
-    predicted = predicted_metrics(ctx, dep.cfg.policy, dep.cfg.params, records, wire_bytes) if records else {}
+    predicted = (predicted_metrics(ctx, dep.cfg.policy, dep.cfg.params, records, wire_bytes, dep.cfg.decision_cost)
+                 if records else {})
     late = measured.get("late_share", float("nan"))
     reasons = []
     if not late <= MAX_LATE_SHARE:

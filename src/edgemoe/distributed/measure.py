@@ -101,16 +101,26 @@ def with_wire_bytes(ctx, wire_bytes: int):
     return replace(ctx, wire_bytes=int(wire_bytes), xfer_s=xfer)
 
 
-def predicted_metrics(ctx, policy: str, params: dict, records, wire_bytes: int | None = None) -> dict:
-    """The simulator's metrics for the same requests (fast engine, default window); wire_bytes: the bytes
-    one hidden state really took on the wire in the run (default: the context's)."""
+def _policy(ctx, policy: str, params: dict, decision_cost):
+    """The run's policy for the simulator's replay, its decisions charged as the homes charged them
+    (`ServerConfig.decision_cost`; None: not charged)."""
     from edgemoe.runtime import make_policy
+    from edgemoe.runtime.decision_cost import charge_decisions
+
+    return charge_decisions(make_policy(policy, ctx, **params), decision_cost)
+
+
+def predicted_metrics(ctx, policy: str, params: dict, records, wire_bytes: int | None = None,
+                      decision_cost=None) -> dict:
+    """The simulator's metrics for the same requests (fast engine, default window); wire_bytes: the bytes
+    one hidden state really took on the wire in the run (default: the context's); decision_cost: the run's
+    `ServerConfig.decision_cost` (a DecisionCost or None)."""
     from edgemoe.runtime.sim.simulate import simulate_scenario
 
     if wire_bytes is not None:
         ctx = with_wire_bytes(ctx, wire_bytes)
     trace, scenario = replay_scenario(records, ctx.num_layers)
-    m = simulate_scenario(ctx, make_policy(policy, ctx, **params), trace, scenario)
+    m = simulate_scenario(ctx, _policy(ctx, policy, params, decision_cost), trace, scenario)
     return {"latency_ms": m.latency_ms, "ttft_ms": m.ttft_ms, "throughput_tokens_per_s": m.throughput_tokens_per_s,
             "traffic_bytes_per_1k_tokens": m.traffic_bytes_per_1k_tokens, "remote_ratio": m.remote_ratio,
             "substitution_ratio": m.substitution_ratio, "drop_ratio": m.drop_ratio, "makespan_s": m.makespan_s,
@@ -134,13 +144,13 @@ def compare(measured: dict, predicted: dict) -> dict:
     }
 
 
-def reference_events(ctx, policy: str, params: dict, records, wire_bytes: int | None = None):
-    """The reference simulator's replay of `records` with every job's event times.
+def reference_events(ctx, policy: str, params: dict, records, wire_bytes: int | None = None, decision_cost=None):
+    """The reference simulator's replay of `records` with every job's event times (decision_cost: as
+    `predicted_metrics`).
 
     Returns (pass_begin [P], pass_end [P], jobs [J, 7]: pass, layer, node, arrival, start, finish, done,
     dense [P*L, 6]: pass, layer, home, arrival, start, end of each layer's dense work), passes numbered as
     `replay_scenario` orders them (requests by submit time, then prefill, decode passes)."""
-    from edgemoe.runtime import make_policy
     from edgemoe.runtime.sim.des import run_reference
 
     if wire_bytes is not None:
@@ -148,7 +158,8 @@ def reference_events(ctx, policy: str, params: dict, records, wire_bytes: int | 
     trace, scenario = replay_scenario(records, ctx.num_layers)
     jobs: list = []
     dense: list = []
-    run = run_reference(ctx, make_policy(policy, ctx, **params), trace, scenario, record=jobs, record_dense=dense)
+    run = run_reference(ctx, _policy(ctx, policy, params, decision_cost), trace, scenario, record=jobs,
+                        record_dense=dense)
     return run.pass_begin, run.pass_end, np.array(jobs, float).reshape(-1, 7), np.array(dense, float).reshape(-1, 6)
 
 

@@ -59,6 +59,17 @@ class ServerConfig:
     dtype: str = "float32"  # what experts and backbone are held and computed in: float32, bfloat16, float16, or
     # "checkpoint" (the checkpoint's own dtype: the bytes the planner charged a server)
     device: str = "cpu"  # the torch device of experts and backbone (cuda, cuda:1, ...)
+    # The policy's decision, charged as CPU time at the home after each layer's dense work, in the same stage of
+    # its emulated backbone queue, as the simulator charges it (`edgemoe.runtime.decision_cost`: a DecisionCost,
+    # or None: not charged, both backends' default). Only where nominal time is emulated (links on)
+    decision_cost: object = None
+
+    def __post_init__(self):
+        from edgemoe.runtime.decision_cost import DecisionCost
+
+        # checked here, on the caller's side, so that a bad value stops the launch before any actor starts
+        if self.decision_cost is not None and not isinstance(self.decision_cost, DecisionCost):
+            raise EdgeMoEError(f"ServerConfig.decision_cost must be a DecisionCost or None, got {self.decision_cost!r}")
 
     @property
     def params(self) -> dict:
@@ -242,7 +253,7 @@ class HomeEngine:
         self.policies = HomePolicies(cfg, self.membership)
         self.dispatch = SlotDispatch(self.node, cfg, transport, self.membership, self.links, self.clock, self.policies)
         self.step = LayerStep(self.ctx, self.node, self.adapter, self.links, self.clock, self.policies, self.dispatch,
-                              self.links.enabled and self.ctx.dense_on)
+                              self.links.enabled and self.ctx.dense_on, cfg.decision_cost)
         self.requests = RequestLedger(finished_cache)
 
     def _backbone(self, adapter):

@@ -12,8 +12,8 @@ taken to be as fast as that host) and writes the two-point fit per policy to
 `edgemoe/assets/decision_cost.json` (with the commit and the load it was measured on).
 
 Off by default: a policy's `decision_cost` is None (no charge) until `charge_decisions` sets it, so runs
-made without it keep their numbers. The Ray backend can charge the same attribute where it emulates the
-dense work (`distributed/server.py`).
+made without it keep their numbers. The Ray backend charges a DecisionCost given as
+`ServerConfig.decision_cost` the same way, where it emulates nominal time (`distributed/layer_step.py`).
 """
 
 from __future__ import annotations
