@@ -89,19 +89,18 @@ def main() -> None:
 def measure(root: Path, trees: list[tuple[str, str]], sizes: list[int]) -> list[dict]:
     """One row per (size, tree): `one` in a fresh process with the tree's src first on the path."""
     rows = []
+    envs = {src: os.environ | {"PYTHONPATH": os.pathsep.join([src, str(root)])} for _, src in trees}
+    commits = {src: subprocess.run(["git", "-C", src, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                   text=True).stdout.strip() for _, src in trees}
     for _, src in trees:  # numba compiles once per tree, in a process of its own: its memory is not a row's peak
-        env = os.environ | {"PYTHONPATH": os.pathsep.join([src, str(root)])}
         subprocess.run([sys.executable, "-m", "bench.speed.lookahead_memory", "--one", "0"], capture_output=True,
-                       check=True, env=env, cwd=root)
+                       check=True, env=envs[src], cwd=root)
     for servers in sizes:
         for label, src in trees:
             load = os.getloadavg()[0]
-            env = os.environ | {"PYTHONPATH": os.pathsep.join([src, str(root)])}
             done = subprocess.run([sys.executable, "-m", "bench.speed.lookahead_memory", "--one", str(servers)],
-                                  capture_output=True, text=True, check=True, env=env, cwd=root)
-            commit = subprocess.run(["git", "-C", src, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True).stdout.strip()
-            rows.append({"tree": label, "commit": commit} | json.loads(done.stdout.strip().splitlines()[-1])
+                                  capture_output=True, text=True, check=True, env=envs[src], cwd=root)
+            rows.append({"tree": label, "commit": commits[src]} | json.loads(done.stdout.strip().splitlines()[-1])
                         | {"load_average_1min": round(load, 2)})
             print(rows[-1], flush=True)
     return rows

@@ -28,18 +28,16 @@ class LayerStep:
 
     ctx: the RuntimeContext; adapter: the backbone's MoEAdapter (the router's canonical form, interventions);
     links: the home's LinkTable; clock: its Clock; policies: its HomePolicies; dispatch: its SlotDispatch;
-    emulate_dense: queue each layer's dense work on the home's nominal hardware (links on and the context
-    charges a dense part); decision_cost: a DecisionCost charging the policy's decision after the dense work, in
-    the same backbone stage (`ServerConfig.decision_cost`; None: not charged), where the links are emulated."""
+    decision_cost: a DecisionCost charging the policy's decision after the dense work, in the same backbone
+    stage (`ServerConfig.decision_cost`; None: not charged). Where nominal time is emulated (links on), each
+    layer's backbone stage runs when the context charges a dense part or the decision is charged, as the
+    simulator's `pass_stage_s` has it."""
 
-    def __init__(self, ctx, node: int, adapter, links, clock, policies, dispatch, emulate_dense: bool,
-                 decision_cost=None):
+    def __init__(self, ctx, node: int, adapter, links, clock, policies, dispatch, decision_cost=None):
         self.ctx, self.node, self.adapter, self.links, self.clock = ctx, int(node), adapter, links, clock
         self.policies, self.dispatch = policies, dispatch
-        # nominal time emulated (links on): the decision's charge, if any, runs the backbone stage as the
-        # simulator's `pass_stage_s` does, with or without a dense part
         self.decision_cost = decision_cost if links.enabled else None
-        self.emulate_dense = bool(emulate_dense) or self.decision_cost is not None
+        self.emulate_dense = links.enabled and (ctx.dense_on or self.decision_cost is not None)
         # The dense part's nominal hardware (docs/runtime.md, "Dense part"): this home's backbone runs one layer
         # of one pass at a time (FIFO), each for ctx.dense_s(home, rows) seconds, before the layer's expert calls.
         self.backbone = VirtualAccelerator()

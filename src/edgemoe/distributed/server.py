@@ -65,11 +65,10 @@ class ServerConfig:
     decision_cost: object = None
 
     def __post_init__(self):
-        from edgemoe.runtime.decision_cost import DecisionCost
+        from edgemoe.runtime.decision_cost import checked_cost
 
         # checked here, on the caller's side, so that a bad value stops the launch before any actor starts
-        if self.decision_cost is not None and not isinstance(self.decision_cost, DecisionCost):
-            raise EdgeMoEError(f"ServerConfig.decision_cost must be a DecisionCost or None, got {self.decision_cost!r}")
+        checked_cost(self.decision_cost, "ServerConfig")
 
     @property
     def params(self) -> dict:
@@ -253,7 +252,7 @@ class HomeEngine:
         self.policies = HomePolicies(cfg, self.membership)
         self.dispatch = SlotDispatch(self.node, cfg, transport, self.membership, self.links, self.clock, self.policies)
         self.step = LayerStep(self.ctx, self.node, self.adapter, self.links, self.clock, self.policies, self.dispatch,
-                              self.links.enabled and self.ctx.dense_on, cfg.decision_cost)
+                              cfg.decision_cost)
         self.requests = RequestLedger(finished_cache)
 
     def _backbone(self, adapter):

@@ -105,9 +105,13 @@ def charge_decisions(policy, cost: DecisionCost | str | Path | None = DEFAULT_PA
     return policy
 
 
+def checked_cost(cost, owner: str) -> DecisionCost | None:
+    """`cost` when it is a DecisionCost or None (not charged), else an error naming `owner`'s decision_cost."""
+    if cost is not None and not isinstance(cost, DecisionCost):
+        raise EdgeMoEError(f"{owner}.decision_cost must be a DecisionCost or None, got {cost!r}")
+    return cost
+
+
 def decision_cost_of(policy) -> DecisionCost | None:
     """The policy's decision-cost model, None when its decisions are not charged (the default)."""
-    cost = getattr(policy, "decision_cost", None)
-    if cost is not None and not isinstance(cost, DecisionCost):
-        raise EdgeMoEError(f"{type(policy).__name__}.decision_cost must be a DecisionCost or None, got {cost!r}")
-    return cost
+    return checked_cost(getattr(policy, "decision_cost", None), type(policy).__name__)
